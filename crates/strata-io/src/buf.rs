@@ -1,0 +1,108 @@
+//! Owned, page-aligned IO buffers. A buffer moves into an IO call and comes back with its
+//! completion, so an in-flight kernel operation never points at memory someone else owns.
+//! The alignment makes every buffer usable with O_DIRECT.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// Alignment of every buffer: a page, enough for O_DIRECT on any logical block size.
+pub const BUF_ALIGN: usize = 4096;
+
+pub struct Buf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: a Buf exclusively owns its allocation, like Vec<u8>.
+unsafe impl Send for Buf {}
+unsafe impl Sync for Buf {}
+
+impl Buf {
+    /// A zero-filled buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Buf {
+        let cap = len.div_ceil(BUF_ALIGN).max(1) * BUF_ALIGN;
+        let layout = Layout::from_size_align(cap, BUF_ALIGN).expect("buffer layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        Buf { ptr, len, cap }
+    }
+
+    pub fn from_slice(data: &[u8]) -> Buf {
+        let mut b = Buf::zeroed(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+
+    /// Bytes the buffer can hold without reallocating (a multiple of `BUF_ALIGN`).
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Changes the length within the capacity; new bytes are whatever the buffer held
+    /// before (zero for a fresh buffer).
+    pub fn set_len(&mut self, len: usize) {
+        assert!(len <= self.cap, "Buf::set_len {len} beyond capacity {}", self.cap);
+        self.len = len;
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.cap, BUF_ALIGN).expect("buffer layout");
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for cap >= len initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and we own the allocation exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buf({} bytes)", self.len)
+    }
+}
+
+impl Clone for Buf {
+    fn clone(&self) -> Buf {
+        Buf::from_slice(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_zeroed() {
+        for len in [0, 1, 512, 4096, 4097, 1 << 20] {
+            let b = Buf::zeroed(len);
+            assert_eq!(b.as_ptr() as usize % BUF_ALIGN, 0);
+            assert_eq!(b.len(), len);
+            assert!(b.iter().all(|&x| x == 0));
+        }
+    }
+}

@@ -1,0 +1,430 @@
+//! `PATH` — a regular file or a block device. Opened with O_DIRECT where the file system
+//! allows it (the page cache would otherwise hide the device's real behaviour and double the
+//! memory used), falling back to buffered IO with a message where it does not. Requests the
+//! direct path cannot take as they are (not aligned to the device's direct-IO alignment) go
+//! through an aligned bounce buffer; a read-modify-write holds off other writes meanwhile.
+
+use crate::engine::{self, EngineKind, IoEngine, Op};
+use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::RwLock;
+
+#[derive(Debug, Clone)]
+pub struct FileOptions {
+    /// Try O_DIRECT (falls back to buffered IO where refused).
+    pub direct: bool,
+    pub engine: EngineKind,
+    /// Create a sparse file of this size if the path does not exist.
+    pub create_size: Option<u64>,
+    pub read_only: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> FileOptions {
+        FileOptions { direct: true, engine: engine::DEFAULT_ENGINE, create_size: None, read_only: false }
+    }
+}
+
+pub struct FileDev {
+    file: Arc<File>,
+    path: PathBuf,
+    size: u64,
+    direct: bool,
+    block_device: bool,
+    rotational: bool,
+    /// Offset and length alignment the direct path needs (1 when buffered).
+    align: u64,
+    read_only: bool,
+    engine: Arc<dyn IoEngine>,
+    /// Aligned writes share it; a read-modify-write takes it alone.
+    rmw: RwLock<()>,
+}
+
+const BLKGETSIZE64: libc::c_ulong = 0x80081272;
+const BLKSSZGET: libc::c_ulong = 0x1268;
+const BLKDISCARD: libc::c_ulong = 0x1277;
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+impl FileDev {
+    pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDev> {
+        let ctx = |what: &str| format!("{}: {what}", path.display());
+        if let Some(size) = opts.create_size {
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.is_file() && meta.len() != size => {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        ctx(&format!(
+                            "exists with size {} but size={} was asked for; refusing to resize it",
+                            meta.len(),
+                            size
+                        )),
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(path)
+                        .map_err(|e| Error::from_os(e, ctx("cannot create")))?;
+                    f.set_len(size).map_err(|e| Error::from_os(e, ctx("cannot size")))?;
+                }
+                Err(e) => return Err(Error::from_os(e, ctx("cannot stat"))),
+            }
+        }
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.read(true).write(!opts.read_only);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(path)
+        };
+        let (file, direct) = match open(opts.direct) {
+            Ok(f) => (f, opts.direct),
+            Err(e) if opts.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                eprintln!("strata: {}: the file system refuses O_DIRECT; using buffered IO", path.display());
+                (open(false).map_err(|e| Error::from_os(e, ctx("cannot open")))?, false)
+            }
+            Err(e) => return Err(Error::from_os(e, ctx("cannot open"))),
+        };
+        let meta = file.metadata().map_err(|e| Error::from_os(e, ctx("cannot stat")))?;
+        let block_device = meta.file_type().is_block_device();
+        let fd = file.as_raw_fd();
+        let (size, sector) = if block_device {
+            let mut size: u64 = 0;
+            let mut sector: libc::c_int = 512;
+            // SAFETY: ioctls that fill the given integers.
+            unsafe {
+                if libc::ioctl(fd, BLKGETSIZE64, &mut size) != 0 {
+                    return Err(Error::from_os(std::io::Error::last_os_error(), ctx("BLKGETSIZE64")));
+                }
+                libc::ioctl(fd, BLKSSZGET, &mut sector);
+            }
+            (size, sector.max(512) as u64)
+        } else if meta.is_file() {
+            (meta.len(), dio_alignment(path))
+        } else {
+            return Err(Error::new(ErrorKind::Invalid, ctx("is neither a regular file nor a block device")));
+        };
+        let rotational = block_device && sysfs_rotational(&meta);
+        Ok(FileDev {
+            file: Arc::new(file),
+            path: path.to_owned(),
+            size,
+            direct,
+            block_device,
+            rotational,
+            align: if direct { sector } else { 1 },
+            read_only: opts.read_only,
+            engine: engine::shared(opts.engine),
+            rmw: RwLock::new(()),
+        })
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn engine_name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    fn aligned(&self, offset: u64, len: u64) -> bool {
+        offset % self.align == 0 && len % self.align == 0
+    }
+
+    fn os_err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
+        Error::from_os(e, format!("{} {what} at offset {offset}", self.path.display()))
+    }
+
+    fn writable(&self, what: &str) -> Result<()> {
+        if self.read_only {
+            return Err(Error::new(ErrorKind::ReadOnly, format!("{}: {what} on a read-only device", self.path.display())));
+        }
+        Ok(())
+    }
+
+    async fn raw_read(&self, offset: u64, buf: Buf) -> Result<Buf> {
+        let buf = if self.direct {
+            buf
+        } else {
+            match try_read_nowait(&self.file, offset, buf) {
+                Ok(done) => return Ok(done),
+                Err(buf) => buf,
+            }
+        };
+        self.engine_read(offset, buf).await
+    }
+
+    async fn engine_read(&self, offset: u64, buf: Buf) -> Result<Buf> {
+        let (buf, res) = self.engine.submit(self.file.clone(), Op::Read { offset, buf }).await;
+        res.map_err(|e| self.os_err(e, "read", offset))?;
+        Ok(buf.expect("read returns its buffer"))
+    }
+
+    async fn raw_write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        let (buf, res) = self.engine.submit(self.file.clone(), Op::Write { offset, buf, dsync: fua }).await;
+        res.map_err(|e| self.os_err(e, "write", offset))?;
+        Ok(buf.expect("write returns its buffer"))
+    }
+
+    /// The aligned span covering `[offset, offset+len)`, clipped to the device.
+    fn covering(&self, offset: u64, len: u64) -> (u64, u64) {
+        let start = offset / self.align * self.align;
+        let end = (offset + len).div_ceil(self.align) * self.align;
+        (start, end.min(self.size.div_ceil(self.align) * self.align) - start)
+    }
+
+    async fn do_read(&self, offset: u64, mut buf: Buf) -> Result<Buf> {
+        check_range("read", offset, buf.len() as u64, self.size)?;
+        if self.aligned(offset, buf.len() as u64) {
+            return self.raw_read(offset, buf).await;
+        }
+        let (start, span) = self.covering(offset, buf.len() as u64);
+        let bounce = self.raw_read(start, Buf::zeroed(span as usize)).await?;
+        let at = (offset - start) as usize;
+        let n = buf.len();
+        buf.copy_from_slice(&bounce[at..at + n]);
+        Ok(buf)
+    }
+
+    async fn do_write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        self.writable("write")?;
+        check_range("write", offset, buf.len() as u64, self.size)
+            .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
+        if self.aligned(offset, buf.len() as u64) {
+            let _shared = self.rmw.read().await;
+            return self.raw_write(offset, buf, fua).await;
+        }
+        let _alone = self.rmw.write().await;
+        let (start, span) = self.covering(offset, buf.len() as u64);
+        let mut bounce = self.raw_read(start, Buf::zeroed(span as usize)).await?;
+        let at = (offset - start) as usize;
+        bounce[at..at + buf.len()].copy_from_slice(&buf);
+        self.raw_write(start, bounce, fua).await?;
+        Ok(buf)
+    }
+
+    async fn fallocate(&self, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
+        let (_, res) = self.engine.submit(self.file.clone(), Op::Fallocate { mode, offset, len }).await;
+        res.map(|_| ())
+    }
+
+    async fn blk_ioctl(&self, req: libc::c_ulong, offset: u64, len: u64) -> std::io::Result<()> {
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || {
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: the ioctl reads a two-u64 range.
+            let r = unsafe { libc::ioctl(file.as_raw_fd(), req, range.as_ptr()) };
+            if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+
+    async fn do_discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.writable("discard")?;
+        check_range("discard", offset, len, self.size)?;
+        let res = if self.block_device {
+            // Only whole sectors can be discarded; the rest keeps its contents.
+            let start = offset.div_ceil(self.align.max(512)) * self.align.max(512);
+            let end = (offset + len) / self.align.max(512) * self.align.max(512);
+            if end <= start {
+                return Ok(());
+            }
+            self.blk_ioctl(BLKDISCARD, start, end - start).await
+        } else {
+            let _alone = self.rmw.write().await;
+            self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len).await
+        };
+        match res {
+            // Discard is advisory: a device that cannot free space has still done its job.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            r => r.map_err(|e| self.os_err(e, "discard", offset)),
+        }
+    }
+
+    async fn do_write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.writable("write_zeroes")?;
+        check_range("write_zeroes", offset, len, self.size)
+            .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
+        if len == 0 {
+            return Ok(());
+        }
+        let fast = if self.block_device {
+            if flags.fast_only {
+                Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+            } else if self.aligned(offset, len) && offset % 512 == 0 && len % 512 == 0 {
+                self.blk_ioctl(BLKZEROOUT, offset, len).await
+            } else {
+                Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+            }
+        } else {
+            let mode = if flags.may_unmap {
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+            } else {
+                libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+            };
+            let _alone = self.rmw.write().await;
+            self.fallocate(mode, offset, len).await
+        };
+        match fast {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                if flags.fast_only {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!("{}: cannot zero quickly", self.path.display()),
+                    ));
+                }
+                self.write_zero_buffers(offset, len).await
+            }
+            Err(e) => Err(self.os_err(e, "write_zeroes", offset)),
+        }
+    }
+
+    async fn write_zero_buffers(&self, offset: u64, len: u64) -> Result<()> {
+        const STEP: u64 = 1 << 20;
+        let mut pos = offset;
+        let mut zeros = Buf::zeroed(STEP as usize);
+        while pos < offset + len {
+            let n = STEP.min(offset + len - pos);
+            zeros.set_len(n as usize);
+            zeros = self.do_write(pos, zeros, false).await?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range("block_status", offset, len, self.size)?;
+        if self.block_device || len == 0 {
+            return Ok(vec![Extent::data(len)]);
+        }
+        let fd = self.file.as_raw_fd();
+        let end = offset + len;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            // SAFETY: lseek on our fd; we never rely on the file position elsewhere.
+            let data = unsafe { libc::lseek(fd, pos as i64, libc::SEEK_DATA) };
+            let (hole_end, data_start) = if data < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ENXIO) {
+                    (end, end) // no data after pos
+                } else {
+                    return Ok(vec![Extent::data(len)]); // SEEK_DATA unsupported: say "data"
+                }
+            } else {
+                ((data as u64).min(end), data as u64)
+            };
+            if hole_end > pos {
+                out.push(Extent::hole(hole_end - pos));
+                pos = hole_end;
+                continue;
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data_start as i64, libc::SEEK_HOLE) };
+            let data_end = if hole < 0 { end } else { (hole as u64).min(end) };
+            out.push(Extent::data(data_end - pos));
+            pos = data_end;
+        }
+        Ok(out)
+    }
+}
+
+/// Reads from the page cache without blocking (RWF_NOWAIT): the filled buffer when it was
+/// all there, the buffer back otherwise (then the engine does the read).
+fn try_read_nowait(file: &File, offset: u64, mut buf: Buf) -> std::result::Result<Buf, Buf> {
+    let len = buf.len();
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len };
+    // SAFETY: iov covers buf, valid for the call.
+    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset as i64, libc::RWF_NOWAIT) };
+    if n == len as isize { Ok(buf) } else { Err(buf) }
+}
+
+/// The offset alignment O_DIRECT needs on this file, from statx where the kernel reports it.
+fn dio_alignment(path: &Path) -> u64 {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    const STATX_DIOALIGN: u32 = 0x2000;
+    let Ok(cpath) = CString::new(path.as_os_str().as_bytes()) else { return 512 };
+    // SAFETY: statx fills the zeroed struct.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statx(libc::AT_FDCWD, cpath.as_ptr(), 0, STATX_DIOALIGN, &mut stx) };
+    if r == 0 && stx.stx_mask & STATX_DIOALIGN != 0 && stx.stx_dio_offset_align > 0 {
+        (stx.stx_dio_offset_align as u64).max(512)
+    } else {
+        4096
+    }
+}
+
+fn sysfs_rotational(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/queue/rotational"))
+        .map(|s| s.trim() == "1")
+        .unwrap_or(false)
+}
+
+impl BlockDev for FileDev {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            min_block_bytes: self.align.clamp(1, 65536) as u32,
+            preferred_block_bytes: 4096.max(self.align as u32),
+            rotational: self.rotational,
+            can_discard: true,
+            can_fast_zero: !self.block_device,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} ({}, {}, engine {})",
+            self.path.display(),
+            if self.block_device { "block device" } else { "file" },
+            if self.direct { "O_DIRECT" } else { "buffered" },
+            self.engine.name()
+        )
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.do_read(offset, buf))
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.do_write(offset, buf, fua))
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            if self.read_only {
+                return Ok(());
+            }
+            let (_, res) = self.engine.submit(self.file.clone(), Op::Fdatasync).await;
+            res.map(|_| ()).map_err(|e| self.os_err(e, "flush", 0))
+        })
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.do_discard(offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.do_write_zeroes(offset, len, flags))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        crate::ready(self.extents(offset, len))
+    }
+}

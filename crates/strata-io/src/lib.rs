@@ -1,0 +1,178 @@
+//! strata-io: the BlockDev contract every device and target implements, owned buffers, typed
+//! errors, and the plain devices (files and block devices, RAM, latency models) that targets
+//! stack on. Nothing here knows about caching or the NBD wire format.
+
+pub mod buf;
+pub mod engine;
+pub mod error;
+pub mod file;
+pub mod latency;
+pub mod mem;
+pub mod spec;
+pub mod stats;
+pub mod testing;
+pub mod timer;
+pub mod units;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use buf::Buf;
+pub use error::{Error, ErrorKind, Result};
+
+/// A boxed future borrowed from the device it came from.
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One run of a device's address space in `block_status`, NBD `base:allocation` style.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    /// Unallocated: reads return zeroes and writes may need to allocate (NBD_STATE_HOLE).
+    pub hole: bool,
+    /// Known to read as zeroes (NBD_STATE_ZERO).
+    pub zero: bool,
+}
+
+impl Extent {
+    pub fn data(len: u64) -> Extent {
+        Extent { len, hole: false, zero: false }
+    }
+    pub fn hole(len: u64) -> Extent {
+        Extent { len, hole: true, zero: true }
+    }
+}
+
+/// How `write_zeroes` may achieve its effect.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    /// The range may be deallocated (NBD: no NO_HOLE flag).
+    pub may_unmap: bool,
+    /// Fail with `Unsupported` rather than write zeroes slowly (NBD_CMD_FLAG_FAST_ZERO).
+    pub fast_only: bool,
+}
+
+/// Static facts about a device that clients and stacked targets plan around.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Smallest IO the device handles without read-modify-write (a power of two).
+    pub min_block_bytes: u32,
+    /// The IO size the device prefers.
+    pub preferred_block_bytes: u32,
+    /// Spinning media: random IO is expensive.
+    pub rotational: bool,
+    /// `discard` actually frees space (rather than succeeding as a no-op).
+    pub can_discard: bool,
+    /// `write_zeroes` with `fast_only` can succeed.
+    pub can_fast_zero: bool,
+}
+
+impl Default for Geometry {
+    fn default() -> Geometry {
+        Geometry {
+            min_block_bytes: 512,
+            preferred_block_bytes: 4096,
+            rotational: false,
+            can_discard: true,
+            can_fast_zero: true,
+        }
+    }
+}
+
+/// The contract of every device and target. Semantics follow NBD and the Linux block layer:
+/// a completed write is visible to every later read from anyone; `flush` returns once every
+/// write completed before it was issued is durable; a FUA write returns once it is durable.
+/// Offsets and lengths are in bytes; callers stay within `size()` (devices check anyway and
+/// answer `OutOfRange`). Buffers move in and come back with the completion.
+pub trait BlockDev: Send + Sync + 'static {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+
+    fn geometry(&self) -> Geometry {
+        Geometry::default()
+    }
+
+    /// A short human description (the spec it was opened from, and what it stacks on).
+    fn describe(&self) -> String;
+
+    /// Fills `buf` (its whole length) from `offset`.
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>>;
+
+    /// Writes `buf` at `offset`; with `fua` it returns only once the data is durable.
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>>;
+
+    /// Makes every write completed before this call durable.
+    fn flush(&self) -> BoxFut<'_, Result<()>>;
+
+    /// The range's contents become unspecified and its space may be freed.
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>>;
+
+    /// The range reads as zeroes afterwards.
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>>;
+
+    /// Allocation and zero state of `[offset, offset+len)`, as consecutive extents starting
+    /// at `offset`. May describe less than asked (at least one byte) or more.
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        let _ = offset;
+        Box::pin(async move { Ok(vec![Extent::data(len)]) })
+    }
+
+    /// A hint that the range will be read soon (NBD_CMD_CACHE); default does nothing.
+    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        let _ = (offset, len);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Target-specific state for `strata status` (mode, counters, ...). Plain devices have none.
+    fn status(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
+pub fn check_range(what: &str, offset: u64, len: u64, size: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::out_of_range(what, offset, len, size)),
+    }
+}
+
+/// A future that is already complete.
+pub fn ready<'a, T: Send + 'a>(v: T) -> BoxFut<'a, T> {
+    Box::pin(std::future::ready(v))
+}
+
+impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn geometry(&self) -> Geometry {
+        (**self).geometry()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        (**self).read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        (**self).write(offset, buf, fua)
+    }
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        (**self).flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        (**self).discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        (**self).write_zeroes(offset, len, flags)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        (**self).block_status(offset, len)
+    }
+    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        (**self).cache(offset, len)
+    }
+    fn status(&self) -> Option<serde_json::Value> {
+        (**self).status()
+    }
+}

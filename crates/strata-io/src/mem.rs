@@ -1,0 +1,138 @@
+//! `mem:SIZE` — a RAM device. Memory is allocated in chunks on first write, so a large
+//! `mem:` volume costs only what is written; discarding a whole chunk frees it, and
+//! `block_status` reports unallocated chunks as holes. It is also the reference device the
+//! model-based tests compare every other device and target against.
+
+use crate::{check_range, ready, BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
+use parking_lot::RwLock;
+
+const CHUNK_BYTES: u64 = 256 << 10;
+
+pub struct MemDev {
+    size: u64,
+    chunks: Vec<RwLock<Option<Box<[u8]>>>>,
+}
+
+impl MemDev {
+    pub fn new(size: u64) -> MemDev {
+        let n = size.div_ceil(CHUNK_BYTES) as usize;
+        MemDev { size, chunks: (0..n).map(|_| RwLock::new(None)).collect() }
+    }
+
+    /// Visits `[offset, offset+len)` chunk by chunk: (chunk index, offset in chunk, span).
+    fn spans(offset: u64, len: u64) -> impl Iterator<Item = (usize, usize, usize)> {
+        let end = offset + len;
+        let mut pos = offset;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let idx = pos / CHUNK_BYTES;
+            let within = pos % CHUNK_BYTES;
+            let span = (CHUNK_BYTES - within).min(end - pos);
+            pos += span;
+            Some((idx as usize, within as usize, span as usize))
+        })
+    }
+
+    /// Synchronous read, for callers (tests, tools) that are not async.
+    pub fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        check_range("mem read", offset, out.len() as u64, self.size)?;
+        let mut done = 0;
+        for (idx, within, span) in Self::spans(offset, out.len() as u64) {
+            let dst = &mut out[done..done + span];
+            match &*self.chunks[idx].read() {
+                Some(chunk) => dst.copy_from_slice(&chunk[within..within + span]),
+                None => dst.fill(0),
+            }
+            done += span;
+        }
+        Ok(())
+    }
+
+    /// Synchronous write.
+    pub fn write_from(&self, offset: u64, data: &[u8]) -> Result<()> {
+        check_range("mem write", offset, data.len() as u64, self.size)?;
+        let mut done = 0;
+        for (idx, within, span) in Self::spans(offset, data.len() as u64) {
+            let mut slot = self.chunks[idx].write();
+            let chunk =
+                slot.get_or_insert_with(|| vec![0u8; CHUNK_BYTES as usize].into_boxed_slice());
+            chunk[within..within + span].copy_from_slice(&data[done..done + span]);
+            done += span;
+        }
+        Ok(())
+    }
+
+    /// Zeroes a range, freeing whole chunks when allowed.
+    pub fn zero_range(&self, offset: u64, len: u64, free: bool) -> Result<()> {
+        check_range("mem zero", offset, len, self.size)?;
+        for (idx, within, span) in Self::spans(offset, len) {
+            let mut slot = self.chunks[idx].write();
+            let whole = within == 0 && (span as u64 == CHUNK_BYTES || self.chunk_end(idx) == offset + len);
+            if let Some(chunk) = slot.as_mut() {
+                if whole && free {
+                    *slot = None;
+                } else {
+                    chunk[within..within + span].fill(0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn chunk_end(&self, idx: usize) -> u64 {
+        ((idx as u64 + 1) * CHUNK_BYTES).min(self.size)
+    }
+
+    pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range("mem block_status", offset, len, self.size)?;
+        let mut out: Vec<Extent> = Vec::new();
+        for (idx, _, span) in Self::spans(offset, len) {
+            let hole = self.chunks[idx].read().is_none();
+            match out.last_mut() {
+                Some(last) if last.hole == hole => last.len += span as u64,
+                _ => out.push(if hole { Extent::hole(span as u64) } else { Extent::data(span as u64) }),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl BlockDev for MemDev {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry { min_block_bytes: 1, ..Geometry::default() }
+    }
+
+    fn describe(&self) -> String {
+        format!("mem:{}", self.size)
+    }
+
+    fn read(&self, offset: u64, mut buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        ready(self.read_into(offset, &mut buf).map(|()| buf))
+    }
+
+    fn write(&self, offset: u64, buf: Buf, _fua: bool) -> BoxFut<'_, Result<Buf>> {
+        ready(self.write_from(offset, &buf).map(|()| buf))
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        ready(Ok(()))
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        ready(self.zero_range(offset, len, true))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        ready(self.zero_range(offset, len, flags.may_unmap))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        ready(self.extents(offset, len))
+    }
+}

@@ -1,0 +1,79 @@
+//! Parsing and printing sizes and rates the way operators write them: `4GiB`, `64KiB`, `512`,
+//! `1.5G`, `32MiB/s`. Binary and decimal suffixes are both read as binary multiples except
+//! where a decimal suffix is explicit (`KB`, `MB`, `GB`, `TB`).
+
+/// Parses a byte size such as `4GiB`, `64k`, `512`, `1.5G`, `10MB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    if num.is_empty() {
+        return Err(format!("size {s:?}: expected a number, e.g. 4GiB"));
+    }
+    let mult: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "ki" => 1 << 10,
+        "m" | "mib" | "mi" => 1 << 20,
+        "g" | "gib" | "gi" => 1 << 30,
+        "t" | "tib" | "ti" => 1 << 40,
+        "p" | "pib" | "pi" => 1 << 50,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!("size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB, TiB)")),
+    };
+    let value: f64 = num.parse().map_err(|_| format!("size {s:?}: {num:?} is not a number"))?;
+    let bytes = value * mult as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("size {s:?} is out of range"));
+    }
+    if bytes.fract() != 0.0 {
+        return Err(format!("size {s:?} is not a whole number of bytes"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Parses a rate such as `32MiB/s` (the `/s` is optional) into bytes per second.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    parse_size(s.trim().trim_end_matches("/s"))
+}
+
+/// Formats a byte count with a binary unit: `4.0 GiB`, `512 B`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4GiB").unwrap(), 4 << 30);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("10MB").unwrap(), 10_000_000);
+        assert_eq!(parse_rate("32MiB/s").unwrap(), 32 << 20);
+        assert!(parse_size("").is_err());
+        assert!(parse_size("GiB").is_err());
+        assert!(parse_size("4XB").is_err());
+        assert!(parse_size("0.3").is_err());
+        assert_eq!(format_size(4 << 30), "4 GiB");
+        assert_eq!(format_size(1536), "1.5 KiB");
+    }
+}

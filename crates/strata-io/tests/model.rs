@@ -1,0 +1,131 @@
+//! Every plain device against the in-memory reference: random reads, writes (some FUA),
+//! flushes, discards and write-zeroes, compared after every read and at the end.
+
+use strata_io::file::{FileDev, FileOptions};
+use strata_io::latency::{HddParams, LatencyDev, SsdParams};
+use strata_io::engine::EngineKind;
+use strata_io::mem::MemDev;
+use strata_io::testing::{check_model, random_ops, Workload};
+use strata_io::{spec, BlockDev, Buf};
+
+const SIZE: u64 = 4 << 20;
+
+fn aligned() -> Workload {
+    Workload { granularity: 4096, max_granules: 64, span: SIZE }
+}
+
+fn unaligned() -> Workload {
+    Workload { granularity: 1, max_granules: 20_000, span: 256 << 10 }
+}
+
+async fn run(dev: &dyn BlockDev, w: &Workload, seeds: std::ops::Range<u64>) {
+    for seed in seeds {
+        let ops = random_ops(seed, 300, dev.size(), w);
+        if let Err(e) = check_model(dev, &ops).await {
+            panic!("{} seed {seed}: {e}", dev.describe());
+        }
+    }
+}
+
+fn file(dir: &tempfile::TempDir, name: &str, direct: bool, engine: EngineKind) -> FileDev {
+    let opts = FileOptions { direct, engine, create_size: Some(SIZE), read_only: false };
+    FileDev::open(&dir.path().join(name), &opts).expect("open file device")
+}
+
+#[tokio::test]
+async fn mem_matches_reference() {
+    let dev = MemDev::new(SIZE);
+    run(&dev, &aligned(), 0..4).await;
+    run(&dev, &unaligned(), 10..14).await;
+}
+
+#[tokio::test]
+async fn file_direct_and_buffered_on_both_engines_match_reference() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for (i, (direct, engine)) in
+        [(true, EngineKind::Uring), (true, EngineKind::Pool), (false, EngineKind::Uring), (false, EngineKind::Pool)]
+            .into_iter()
+            .enumerate()
+    {
+        let dev = file(&dir, &format!("f{i}"), direct, engine);
+        run(&dev, &aligned(), 0..3).await;
+        run(&dev, &unaligned(), 20..23).await;
+    }
+}
+
+#[tokio::test]
+async fn latency_models_match_reference() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let fast_hdd = HddParams { seek_min_ms: 0.001, seek_max_ms: 0.02, rpm: 6_000_000.0, mib_s: 100_000.0, seed: 7 };
+    let hdd = LatencyDev::hdd(file(&dir, "hdd", true, EngineKind::Uring), fast_hdd);
+    run(&hdd, &aligned(), 0..2).await;
+    let ssd = LatencyDev::ssd(file(&dir, "ssd", true, EngineKind::Uring), SsdParams { read_us: 5.0, write_us: 2.0, channels: 4, mib_s: 100_000.0 });
+    run(&ssd, &aligned(), 0..2).await;
+}
+
+#[tokio::test]
+async fn hdd_model_charges_seeks_and_spares_sequential_io() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dev = LatencyDev::hdd(file(&dir, "h", true, EngineKind::Uring), HddParams::default());
+    let start = std::time::Instant::now();
+    let mut buf = Buf::zeroed(4096);
+    for i in 0..16u64 {
+        buf = dev.read(i * 4096, buf).await.unwrap();
+    }
+    let sequential = start.elapsed();
+    let start = std::time::Instant::now();
+    for i in 0..16u64 {
+        buf = dev.read((i * 7919 % 1000) * 4096, buf).await.unwrap();
+    }
+    let random = start.elapsed();
+    // 16 sequential 4 KiB reads: one seek and rotation, then transfers (~0.4 ms);
+    // 16 random reads cost at least the minimum seek each.
+    assert!(random > std::time::Duration::from_millis(8), "random reads took {random:?}");
+    assert!(random > sequential * 2, "random {random:?} vs sequential {sequential:?}");
+    let busy = dev.busy_time().unwrap();
+    assert!(busy >= random / 2, "busy time {busy:?} accounts for the random reads");
+}
+
+#[test]
+fn specs_parse_and_reject() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let p = dir.path().join("s.img");
+    let dev = spec::open(&format!("{}?size=1MiB", p.display()), false).unwrap();
+    assert_eq!(dev.size(), 1 << 20);
+    // Reopening with a different size must not resize existing data.
+    let err = spec::open(&format!("{}?size=2MiB", p.display()), false).err().unwrap();
+    assert!(err.to_string().contains("refusing to resize"), "{err}");
+    assert!(spec::open(&format!("hdd:{}?rpm=5400&seek_max_ms=12", p.display()), false).is_ok());
+    let err = spec::open(&format!("{}?bogus=1", p.display()), false).err().unwrap();
+    assert!(err.to_string().contains("unknown option(s): bogus"), "{err}");
+    let err = spec::open("/nonexistent/dir/x.img", false).err().unwrap();
+    assert!(err.to_string().contains("cannot open"), "{err}");
+    assert_eq!(spec::open("mem:64KiB", false).unwrap().size(), 65536);
+    assert!(spec::open("mem:lots", false).is_err());
+}
+
+#[tokio::test]
+async fn read_only_file_refuses_writes() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let p = dir.path().join("ro.img");
+    std::fs::write(&p, vec![7u8; 8192]).unwrap();
+    let dev = spec::open(&format!("{}?ro", p.display()), false).unwrap();
+    let err = dev.write(0, Buf::zeroed(4096), false).await.unwrap_err();
+    assert_eq!(err.kind, strata_io::ErrorKind::ReadOnly);
+    let got = dev.read(0, Buf::zeroed(4096)).await.unwrap();
+    assert!(got.iter().all(|&b| b == 7));
+}
+
+#[tokio::test]
+async fn block_status_reports_holes_of_sparse_files() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dev = file(&dir, "sparse", true, EngineKind::Uring);
+    dev.write(1 << 20, Buf::from_slice(&[1u8; 65536]), false).await.unwrap();
+    let ext = dev.block_status(0, SIZE).await.unwrap();
+    assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), SIZE);
+    assert!(ext[0].hole && ext[0].zero);
+    let data: Vec<_> = ext.iter().filter(|e| !e.hole).collect();
+    assert_eq!(data.len(), 1, "{ext:?}");
+    let mem = MemDev::new(SIZE);
+    assert_eq!(mem.block_status(0, SIZE).await.unwrap(), vec![strata_io::Extent::hole(SIZE)]);
+}

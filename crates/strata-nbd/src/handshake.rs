@@ -1,0 +1,312 @@
+//! The negotiation phase: from the greeting to the option that picks an export (GO or
+//! EXPORT_NAME). Unknown or malformed options get error replies without losing framing;
+//! only a stream that cannot be framed any more (bad magic, absurd length) is dropped.
+
+use crate::proto::*;
+use crate::server::{Export, Shared};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Option payloads longer than this are drained and refused with ERR_TOO_BIG.
+const OPTION_MAX_BYTES: u32 = 64 << 10;
+/// Option payloads longer than this are not even drained: the client is hostile or broken.
+const OPTION_ABSURD_BYTES: u32 = 16 << 20;
+/// Options one connection may send before it must pick an export.
+const OPTIONS_MAX: usize = 1024;
+
+/// What the client negotiated, handed to the transmission phase.
+pub struct Negotiated {
+    pub export: Arc<Export>,
+    pub structured: bool,
+    pub base_allocation: bool,
+    /// The client asked for block sizes, so it promised to honour them.
+    pub block_size_agreed: bool,
+}
+
+#[derive(Debug)]
+pub enum HandshakeEnd {
+    /// Client aborted or disconnected politely.
+    Closed,
+    /// The stream is unusable; close it. The string says why (for the log).
+    Drop(String),
+}
+
+impl From<std::io::Error> for HandshakeEnd {
+    fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            HandshakeEnd::Closed
+        } else {
+            HandshakeEnd::Drop(format!("io error: {e}"))
+        }
+    }
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn u16(&mut self) -> Option<u16> {
+        let (h, t) = self.data.split_first_chunk::<2>()?;
+        self.data = t;
+        Some(u16::from_be_bytes(*h))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        let (h, t) = self.data.split_first_chunk::<4>()?;
+        self.data = t;
+        Some(u32::from_be_bytes(*h))
+    }
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.data.len() < n {
+            return None;
+        }
+        let (h, t) = self.data.split_at(n);
+        self.data = t;
+        Some(h)
+    }
+    fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.bytes(n)?.to_vec()).ok()
+    }
+}
+
+pub fn transmission_flags(export: &Export, structured: bool) -> u16 {
+    let g = export.dev.geometry();
+    let mut f = TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_SEND_CACHE
+        | TFLAG_SEND_FAST_ZERO
+        // Every device flushes globally: a flush on one connection covers writes completed on
+        // any connection, which is exactly what CAN_MULTI_CONN promises.
+        | TFLAG_CAN_MULTI_CONN;
+    if structured {
+        f |= TFLAG_SEND_DF;
+    }
+    if export.read_only {
+        f |= TFLAG_READ_ONLY;
+    }
+    if g.rotational {
+        f |= TFLAG_ROTATIONAL;
+    }
+    f
+}
+
+/// Block size constraints we advertise: (minimum, preferred, maximum).
+pub fn block_sizes(export: &Export, max_request: u32) -> (u32, u32, u32) {
+    let g = export.dev.geometry();
+    let min = g.min_block_bytes.clamp(1, 65536).next_power_of_two();
+    let pref = g.preferred_block_bytes.max(min).max(512);
+    (min, pref, max_request.max(pref))
+}
+
+pub async fn negotiate<R, W>(rd: &mut R, wr: &mut W, shared: &Shared) -> Result<Negotiated, HandshakeEnd>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    wr.write_all(&out).await?;
+    wr.flush().await?;
+
+    let client_flags = rd.read_u32().await?;
+    if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
+        return Err(HandshakeEnd::Drop(format!("unknown client flags {client_flags:#x}")));
+    }
+    let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
+    let mut structured = false;
+    // Meta contexts chosen by SET_META_CONTEXT, and for which export name.
+    let mut meta: Option<(String, bool)> = None;
+
+    for _ in 0..OPTIONS_MAX {
+        let magic = rd.read_u64().await?;
+        if magic != IHAVEOPT {
+            return Err(HandshakeEnd::Drop(format!("bad option magic {magic:#x}")));
+        }
+        let opt = rd.read_u32().await?;
+        let len = rd.read_u32().await?;
+        if len > OPTION_ABSURD_BYTES {
+            return Err(HandshakeEnd::Drop(format!("option {opt} with absurd length {len}")));
+        }
+        if len > OPTION_MAX_BYTES {
+            tokio::io::copy(&mut (&mut *rd).take(len as u64), &mut tokio::io::sink()).await?;
+            if opt == OPT_EXPORT_NAME {
+                return Err(HandshakeEnd::Drop("EXPORT_NAME too long".into()));
+            }
+            reply_err(wr, opt, REP_ERR_TOO_BIG, "option too long").await?;
+            continue;
+        }
+        let mut data = vec![0u8; len as usize];
+        rd.read_exact(&mut data).await?;
+        out.clear();
+
+        match opt {
+            OPT_EXPORT_NAME => {
+                // No error reply is possible here: an unknown name can only hang up.
+                let name = String::from_utf8_lossy(&data).into_owned();
+                let Some(export) = shared.find(&name) else {
+                    return Err(HandshakeEnd::Drop(format!("EXPORT_NAME {name:?}: no such export")));
+                };
+                if shared.shutting_down() {
+                    return Err(HandshakeEnd::Drop("server is shutting down".into()));
+                }
+                let flags = transmission_flags(&export, structured);
+                out.extend_from_slice(&export.dev.size().to_be_bytes());
+                out.extend_from_slice(&flags.to_be_bytes());
+                if !no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                wr.write_all(&out).await?;
+                wr.flush().await?;
+                let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
+                return Ok(Negotiated { export, structured, base_allocation, block_size_agreed: false });
+            }
+            OPT_ABORT => {
+                option_reply(&mut out, opt, REP_ACK, &[]);
+                let _ = wr.write_all(&out).await;
+                let _ = wr.flush().await;
+                return Err(HandshakeEnd::Closed);
+            }
+            OPT_LIST => {
+                if len != 0 {
+                    reply_err(wr, opt, REP_ERR_INVALID, "LIST takes no data").await?;
+                    continue;
+                }
+                for e in shared.exports() {
+                    let mut d = Vec::with_capacity(4 + e.name.len());
+                    d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
+                    d.extend_from_slice(e.name.as_bytes());
+                    d.extend_from_slice(e.description.as_bytes());
+                    option_reply(&mut out, opt, REP_SERVER, &d);
+                }
+                option_reply(&mut out, opt, REP_ACK, &[]);
+            }
+            OPT_STARTTLS => {
+                reply_err(wr, opt, REP_ERR_POLICY, "TLS is not offered; use a Unix socket or loopback").await?;
+                continue;
+            }
+            OPT_INFO | OPT_GO => {
+                let mut r = Reader { data: &data };
+                let parsed = (|| {
+                    let name = r.string()?;
+                    let n = r.u16()?;
+                    let reqs: Option<Vec<u16>> = (0..n).map(|_| r.u16()).collect();
+                    if !r.data.is_empty() {
+                        return None;
+                    }
+                    Some((name, reqs?))
+                })();
+                let Some((name, reqs)) = parsed else {
+                    reply_err(wr, opt, REP_ERR_INVALID, "malformed INFO/GO request").await?;
+                    continue;
+                };
+                let Some(export) = shared.find(&name) else {
+                    reply_err(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
+                    continue;
+                };
+                if shared.shutting_down() {
+                    reply_err(wr, opt, REP_ERR_SHUTDOWN, "server is shutting down").await?;
+                    continue;
+                }
+                let flags = transmission_flags(&export, structured);
+                let mut d = Vec::with_capacity(12);
+                d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+                d.extend_from_slice(&export.dev.size().to_be_bytes());
+                d.extend_from_slice(&flags.to_be_bytes());
+                option_reply(&mut out, opt, REP_INFO, &d);
+                // Always advertised: qemu assumes byte alignment without it.
+                let (min, pref, max) = block_sizes(&export, shared.limits.max_request_bytes);
+                let mut d = Vec::with_capacity(14);
+                d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+                for v in [min, pref, max] {
+                    d.extend_from_slice(&v.to_be_bytes());
+                }
+                option_reply(&mut out, opt, REP_INFO, &d);
+                if reqs.contains(&INFO_NAME) {
+                    let mut d = INFO_NAME.to_be_bytes().to_vec();
+                    d.extend_from_slice(export.name.as_bytes());
+                    option_reply(&mut out, opt, REP_INFO, &d);
+                }
+                if reqs.contains(&INFO_DESCRIPTION) && !export.description.is_empty() {
+                    let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
+                    d.extend_from_slice(export.description.as_bytes());
+                    option_reply(&mut out, opt, REP_INFO, &d);
+                }
+                option_reply(&mut out, opt, REP_ACK, &[]);
+                wr.write_all(&out).await?;
+                wr.flush().await?;
+                if opt == OPT_GO {
+                    let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
+                    let block_size_agreed = reqs.contains(&INFO_BLOCK_SIZE);
+                    return Ok(Negotiated { export, structured, base_allocation, block_size_agreed });
+                }
+                continue;
+            }
+            OPT_STRUCTURED_REPLY => {
+                if len != 0 {
+                    reply_err(wr, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data").await?;
+                    continue;
+                }
+                structured = true;
+                option_reply(&mut out, opt, REP_ACK, &[]);
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                if opt == OPT_SET_META_CONTEXT && !structured {
+                    reply_err(wr, opt, REP_ERR_INVALID, "negotiate structured replies first").await?;
+                    continue;
+                }
+                let mut r = Reader { data: &data };
+                let parsed = (|| {
+                    let name = r.string()?;
+                    let n = r.u32()?;
+                    let queries: Option<Vec<String>> = (0..n).map(|_| r.string()).collect();
+                    if !r.data.is_empty() {
+                        return None;
+                    }
+                    Some((name, queries?))
+                })();
+                let Some((name, queries)) = parsed else {
+                    reply_err(wr, opt, REP_ERR_INVALID, "malformed meta context request").await?;
+                    continue;
+                };
+                if shared.find(&name).is_none() {
+                    reply_err(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
+                    continue;
+                }
+                let wanted = if opt == OPT_LIST_META_CONTEXT {
+                    queries.is_empty() || queries.iter().any(|q| q == "base:" || q == BASE_ALLOCATION)
+                } else {
+                    queries.iter().any(|q| q == BASE_ALLOCATION)
+                };
+                if wanted {
+                    let mut d = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+                    d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                    option_reply(&mut out, opt, REP_META_CONTEXT, &d);
+                }
+                if opt == OPT_SET_META_CONTEXT {
+                    meta = Some((name, wanted));
+                }
+                option_reply(&mut out, opt, REP_ACK, &[]);
+            }
+            _ => {
+                reply_err(wr, opt, REP_ERR_UNSUP, "option not supported").await?;
+                continue;
+            }
+        }
+        wr.write_all(&out).await?;
+        wr.flush().await?;
+    }
+    Err(HandshakeEnd::Drop(format!("more than {OPTIONS_MAX} options without choosing an export")))
+}
+
+async fn reply_err<W: AsyncWrite + Unpin>(wr: &mut W, opt: u32, kind: u32, msg: &str) -> std::io::Result<()> {
+    let mut out = Vec::with_capacity(20 + msg.len());
+    option_reply(&mut out, opt, kind, msg.as_bytes());
+    wr.write_all(&out).await?;
+    wr.flush().await
+}

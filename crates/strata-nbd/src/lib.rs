@@ -1,0 +1,12 @@
+//! strata-nbd: an NBD server for any `BlockDev`. It speaks the fixed newstyle handshake,
+//! simple and structured replies, `base:allocation` block status and multi-conn, answers
+//! requests out of order, and never lets one misbehaving client affect another: malformed
+//! traffic closes only that connection, and every queue and buffer is bounded. It knows
+//! nothing about caching; volumes are just devices.
+
+mod handshake;
+pub mod proto;
+mod server;
+mod transmission;
+
+pub use server::{Export, Limits, Server};

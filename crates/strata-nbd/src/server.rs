@@ -1,0 +1,212 @@
+//! The listening side: exports, limits, accepting on Unix sockets and TCP, and a shutdown that
+//! lets in-flight requests finish before the devices are flushed.
+
+use crate::handshake::{negotiate, HandshakeEnd};
+use crate::transmission::transmit;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_io::BlockDev;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{watch, Notify, Semaphore};
+
+/// One named volume offered to clients.
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub dev: Arc<dyn BlockDev>,
+    pub read_only: bool,
+}
+
+/// Bounds on what clients may make the server hold.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Connections served at once; more are closed at accept.
+    pub max_connections: usize,
+    /// Requests in flight per connection; the server stops reading until one completes.
+    pub max_inflight_per_connection: usize,
+    /// Largest READ or WRITE payload (advertised as the maximum block size).
+    pub max_request_bytes: u32,
+    /// Payload bytes held in buffers across all connections.
+    pub buffer_budget_bytes: usize,
+    /// Time a client gets to finish the handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 1024,
+            max_inflight_per_connection: 128,
+            max_request_bytes: 32 << 20,
+            buffer_budget_bytes: 1 << 30,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+pub struct Shared {
+    exports: BTreeMap<String, Arc<Export>>,
+    default_export: Option<String>,
+    pub limits: Limits,
+    pub connections: Arc<Semaphore>,
+    pub buffers: Arc<Semaphore>,
+    shutdown_tx: watch::Sender<bool>,
+    pub shutdown_rx: watch::Receiver<bool>,
+    live: AtomicUsize,
+    idle: Notify,
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
+        let key = if name.is_empty() { self.default_export.as_deref()? } else { name };
+        self.exports.get(key).cloned()
+    }
+
+    pub fn exports(&self) -> impl Iterator<Item = &Arc<Export>> {
+        self.exports.values()
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+}
+
+#[derive(Clone)]
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// A server for `exports`; the first is also the default export (empty name).
+    pub fn new(exports: Vec<Export>, limits: Limits) -> Result<Server, String> {
+        let default_export = exports.first().map(|e| e.name.clone());
+        let mut map = BTreeMap::new();
+        for e in exports {
+            if e.name.len() > 4096 {
+                return Err(format!("export name longer than 4096 bytes: {:?}...", &e.name[..32]));
+            }
+            if map.insert(e.name.clone(), Arc::new(e)).is_some() {
+                return Err("two exports with the same name".into());
+            }
+        }
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        Ok(Server {
+            shared: Arc::new(Shared {
+                exports: map,
+                default_export,
+                connections: Arc::new(Semaphore::new(limits.max_connections)),
+                buffers: Arc::new(Semaphore::new(limits.buffer_budget_bytes)),
+                limits,
+                shutdown_tx,
+                shutdown_rx,
+                live: AtomicUsize::new(0),
+                idle: Notify::new(),
+                stopping: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    pub fn exports(&self) -> Vec<Arc<Export>> {
+        self.shared.exports().cloned().collect()
+    }
+
+    /// Accepts on a Unix socket until shutdown.
+    pub async fn serve_unix(&self, listener: UnixListener) {
+        let mut stop = self.shared.shutdown_rx.clone();
+        loop {
+            tokio::select! {
+                _ = stopped(&mut stop) => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let (r, w) = stream.into_split();
+                        self.spawn_connection(r, w);
+                    }
+                    Err(e) => accept_error(e).await,
+                },
+            }
+        }
+    }
+
+    /// Accepts on TCP until shutdown.
+    pub async fn serve_tcp(&self, listener: TcpListener) {
+        let mut stop = self.shared.shutdown_rx.clone();
+        loop {
+            tokio::select! {
+                _ = stopped(&mut stop) => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        let (r, w) = stream.into_split();
+                        self.spawn_connection(r, w);
+                    }
+                    Err(e) => accept_error(e).await,
+                },
+            }
+        }
+    }
+
+    /// Serves one already-connected stream (tests, socket activation).
+    pub fn spawn_connection<R, W>(&self, rd: R, wr: W)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let Ok(permit) = self.shared.connections.clone().try_acquire_owned() else {
+            eprintln!("strata-nbd: connection limit ({}) reached; closing a new connection", self.shared.limits.max_connections);
+            return;
+        };
+        let shared = self.shared.clone();
+        shared.live.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
+            let mut wr = wr;
+            let timeout = shared.limits.handshake_timeout;
+            match tokio::time::timeout(timeout, negotiate(&mut rd, &mut wr, &shared)).await {
+                Ok(Ok(neg)) => transmit(rd, wr, neg, shared.clone()).await,
+                Ok(Err(HandshakeEnd::Closed)) => {}
+                Ok(Err(HandshakeEnd::Drop(why))) => eprintln!("strata-nbd: handshake failed: {why}"),
+                Err(_) => eprintln!("strata-nbd: handshake timed out after {timeout:?}"),
+            }
+            drop(permit);
+            if shared.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+                shared.idle.notify_waiters();
+            }
+        });
+    }
+
+    /// Stops accepting and tells connections to finish what is in flight and close.
+    pub fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        let _ = self.shared.shutdown_tx.send(true);
+    }
+
+    /// Waits until every connection has closed.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.shared.idle.notified();
+            if self.shared.live.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub fn live_connections(&self) -> usize {
+        self.shared.live.load(Ordering::Acquire)
+    }
+}
+
+/// Completes once shutdown has been asked for.
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+async fn accept_error(e: std::io::Error) {
+    // Out of file descriptors and the like: back off rather than spin.
+    eprintln!("strata-nbd: accept failed: {e}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}

@@ -1,0 +1,3 @@
+pub mod serve;
+pub mod status;
+pub mod demo;

@@ -1,0 +1,186 @@
+//! `strata serve`: open the volumes, serve them over NBD, and on SIGTERM/SIGINT finish what
+//! is in flight, flush every volume and exit 0.
+
+use crate::admin::{self, Admin, Volume};
+use crate::config::Config;
+use crate::volume;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use strata_io::stats::StatsDev;
+use strata_io::BlockDev;
+use strata_nbd::{Export, Limits, Server};
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Volume specs:
+  PATH                 a file or block device (O_DIRECT where possible)
+  PATH?size=4GiB       ... created as a sparse file of that size if missing
+                       (other options: direct=on|off, engine=uring|pool, ro)
+  mem:SIZE             RAM, e.g. mem:1GiB
+  hdd:PATH[?opts]      PATH behind an emulated 7200 rpm disk
+                       (seek_min_ms, seek_max_ms, rpm, mib_s, seed)
+  ssd:PATH[?opts]      PATH behind an emulated SSD (read_us, write_us, channels, mib_s)
+
+Examples:
+  strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
+  strata serve --tcp 127.0.0.1:10809 --admin 127.0.0.1:9810 fast=mem:1GiB slow=hdd:/data/o.img
+  strata serve --config /etc/strata/strata.toml
+  nbdinfo 'nbd+unix:///vol0?socket=/tmp/strata.sock'")]
+pub struct ServeArgs {
+    /// Listen on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub unix: Option<PathBuf>,
+    /// Listen on TCP (binds 127.0.0.1 unless a host is given, e.g. 0.0.0.0:10809).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub tcp: Option<String>,
+    /// Serve GET /status (JSON) and GET /metrics (Prometheus) here.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: Option<String>,
+    /// Export every volume read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Read settings from a TOML file (flags given as well take precedence).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Most NBD connections at once.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Most requests in flight per connection.
+    #[arg(long, value_name = "N")]
+    pub max_inflight: Option<usize>,
+    /// Volumes to export, as NAME=SPEC. The first is also the default export.
+    #[arg(value_name = "NAME=SPEC", value_parser = volume::parse_named)]
+    pub volumes: Vec<(String, String)>,
+}
+
+/// TCP addresses without a host bind loopback.
+fn tcp_addr(s: &str) -> String {
+    if s.starts_with(':') {
+        format!("127.0.0.1{s}")
+    } else if s.parse::<u16>().is_ok() {
+        format!("127.0.0.1:{s}")
+    } else {
+        s.to_string()
+    }
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let unix = args.unix.clone().or(cfg.unix.clone());
+    let tcp = args.tcp.clone().or(cfg.tcp.clone()).map(|s| tcp_addr(&s));
+    let admin_addr = args.admin.clone().or(cfg.admin.clone()).map(|s| tcp_addr(&s));
+    let all_ro = args.read_only || cfg.read_only;
+    let mut wanted: Vec<(String, String, bool)> =
+        cfg.volumes.iter().map(|v| (v.name.clone(), v.spec.clone(), v.read_only || all_ro)).collect();
+    wanted.extend(args.volumes.iter().map(|(n, s)| (n.clone(), s.clone(), all_ro)));
+    if wanted.is_empty() {
+        bail!("no volumes to serve: give NAME=SPEC arguments or [[volume]] entries in --config");
+    }
+    if unix.is_none() && tcp.is_none() {
+        bail!("nowhere to listen: give --unix PATH and/or --tcp HOST:PORT");
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata").build()?;
+    runtime.block_on(async move {
+        let mut volumes = Vec::new();
+        let mut exports = Vec::new();
+        for (name, spec, ro) in wanted {
+            let dev = volume::open(&spec, ro).with_context(|| format!("volume {name}"))?;
+            let stats = Arc::new(StatsDev::new(dev));
+            exports.push(Export {
+                name: name.clone(),
+                description: stats.describe(),
+                dev: stats.clone() as Arc<dyn BlockDev>,
+                read_only: ro,
+            });
+            volumes.push(Volume { name, read_only: ro, dev: stats });
+        }
+        let mut limits = Limits::default();
+        if let Some(n) = args.max_connections.or(cfg.max_connections) {
+            limits.max_connections = n.max(1);
+        }
+        if let Some(n) = args.max_inflight.or(cfg.max_inflight) {
+            limits.max_inflight_per_connection = n.max(1);
+        }
+        let server = Server::new(exports, limits).map_err(anyhow::Error::msg)?;
+
+        let mut tasks = Vec::new();
+        if let Some(path) = &unix {
+            if path.exists() {
+                // A socket left by a previous run: remove it only if nobody answers on it.
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    bail!("{} is in use by a running server", path.display());
+                }
+                std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+            }
+            let l = tokio::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+            let s = server.clone();
+            tasks.push(tokio::spawn(async move { s.serve_unix(l).await }));
+            eprintln!("strata: serving NBD on unix:{}", path.display());
+        }
+        if let Some(addr) = &tcp {
+            let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            let s = server.clone();
+            tasks.push(tokio::spawn(async move { s.serve_tcp(l).await }));
+            eprintln!("strata: serving NBD on tcp:{addr}");
+        }
+        let admin = Arc::new(Admin {
+            volumes,
+            started: Instant::now(),
+            connections: Box::new({
+                let s = server.clone();
+                move || s.live_connections()
+            }),
+        });
+        if let Some(addr) = &admin_addr {
+            let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin {addr}"))?;
+            tokio::spawn(admin::serve(l, admin.clone()));
+            eprintln!("strata: admin endpoint on http://{addr}/status and /metrics");
+        }
+        for v in &admin.volumes {
+            eprintln!("strata: export {:?}: {} bytes, {}", v.name, v.dev.size(), v.dev.describe());
+        }
+
+        wait_for_signal().await?;
+        eprintln!("strata: shutting down: finishing in-flight requests");
+        server.shutdown();
+        for t in tasks {
+            let _ = t.await;
+        }
+        server.wait_idle().await;
+        let mut failed = false;
+        for v in &admin.volumes {
+            if !v.read_only {
+                if let Err(e) = v.dev.flush().await {
+                    eprintln!("strata: flushing {}: {e}", v.name);
+                    failed = true;
+                }
+            }
+        }
+        if let Some(path) = &unix {
+            let _ = std::fs::remove_file(path);
+        }
+        if failed {
+            bail!("some volumes failed to flush at shutdown");
+        }
+        eprintln!("strata: stopped cleanly");
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

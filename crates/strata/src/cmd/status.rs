@@ -1,0 +1,75 @@
+//! `strata status`: what a running server is doing, from its admin endpoint.
+
+use crate::admin;
+use anyhow::Result;
+use clap::Args;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Example:\n  strata status --admin 127.0.0.1:9810\n  strata status --admin 127.0.0.1:9810 --json | jq .volumes[0].ops.read")]
+pub struct StatusArgs {
+    /// The server's admin endpoint (as given to `strata serve --admin`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: String,
+    /// Print the raw JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: StatusArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let body = rt.block_on(admin::get(&args.admin, "/status"))?;
+    if args.json {
+        print!("{body}");
+        return Ok(());
+    }
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    print!("{}", render(&v));
+    Ok(())
+}
+
+/// The human view of `/status`.
+pub fn render(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "uptime {:.0} s, {} connection(s)",
+        v["uptime_s"].as_f64().unwrap_or(0.0),
+        v["connections"].as_u64().unwrap_or(0)
+    );
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "\nvolume {}  {}  {}{}",
+            vol["name"].as_str().unwrap_or("?"),
+            strata_io::units::format_size(vol["size_bytes"].as_u64().unwrap_or(0)),
+            vol["device"].as_str().unwrap_or(""),
+            if vol["read_only"].as_bool() == Some(true) { "  (read-only)" } else { "" }
+        );
+        let _ = writeln!(out, "  {:<13} {:>12} {:>14} {:>8} {:>12}", "op", "requests", "bytes", "errors", "avg lat us");
+        if let Some(ops) = vol["ops"].as_object() {
+            for (name, s) in ops {
+                let n = s["requests"].as_u64().unwrap_or(0);
+                if n == 0 {
+                    continue;
+                }
+                let avg = s["latency_us_sum"].as_u64().unwrap_or(0) as f64 / n as f64;
+                let _ = writeln!(
+                    out,
+                    "  {:<13} {:>12} {:>14} {:>8} {:>12.1}",
+                    name,
+                    n,
+                    s["bytes"].as_u64().unwrap_or(0),
+                    s["errors"].as_u64().unwrap_or(0),
+                    avg
+                );
+            }
+        }
+        if let Some(t) = vol["target"].as_object() {
+            for (k, val) in t {
+                let _ = writeln!(out, "  {k}: {val}");
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,37 @@
+use clap::{Parser, Subcommand};
+use strata::cmd;
+
+/// strata: a userspace hybrid block-storage engine served over NBD.
+#[derive(Parser)]
+#[command(name = "strata", version, propagate_version = true, after_help = "\
+Examples:
+  strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
+  strata status --admin 127.0.0.1:9810
+Run `strata <command> --help` for each command's options.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a demo volume and drive it with fio, showing live progress.
+    Demo(cmd::demo::DemoArgs),
+    /// Serve volumes over NBD (Unix socket and/or TCP).
+    Serve(cmd::serve::ServeArgs),
+    /// Show what a running server is doing (from its --admin endpoint).
+    Status(cmd::status::StatusArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Status(a) => cmd::status::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("strata: error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The README's first command: set up, then run the demo (a served volume driven by fio).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+exec target/release/strata demo "$@"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what strata's demo, tests and benchmarks use (Debian packages), then builds.
+# Safe to run again; uses sudo when not root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(fio qemu-utils nbdkit libnbd-bin fuse3 e2fsprogs util-linux fonts-dejavu-core)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+cargo build --release --bin strata
