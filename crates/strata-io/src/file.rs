@@ -168,6 +168,15 @@ impl FileDev {
     }
 
     async fn raw_write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        if !self.direct && !fua {
+            // A buffered write only copies into the page cache: doing it right here costs less
+            // than handing it to another thread (many file systems refuse RWF_NOWAIT writes, so
+            // there is no cheaper non-blocking probe). It can block only under dirty-page
+            // throttling, which slows every writer of this file alike.
+            let (buf, res) = engine::run_blocking(&self.file, Op::Write { offset, buf, dsync: false });
+            res.map_err(|e| self.os_err(e, "write", offset))?;
+            return Ok(buf.expect("write returns its buffer"));
+        }
         let (buf, res) = self.engine.submit(self.file.clone(), Op::Write { offset, buf, dsync: fua }).await;
         res.map_err(|e| self.os_err(e, "write", offset))?;
         Ok(buf.expect("write returns its buffer"))

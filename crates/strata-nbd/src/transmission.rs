@@ -6,7 +6,10 @@
 use crate::handshake::{block_sizes, Negotiated};
 use crate::proto::*;
 use crate::server::{stopped, Shared};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Extent, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -111,13 +114,13 @@ where
             }
             let dev = export.dev.clone();
             let tx = tx.clone();
-            tokio::spawn(async move {
+            run_inline_or_spawn(Box::pin(async move {
                 let fua = req.flags & CMD_FLAG_FUA != 0;
                 match dev.write(req.offset, buf, fua).await {
                     Ok(_) => send_ok(&tx, &req, permits),
                     Err(e) => send_io_error(&tx, &conn, &req, &e, permits),
                 }
-            });
+            }));
             continue;
         }
 
@@ -130,13 +133,23 @@ where
         }
         let dev = export.dev.clone();
         let tx = tx.clone();
-        tokio::spawn(async move { execute(dev, conn, req, tx, permits).await });
+        run_inline_or_spawn(Box::pin(execute(dev, conn, req, tx, permits)));
     }
 
     // Let every request already taken finish and its reply go out, then close.
     let _all = inflight.acquire_many(inflight_max as u32).await;
     drop(tx);
     let _ = writer.await;
+}
+
+/// Polls a request once on the reader's own task: RAM and page-cache hits complete right
+/// there, without a task spawn and a hop to another thread. Only what has to wait for the
+/// device becomes a task of its own (and then completes out of order).
+fn run_inline_or_spawn(mut fut: Pin<Box<dyn Future<Output = ()> + Send + 'static>>) {
+    let mut cx = Context::from_waker(Waker::noop());
+    if fut.as_mut().poll(&mut cx).is_pending() {
+        tokio::spawn(fut);
+    }
 }
 
 async fn buffer_permit(shared: &Shared, len: u32) -> OwnedSemaphorePermit {
