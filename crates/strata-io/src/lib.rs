@@ -5,9 +5,11 @@
 pub mod buf;
 pub mod engine;
 pub mod error;
+pub mod fault;
 pub mod file;
 pub mod latency;
 pub mod mem;
+pub mod powercut;
 pub mod spec;
 pub mod stats;
 pub mod testing;
@@ -126,6 +128,19 @@ pub trait BlockDev: Send + Sync + 'static {
     fn status(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// A target-specific control message (like `dmsetup message`), e.g. `mode writethrough`.
+    /// Returns a short human answer. Plain devices accept none.
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        let msg = msg.to_string();
+        Box::pin(async move { Err(Error::new(ErrorKind::Unsupported, format!("{}: no messages accepted ({msg:?})", self.describe()))) })
+    }
+
+    /// Called once when the volume is taken down cleanly: make everything durable and save
+    /// whatever makes the next start warm. The default is a flush.
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        self.flush()
+    }
 }
 
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
@@ -174,5 +189,11 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn status(&self) -> Option<serde_json::Value> {
         (**self).status()
+    }
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        (**self).message(msg)
+    }
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        (**self).shutdown()
     }
 }

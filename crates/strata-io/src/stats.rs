@@ -134,4 +134,10 @@ impl<D: BlockDev> BlockDev for StatsDev<D> {
     fn status(&self) -> Option<serde_json::Value> {
         self.inner.status()
     }
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        self.inner.message(msg)
+    }
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        self.inner.shutdown()
+    }
 }

@@ -157,7 +157,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let mut failed = false;
         for v in &admin.volumes {
             if !v.read_only {
-                if let Err(e) = v.dev.flush().await {
+                if let Err(e) = v.dev.shutdown().await {
                     eprintln!("strata: flushing {}: {e}", v.name);
                     failed = true;
                 }
