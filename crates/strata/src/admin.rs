@@ -149,35 +149,31 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
         };
         let admin = admin.clone();
         tokio::spawn(async move {
-            let mut req = Vec::with_capacity(1024);
-            let mut buf = [0u8; 1024];
-            // Read the request head (bounded), with a deadline.
-            let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-                while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 << 10 {
-                    let n = stream.read(&mut buf).await?;
-                    if n == 0 {
-                        break;
-                    }
-                    req.extend_from_slice(&buf[..n]);
-                }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
+            let Ok(Ok((method, path, body))) =
+                tokio::time::timeout(std::time::Duration::from_secs(5), read_request(&mut stream)).await
+            else {
                 return;
-            }
-            let line = String::from_utf8_lossy(&req);
-            let mut parts = line.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let (code, ctype, body) = match (method, path.split('?').next().unwrap_or("")) {
+            };
+            let route = path.split('?').next().unwrap_or("").to_string();
+            let (code, ctype, body) = match (method.as_str(), route.as_str()) {
                 ("GET", "/status") => {
                     let mut s = serde_json::to_string_pretty(&admin.status_json()).unwrap_or_default();
                     s.push('\n');
                     ("200 OK", "application/json", s)
                 }
                 ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
+                ("POST", r) if r.starts_with("/volumes/") && r.ends_with("/message") => {
+                    let name = &r["/volumes/".len()..r.len() - "/message".len()];
+                    match admin.volumes.iter().find(|v| v.name == name) {
+                        None => ("404 Not Found", "text/plain", format!("no volume named {name:?}\n")),
+                        Some(v) => match v.dev.message(body.trim()).await {
+                            Ok(answer) => ("200 OK", "text/plain", format!("{answer}\n")),
+                            Err(e) => ("400 Bad Request", "text/plain", format!("{e}\n")),
+                        },
+                    }
+                }
                 ("GET", _) => ("404 Not Found", "text/plain", "try /status or /metrics\n".to_string()),
-                _ => ("400 Bad Request", "text/plain", "only GET is served\n".to_string()),
+                _ => ("400 Bad Request", "text/plain", "GET /status, GET /metrics, POST /volumes/NAME/message\n".to_string()),
             };
             let resp = format!(
                 "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -189,19 +185,68 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     }
 }
 
+/// Reads one request: method, path and body (bounded sizes).
+async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(String, String, String)> {
+    let mut req = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let head_end = loop {
+        if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if req.len() > 16 << 10 {
+            return Err(std::io::Error::other("request head too long"));
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::Error::other("closed"));
+        }
+        req.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&req[..head_end]).into_owned();
+    let mut parts = head.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+    let length = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+        .unwrap_or(0)
+        .min(64 << 10);
+    while req.len() < head_end + length {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let body = String::from_utf8_lossy(&req[head_end..(head_end + length).min(req.len())]).into_owned();
+    Ok((method, path, body))
+}
+
 /// Fetches `path` from an admin endpoint (for `strata status` and friends).
 pub async fn get(addr: &str, path: &str) -> anyhow::Result<String> {
+    request(addr, "GET", path, "").await
+}
+
+/// Sends a control message to a volume of a running server.
+pub async fn message(addr: &str, volume: &str, msg: &str) -> anyhow::Result<String> {
+    request(addr, "POST", &format!("/volumes/{volume}/message"), msg).await
+}
+
+async fn request(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
     use anyhow::Context;
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
         .with_context(|| format!("cannot reach the admin endpoint at {addr} (is `strata serve --admin {addr}` running?)"))?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    s.write_all(
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+            .as_bytes(),
+    )
+    .await?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).await?;
     let (head, body) = resp.split_once("\r\n\r\n").context("malformed HTTP response")?;
     let status = head.lines().next().unwrap_or("");
     if !status.contains(" 200 ") {
-        anyhow::bail!("{addr}{path}: {status}");
+        anyhow::bail!("{}", body.trim());
     }
     Ok(body.to_string())
 }

@@ -7,6 +7,8 @@ use strata::cmd;
 Examples:
   strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
   strata status --admin 127.0.0.1:9810
+  strata cache create --origin hdd:/var/tmp/origin.img --cache /var/tmp/cache.img?size=1GiB
+  strata sim ../shared/testdata/cloudphysics-w.csv --policy strata,smq,lru --size 1%,10%
 Run `strata <command> --help` for each command's options.")]
 struct Cli {
     #[command(subcommand)]
@@ -21,6 +23,10 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Show what a running server is doing (from its --admin endpoint).
     Status(cmd::status::StatusArgs),
+    /// Create, tune, flush, detach, check and dump caches.
+    Cache(cmd::cache::CacheArgs),
+    /// Replay a block trace (or a synthetic workload) through cache policies.
+    Sim(strata_sim::cli::SimArgs),
 }
 
 fn main() {
@@ -29,6 +35,8 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Cache(a) => cmd::cache::run(a),
+        Command::Sim(a) => strata_sim::cli::run(a),
     };
     if let Err(e) = result {
         eprintln!("strata: error: {e:#}");

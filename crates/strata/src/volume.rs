@@ -1,11 +1,18 @@
 //! Opening a volume from its spec: the one place that knows every kind of device and target.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::sync::Arc;
 use strata_io::BlockDev;
 
-/// Opens `spec` (see `strata serve --help` for the forms).
-pub fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+/// Opens `spec`: `cache:PATH[?origin=SPEC]` for a cache made by `strata cache create`, or any
+/// plain device spec (see `strata serve --help`).
+pub async fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+    if let Some(rest) = spec.strip_prefix("cache:") {
+        let dev = strata_cache::admin::open(rest, strata_cache::OpenOptions::default())
+            .await
+            .with_context(|| format!("opening cache {rest}"))?;
+        return Ok(Arc::new(dev));
+    }
     Ok(strata_io::spec::open(spec, read_only)?)
 }
 

@@ -45,7 +45,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let _ = std::fs::remove_file(&sock);
     let spec = format!("{}?size={}", dir.join("volume.img").display(), args.size);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let dev = volume::open(&spec, false)?;
+    let dev = rt.block_on(volume::open(&spec, false))?;
     let stats = Arc::new(StatsDev::new(dev));
     let vol = Volume { name: "demo".into(), read_only: false, dev: stats.clone() };
     println!("strata demo: volume {:?} = {}", vol.name, vol.dev.describe());

@@ -1,3 +1,4 @@
 pub mod serve;
 pub mod status;
 pub mod demo;
+pub mod cache;

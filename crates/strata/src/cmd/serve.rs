@@ -23,6 +23,8 @@ Volume specs:
   hdd:PATH[?opts]      PATH behind an emulated 7200 rpm disk
                        (seek_min_ms, seek_max_ms, rpm, mib_s, seed)
   ssd:PATH[?opts]      PATH behind an emulated SSD (read_us, write_us, channels, mib_s)
+  cache:PATH           a cache made by `strata cache create` (its superblock names the
+                       origin; cache:PATH?origin=SPEC overrides it)
 
 Examples:
   strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
@@ -91,7 +93,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let mut volumes = Vec::new();
         let mut exports = Vec::new();
         for (name, spec, ro) in wanted {
-            let dev = volume::open(&spec, ro).with_context(|| format!("volume {name}"))?;
+            let dev = volume::open(&spec, ro).await.with_context(|| format!("volume {name}"))?;
             let stats = Arc::new(StatsDev::new(dev));
             exports.push(Export {
                 name: name.clone(),

@@ -1,0 +1,226 @@
+//! Creating, opening, checking and dumping caches: everything `strata cache ...` does to a
+//! cache device, apart from serving it.
+
+use crate::format::{recognise, Layout, Mode, Superblock, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE};
+use crate::meta::{Findings, Meta};
+use crate::target::{CacheDev, OpenOptions};
+use std::sync::Arc;
+use strata_io::file::{FileDev, FileOptions};
+use strata_io::{spec, BlockDev, Buf, Error, ErrorKind, Result};
+
+pub struct CreateOptions {
+    pub block_bytes: u32,
+    pub mode: Mode,
+    pub policy: String,
+    pub sequential_cutoff_bytes: u64,
+    pub migration_budget_bytes_per_s: u64,
+    pub writeback_percent: u32,
+    /// How to open the origin again (recorded in the superblock).
+    pub origin_spec: String,
+    pub force: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            block_bytes: 64 << 10,
+            mode: Mode::Writeback,
+            policy: strata_policy::DEFAULT_POLICY.to_string(),
+            sequential_cutoff_bytes: 4 << 20,
+            migration_budget_bytes_per_s: 32 << 20,
+            writeback_percent: 10,
+            origin_spec: String::new(),
+            force: false,
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Invalid, msg)
+}
+
+/// The identity of the origin behind a spec: device and inode for files, empty otherwise.
+pub fn origin_identity(origin_spec: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    if origin_spec.starts_with("mem:") {
+        return String::new();
+    }
+    let path = origin_spec.strip_prefix("hdd:").or_else(|| origin_spec.strip_prefix("ssd:")).unwrap_or(origin_spec);
+    let path = spec::split_query(path).0;
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_file() => format!("{}:{}", m.dev(), m.ino()),
+        Ok(m) => format!("rdev {}", m.rdev()),
+        Err(_) => String::new(),
+    }
+}
+
+/// The origin spec to record: `size=` dropped, so reopening never creates an empty origin.
+pub fn recordable_spec(origin_spec: &str) -> String {
+    let (head, query) = match origin_spec.split_once('?') {
+        Some((h, q)) => (h, q),
+        None => return origin_spec.to_string(),
+    };
+    let kept: Vec<&str> = query.split('&').filter(|kv| !kv.starts_with("size=") && !kv.is_empty()).collect();
+    if kept.is_empty() {
+        head.to_string()
+    } else {
+        format!("{head}?{}", kept.join("&"))
+    }
+}
+
+/// Formats `cache` as a cache of `origin`. Refuses a device holding recognisable data
+/// unless `force`.
+pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptions) -> Result<Superblock> {
+    let bs = o.block_bytes;
+    if !bs.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&bs) {
+        return Err(invalid(format!("block size {bs} must be a power of two from 32 KiB to 1 GiB")));
+    }
+    strata_policy::build(&o.policy, 1, &strata_policy::Params::default()).map_err(|e| invalid(e.to_string()))?;
+    if o.writeback_percent > 100 {
+        return Err(invalid("writeback percent must be 0..100"));
+    }
+    let head_len = cache.size().min(128 << 10) as usize;
+    let head = cache.read(0, Buf::zeroed(head_len)).await?;
+    if let Some(what) = recognise(&head) {
+        if !o.force {
+            return Err(invalid(format!(
+                "the cache device holds {what}; refusing to overwrite it (use --force to format anyway)"
+            )));
+        }
+    }
+    let slots = Layout::fit(cache.size(), bs);
+    if slots == 0 {
+        return Err(invalid(format!(
+            "cache device too small: {} bytes cannot hold metadata and one {bs}-byte block",
+            cache.size()
+        )));
+    }
+    if origin.size() == 0 {
+        return Err(invalid("origin is empty"));
+    }
+    let layout = Layout::new(slots, bs);
+    let mut uuid = [0u8; 16];
+    uuid.iter_mut().for_each(|b| *b = rand::random());
+    let sb = Superblock {
+        seq: 0,
+        uuid,
+        block_bytes: bs,
+        mode: o.mode,
+        clean_shutdown: true,
+        slots,
+        origin_bytes: origin.size(),
+        data_offset: layout.data_offset,
+        table_offset: layout.table_offset,
+        table_pages: layout.table_pages,
+        hints_offset: layout.hints_offset,
+        hints_capacity: layout.hints_capacity,
+        hints_len: 0,
+        hints_crc: 0,
+        sequential_cutoff_bytes: o.sequential_cutoff_bytes,
+        migration_budget_bytes_per_s: o.migration_budget_bytes_per_s,
+        writeback_percent: o.writeback_percent,
+        policy: o.policy.clone(),
+        origin_spec: o.origin_spec.clone(),
+        origin_id: origin_identity(&o.origin_spec),
+    };
+    // Zero the metadata area (old superblocks included), then write an empty table.
+    let mut pos = 0;
+    while pos < layout.data_offset {
+        let n = (layout.data_offset - pos).min(8 << 20);
+        cache.write(pos, Buf::zeroed(n as usize), false).await?;
+        pos += n;
+    }
+    let mut meta = Meta::fresh(sb);
+    let batch = meta.prepare_commit();
+    for (_, off, _, bytes) in &batch.pages {
+        cache.write(*off, Buf::from_slice(bytes), false).await?;
+    }
+    meta.commit_done(&batch);
+    cache.flush().await?;
+    meta.write_superblock(cache).await?;
+    cache.flush().await?;
+    Ok(meta.sb)
+}
+
+/// Opens the cache device at `path` (a file or block device, O_DIRECT where possible).
+pub fn open_cache_device(path: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+    let opts = FileOptions { read_only, ..FileOptions::default() };
+    Ok(Arc::new(FileDev::open(std::path::Path::new(path), &opts)?))
+}
+
+/// Opens a cache for serving: `cache:PATH[?origin=SPEC]` minus the `cache:` prefix.
+pub async fn open(spec_rest: &str, opts: OpenOptions) -> Result<CacheDev> {
+    let (path, query) = spec::split_query(spec_rest);
+    let mut options = spec::Options::parse(spec_rest, query);
+    let origin_override = options.take("origin");
+    options.finish()?;
+    let cache = open_cache_device(path, false)?;
+    let (meta, findings) = Meta::load(&*cache).await.map_err(|e| Error::new(e.kind, format!("{path}: {}", e.context)))?;
+    if !findings.errors.is_empty() {
+        return Err(invalid(format!(
+            "{path}: metadata is damaged ({}); run `strata cache check {path}`",
+            findings.errors.join("; ")
+        )));
+    }
+    for r in &findings.repaired {
+        eprintln!("strata: {path}: recovery: {r}");
+    }
+    let origin_spec = origin_override.unwrap_or_else(|| meta.sb.origin_spec.clone());
+    if origin_spec.is_empty() {
+        return Err(invalid(format!("{path}: the superblock names no origin; give cache:{path}?origin=SPEC")));
+    }
+    let id = origin_identity(&origin_spec);
+    if !meta.sb.origin_id.is_empty() && !id.is_empty() && id != meta.sb.origin_id {
+        return Err(invalid(format!(
+            "{path}: wrong origin: {origin_spec} is not the device this cache was created for (identity {id}, expected {})",
+            meta.sb.origin_id
+        )));
+    }
+    let origin = spec::open(&origin_spec, false).map_err(|e| Error::new(e.kind, format!("origin of {path}: {}", e.context)))?;
+    CacheDev::open(cache, origin, meta, opts).await
+}
+
+/// `strata cache check`: the superblock and findings.
+pub async fn check(dev: &dyn BlockDev) -> Result<(Superblock, Findings)> {
+    let (meta, findings) = Meta::load(dev).await?;
+    Ok((meta.sb, findings))
+}
+
+/// `strata cache dump`: superblock and every mapped slot, as JSON.
+pub async fn dump(dev: &dyn BlockDev) -> Result<serde_json::Value> {
+    let (meta, findings) = Meta::load(dev).await?;
+    let sb = &meta.sb;
+    let mappings: Vec<serde_json::Value> = meta
+        .entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.valid)
+        .map(|(s, e)| serde_json::json!({"slot": s, "origin_block": e.origin_block, "dirty": e.dirty, "generation": e.generation}))
+        .collect();
+    Ok(serde_json::json!({
+        "superblock": {
+            "seq": sb.seq,
+            "uuid": sb.uuid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            "block_size": sb.block_bytes,
+            "mode": sb.mode.name(),
+            "policy": sb.policy,
+            "clean_shutdown": sb.clean_shutdown,
+            "cache_blocks": sb.slots,
+            "origin_spec": sb.origin_spec,
+            "origin_id": sb.origin_id,
+            "origin_bytes": sb.origin_bytes,
+            "data_offset": sb.data_offset,
+            "table_pages": sb.table_pages,
+            "hints_bytes": sb.hints_len,
+            "sequential_cutoff_bytes": sb.sequential_cutoff_bytes,
+            "migration_budget_bytes_per_s": sb.migration_budget_bytes_per_s,
+            "writeback_percent": sb.writeback_percent,
+            "page_bytes": PAGE,
+        },
+        "cached_blocks": mappings.len(),
+        "dirty_blocks": meta.entries.iter().filter(|e| e.valid && e.dirty).count(),
+        "mappings": mappings,
+        "errors": findings.errors,
+        "repaired_on_open": findings.repaired,
+    }))
+}

@@ -1,0 +1,266 @@
+//! The mapping table in memory, and how it reaches the device: which pages changed, commits
+//! that write them to their alternate copies, recovery that reads them back. A commit is the
+//! moment mappings become durable; the target calls it on FLUSH and FUA, on a timer, and when
+//! it needs freed slots back (a slot freed in memory is reused only after the commit that
+//! records it free, so a crash can never leave an old mapping pointing at new data).
+
+use crate::format::{self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, PAGE};
+use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+
+pub struct Meta {
+    pub sb: Superblock,
+    pub layout: Layout,
+    pub entries: Vec<Entry>,
+    dirty_pages: Vec<bool>,
+    dirty_list: Vec<u64>,
+    /// Which copy of each page holds its newest committed version.
+    page_copy: Vec<u8>,
+    next_generation: u64,
+    commit_seq: u64,
+}
+
+/// Pages to write for one commit, prepared under the state lock and written outside it.
+pub struct CommitBatch {
+    pub pages: Vec<(u64, u64, u8, Vec<u8>)>, // (page, offset, copy written, bytes)
+}
+
+/// What reading the metadata found, for `cache check` and for the log at open.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Problems that make the metadata unusable.
+    pub errors: Vec<String>,
+    /// Things recovery repairs by itself (torn page copies, stale duplicate claims).
+    pub repaired: Vec<String>,
+}
+
+impl Meta {
+    /// A fresh, empty table for a newly formatted cache.
+    pub fn fresh(sb: Superblock) -> Meta {
+        let layout = Layout::new(sb.slots, sb.block_bytes);
+        let pages = layout.table_pages as usize;
+        Meta {
+            entries: vec![Entry::default(); sb.slots as usize],
+            dirty_pages: vec![true; pages],
+            dirty_list: (0..pages as u64).collect(),
+            page_copy: vec![1; pages], // the first commit writes copy 0
+            next_generation: 1,
+            commit_seq: 1,
+            layout,
+            sb,
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn set(&mut self, slot: u32, origin_block: u64, valid: bool, dirty: bool) {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.entries[slot as usize] = Entry { origin_block, valid, dirty, generation };
+        self.mark(slot);
+    }
+
+    /// Changes only the dirty bit (no new generation: the claim on the block is unchanged).
+    pub fn set_dirty(&mut self, slot: u32, dirty: bool) {
+        let e = &mut self.entries[slot as usize];
+        if e.dirty != dirty {
+            e.dirty = dirty;
+            self.mark(slot);
+        }
+    }
+
+    fn mark(&mut self, slot: u32) {
+        let page = slot as usize / ENTRIES_PER_PAGE;
+        if !self.dirty_pages[page] {
+            self.dirty_pages[page] = true;
+            self.dirty_list.push(page as u64);
+        }
+    }
+
+    pub fn has_changes(&self) -> bool {
+        !self.dirty_list.is_empty()
+    }
+
+    /// Encodes every changed page into its other copy. The caller writes the batch and then
+    /// calls `commit_done` (or `commit_failed`).
+    pub fn prepare_commit(&mut self) -> CommitBatch {
+        self.commit_seq += 1;
+        let seq = self.commit_seq;
+        let mut pages = Vec::with_capacity(self.dirty_list.len());
+        for page in std::mem::take(&mut self.dirty_list) {
+            self.dirty_pages[page as usize] = false;
+            let copy = self.page_copy[page as usize] ^ 1;
+            let start = page as usize * ENTRIES_PER_PAGE;
+            let end = (start + ENTRIES_PER_PAGE).min(self.entries.len());
+            let bytes = encode_page(page, seq, &self.entries[start..end]);
+            pages.push((page, self.layout.page_offset(page, copy), copy, bytes));
+        }
+        CommitBatch { pages }
+    }
+
+    pub fn commit_done(&mut self, batch: &CommitBatch) {
+        for (page, _, copy, _) in &batch.pages {
+            self.page_copy[*page as usize] = *copy;
+        }
+    }
+
+    /// A failed commit: the same copies are written again next time (the other copies still
+    /// hold the last good versions).
+    pub fn commit_failed(&mut self, batch: &CommitBatch) {
+        for (page, _, _, _) in &batch.pages {
+            if !self.dirty_pages[*page as usize] {
+                self.dirty_pages[*page as usize] = true;
+                self.dirty_list.push(*page);
+            }
+        }
+    }
+
+    /// Reads the whole metadata of a cache device. `Err` only when nothing usable is there
+    /// (no superblock); table problems are in the findings.
+    pub async fn load(dev: &dyn BlockDev) -> Result<(Meta, Findings)> {
+        let sb = read_superblock(dev).await?;
+        let layout = Layout::new(sb.slots, sb.block_bytes);
+        if layout.end > dev.size() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("cache device is {} bytes but its superblock needs {}", dev.size(), layout.end),
+            ));
+        }
+        let table_bytes = (layout.table_pages * 2) as usize * PAGE;
+        let mut table = Vec::with_capacity(table_bytes);
+        let mut pos = 0;
+        while pos < table_bytes {
+            let n = (table_bytes - pos).min(8 << 20);
+            let b = dev.read(layout.table_offset + pos as u64, Buf::zeroed(n)).await?;
+            table.extend_from_slice(&b);
+            pos += n;
+        }
+        let mut findings = Findings::default();
+        let slots = sb.slots as usize;
+        let mut entries = vec![Entry::default(); slots];
+        let mut page_copy = vec![0u8; layout.table_pages as usize];
+        let mut commit_seq = 0;
+        for page in 0..layout.table_pages {
+            let copy = |c: usize| {
+                let at = (page as usize * 2 + c) * PAGE;
+                decode_page(page, &table[at..at + PAGE])
+            };
+            let (a, b) = (copy(0), copy(1));
+            let chosen = match (&a, &b) {
+                (Ok((sa, _)), Ok((sb_, _))) => Some(if sa >= sb_ { 0 } else { 1 }),
+                (Ok(_), Err(p)) | (Err(p), Ok(_)) => {
+                    if *p != PageProblem::NeverWritten {
+                        findings.repaired.push(format!("table page {page}: one copy unusable ({p:?}); using the other"));
+                    }
+                    Some(if a.is_ok() { 0 } else { 1 })
+                }
+                (Err(pa), Err(pb)) => {
+                    findings.errors.push(format!("table page {page}: both copies unusable ({pa:?}, {pb:?})"));
+                    None
+                }
+            };
+            if let Some(c) = chosen {
+                let (seq, es) = if c == 0 { a.unwrap() } else { b.unwrap() };
+                commit_seq = commit_seq.max(seq);
+                page_copy[page as usize] = c;
+                let start = page as usize * ENTRIES_PER_PAGE;
+                for (i, e) in es.into_iter().enumerate() {
+                    if start + i < slots {
+                        entries[start + i] = e;
+                    } else if e.valid {
+                        findings.errors.push(format!("table page {page}: entry {i} beyond the last slot is valid"));
+                    }
+                }
+            }
+        }
+        let mut meta = Meta {
+            dirty_pages: vec![false; layout.table_pages as usize],
+            dirty_list: Vec::new(),
+            page_copy,
+            next_generation: entries.iter().map(|e| e.generation).max().unwrap_or(0) + 1,
+            commit_seq,
+            entries,
+            layout,
+            sb,
+        };
+        meta.validate_and_resolve(&mut findings);
+        Ok((meta, findings))
+    }
+
+    /// Checks every entry; resolves duplicate claims on one origin block by generation (the
+    /// losers are freed and the fix is committed by the next commit).
+    fn validate_and_resolve(&mut self, findings: &mut Findings) {
+        let origin_blocks = self.sb.origin_blocks();
+        let mut owner: rustc_hash::FxHashMap<u64, u32> = Default::default();
+        for slot in 0..self.entries.len() as u32 {
+            let e = self.entries[slot as usize];
+            if !e.valid {
+                if e.dirty {
+                    findings.errors.push(format!("slot {slot}: dirty bit on an unmapped slot"));
+                }
+                continue;
+            }
+            if e.origin_block >= origin_blocks {
+                findings.errors.push(format!(
+                    "slot {slot}: maps origin block {} beyond the origin's {origin_blocks} blocks",
+                    e.origin_block
+                ));
+                continue;
+            }
+            match owner.get(&e.origin_block).copied() {
+                None => {
+                    owner.insert(e.origin_block, slot);
+                }
+                Some(other) => {
+                    let o = self.entries[other as usize];
+                    if o.generation == e.generation {
+                        findings.errors.push(format!(
+                            "slots {other} and {slot} both map origin block {} with the same generation",
+                            e.origin_block
+                        ));
+                        continue;
+                    }
+                    let (keep, lose) = if e.generation > o.generation { (slot, other) } else { (other, slot) };
+                    findings.repaired.push(format!(
+                        "origin block {} claimed by slots {other} and {slot}; keeping the newer slot {keep}",
+                        e.origin_block
+                    ));
+                    self.set(lose, 0, false, false);
+                    owner.insert(e.origin_block, keep);
+                }
+            }
+        }
+    }
+
+    /// Writes the superblock into the copy not holding the current one.
+    pub async fn write_superblock(&mut self, dev: &dyn BlockDev) -> Result<()> {
+        self.sb.seq += 1;
+        let at = (self.sb.seq % 2) * PAGE as u64;
+        dev.write(at, Buf::from_slice(&self.sb.encode()), true).await?;
+        Ok(())
+    }
+}
+
+/// Reads both superblock copies and returns the newest valid one.
+pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
+    if dev.size() < 2 * PAGE as u64 {
+        return Err(Error::new(ErrorKind::Invalid, "device too small to hold a strata cache"));
+    }
+    let b = dev.read(0, Buf::zeroed(2 * PAGE)).await?;
+    let a = Superblock::decode(&b[..PAGE]);
+    let c = Superblock::decode(&b[PAGE..]);
+    match (a, c) {
+        (Ok(x), Ok(y)) => Ok(if x.seq >= y.seq { x } else { y }),
+        (Ok(x), Err(_)) | (Err(_), Ok(x)) => Ok(x),
+        (Err(e), Err(_)) => Err(Error::new(
+            ErrorKind::Invalid,
+            match e {
+                format::FormatError::NotStrata(_) => {
+                    "not a strata cache device (no superblock; create one with `strata cache create`)".to_string()
+                }
+                other => format!("corrupt cache superblock: {other} (both copies)"),
+            },
+        )),
+    }
+}

@@ -1,0 +1,235 @@
+//! Accounting the cache keeps about itself: hit and miss counters with windows (last 10 s,
+//! 1 min, 1 h, all time), the migration budget (a token bucket in bytes per second), and
+//! how busy the origin is, split between foreground IO and migration.
+
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+pub struct Counters {
+    pub read_hits: AtomicU64,
+    pub read_misses: AtomicU64,
+    pub write_hits: AtomicU64,
+    pub write_misses: AtomicU64,
+    pub promotions: AtomicU64,
+    pub demotions: AtomicU64,
+    pub writebacks: AtomicU64,
+    pub bypassed: AtomicU64,
+    pub migration_bytes: AtomicU64,
+    pub promotions_skipped: AtomicU64,
+    pub commits: AtomicU64,
+    pub cache_read_errors: AtomicU64,
+}
+
+impl Counters {
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Relaxed);
+    }
+
+    fn hits_misses(&self) -> (u64, u64) {
+        (
+            self.read_hits.load(Relaxed) + self.write_hits.load(Relaxed),
+            self.read_misses.load(Relaxed) + self.write_misses.load(Relaxed),
+        )
+    }
+}
+
+/// Snapshots of (time, hits, misses) once a second, for windowed hit ratios.
+pub struct Windows {
+    snaps: Mutex<VecDeque<(Instant, u64, u64)>>,
+}
+
+impl Windows {
+    pub fn new() -> Windows {
+        Windows { snaps: Mutex::new(VecDeque::new()) }
+    }
+
+    /// Records a snapshot if a second has passed since the last one.
+    pub fn tick(&self, c: &Counters) {
+        let now = Instant::now();
+        let mut s = self.snaps.lock();
+        if s.back().is_none_or(|(t, _, _)| now.duration_since(*t) >= Duration::from_secs(1)) {
+            let (h, m) = c.hits_misses();
+            s.push_back((now, h, m));
+            while s.len() > 3601 {
+                s.pop_front();
+            }
+        }
+    }
+
+    /// Hit ratio over the last `window` (or since the oldest snapshot if younger).
+    pub fn ratio(&self, c: &Counters, window: Duration) -> Option<f64> {
+        let (h, m) = c.hits_misses();
+        let s = self.snaps.lock();
+        let now = Instant::now();
+        let base = s.iter().find(|(t, _, _)| now.duration_since(*t) <= window).or(s.back()).copied();
+        let (bh, bm) = base.map(|(_, h, m)| (h, m)).unwrap_or((0, 0));
+        let (dh, dm) = (h - bh, m - bm);
+        (dh + dm > 0).then(|| dh as f64 / (dh + dm) as f64)
+    }
+
+    pub fn total(c: &Counters) -> Option<f64> {
+        let (h, m) = c.hits_misses();
+        (h + m > 0).then(|| h as f64 / (h + m) as f64)
+    }
+}
+
+/// The migration budget: bytes per second, with at most one second of burst.
+pub struct Budget {
+    inner: Mutex<(f64, Instant, u64)>, // (tokens, last refill, rate)
+}
+
+impl Budget {
+    pub fn new(bytes_per_s: u64) -> Budget {
+        Budget { inner: Mutex::new((bytes_per_s as f64, Instant::now(), bytes_per_s)) }
+    }
+
+    pub fn set_rate(&self, bytes_per_s: u64) {
+        self.inner.lock().2 = bytes_per_s;
+    }
+
+    pub fn rate(&self) -> u64 {
+        self.inner.lock().2
+    }
+
+    /// Takes `bytes` if available now (a rate of 0 means unlimited).
+    pub fn try_take(&self, bytes: u64) -> bool {
+        let mut g = self.inner.lock();
+        let (tokens, last, rate) = &mut *g;
+        if *rate == 0 {
+            return true;
+        }
+        let now = Instant::now();
+        let cap = (*rate).max(bytes) as f64;
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * *rate as f64).min(cap);
+        *last = now;
+        if *tokens >= bytes as f64 {
+            *tokens -= bytes as f64;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Busy time of the origin (time with at least one request in flight), for foreground and
+/// migration IO apart.
+pub struct OriginMeter {
+    state: Mutex<[(u32, Instant, Duration); 2]>,
+}
+
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Foreground = 0,
+    Migration = 1,
+}
+
+pub struct Busy<'a> {
+    meter: &'a OriginMeter,
+    kind: Kind,
+}
+
+impl OriginMeter {
+    pub fn new() -> OriginMeter {
+        let now = Instant::now();
+        OriginMeter { state: Mutex::new([(0, now, Duration::ZERO); 2]) }
+    }
+
+    pub fn start(&self, kind: Kind) -> Busy<'_> {
+        let mut s = self.state.lock();
+        let e = &mut s[kind as usize];
+        if e.0 == 0 {
+            e.1 = Instant::now();
+        }
+        e.0 += 1;
+        Busy { meter: self, kind }
+    }
+
+    /// Total busy time so far, counting requests still in flight.
+    pub fn busy(&self, kind: Kind) -> Duration {
+        let s = self.state.lock();
+        let e = &s[kind as usize];
+        e.2 + if e.0 > 0 { e.1.elapsed() } else { Duration::ZERO }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut s = self.meter.state.lock();
+        let e = &mut s[self.kind as usize];
+        e.0 -= 1;
+        if e.0 == 0 {
+            e.2 += e.1.elapsed();
+        }
+    }
+}
+
+/// bcache-style sequential detection: a few recent streams, each with the bytes it has
+/// read or written contiguously; a stream past the cutoff bypasses the cache.
+pub struct Streams {
+    s: [(u64, u64, u64); 16], // (next offset, contiguous bytes, last use)
+    tick: u64,
+}
+
+impl Streams {
+    pub fn new() -> Streams {
+        Streams { s: [(u64::MAX, 0, 0); 16], tick: 0 }
+    }
+
+    /// Records a request; true when its stream has gone past `cutoff` bytes (0: never).
+    pub fn observe(&mut self, offset: u64, len: u64, cutoff: u64) -> bool {
+        self.tick += 1;
+        let i = match self.s.iter().position(|e| e.0 == offset) {
+            Some(i) => {
+                self.s[i].1 += len;
+                i
+            }
+            None => {
+                let i = self.s.iter().enumerate().min_by_key(|(_, e)| e.2).map(|(i, _)| i).unwrap_or(0);
+                self.s[i].1 = len;
+                i
+            }
+        };
+        self.s[i].0 = offset + len;
+        self.s[i].2 = self.tick;
+        cutoff > 0 && self.s[i].1 > cutoff
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequential_streams_cross_the_cutoff_and_random_ones_do_not() {
+        let mut s = Streams::new();
+        let mut bypassed = 0;
+        for i in 0..100u64 {
+            bypassed += s.observe(i * 65536, 65536, 1 << 20) as u32;
+        }
+        assert_eq!(bypassed, 100 - 16, "bypass starts once 1 MiB has run contiguously");
+        let mut s = Streams::new();
+        assert!((0..100u64).all(|i| !s.observe((i * 7919 % 1000) * 4096 + 1, 4096, 1 << 20)));
+        // Interleaved streams are tracked apart.
+        let mut s = Streams::new();
+        let mut last = false;
+        for i in 0..40u64 {
+            s.observe(i * 65536, 65536, 1 << 20);
+            last = s.observe((1 << 30) + i * 65536, 65536, 1 << 20);
+        }
+        assert!(last);
+    }
+
+    #[test]
+    fn budget_limits_bytes_per_second() {
+        let b = Budget::new(1 << 20);
+        let mut taken = 0;
+        while b.try_take(65536) {
+            taken += 65536;
+        }
+        assert_eq!(taken, 1 << 20, "one second of burst");
+        assert!(Budget::new(0).try_take(u64::MAX / 2), "0 means unlimited");
+    }
+}

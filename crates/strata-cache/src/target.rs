@@ -1,0 +1,1150 @@
+//! The cache target: where a hit is served, a miss promoted, a write absorbed, a dirty block
+//! written back. A read always returns the last completed write, whatever state its block is
+//! in: foreground IO to a block holds its lock shared, a migration of that block holds it
+//! exclusively; a slot leaves the mapping and the policy together, under the state lock, and
+//! is reused only after the commit that records it free and once no IO still reads it.
+
+use crate::format::{Mode, Superblock};
+use crate::meta::Meta;
+use crate::meter::{Budget, Counters, Kind, OriginMeter, Streams, Windows};
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_io::{BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use strata_policy::{Access, Op, Outcome, Params, Policy};
+use tokio::sync::{Notify, OwnedRwLockWriteGuard, RwLock};
+
+const SHARDS: usize = 1024;
+/// Most blocks one write-back batch takes (one origin flush per batch).
+const WRITEBACK_BATCH_MAX: usize = 256;
+/// Write-backs in flight at once.
+const WRITEBACK_DEPTH: usize = 8;
+/// How often the background task looks at the dirty count and the clock.
+const TICK: Duration = Duration::from_millis(100);
+/// Periodic commit, like dm-thin's: mappings never lag the data by more than this.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Below this foreground share of origin time the origin counts as idle.
+const IDLE_SHARE: f64 = 0.05;
+
+pub struct State {
+    pub policy: Box<dyn Policy + Send>,
+    pub map: FxHashMap<u64, u32>,
+    pub meta: Meta,
+    /// Slots free on the device (their release is committed).
+    free: Vec<u32>,
+    /// Slots freed in memory, reusable after the next commit.
+    freed: Vec<u32>,
+    /// Per slot: bumped by every write, so a write-back knows whether it is still current.
+    write_gen: Vec<u32>,
+    streams: Streams,
+    /// Origin blocks discarded whole since start: promoting them needs no copy.
+    discarded: FxHashSet<u64>,
+    /// Write back everything dirty (cache flush, detach).
+    flush_all: bool,
+    /// Faults that put the volume in a degraded state.
+    pub faults: Vec<String>,
+}
+
+pub struct Inner {
+    pub origin: Arc<dyn BlockDev>,
+    pub cache: Arc<dyn BlockDev>,
+    block: u64,
+    data_offset: u64,
+    origin_bytes: u64,
+    pub state: Mutex<State>,
+    shards: Vec<Arc<RwLock<()>>>,
+    refs: Vec<AtomicU32>,
+    commit_lock: tokio::sync::Mutex<()>,
+    pub counters: Counters,
+    windows: Windows,
+    budget: Budget,
+    meter: OriginMeter,
+    wake: Notify,
+    stop: AtomicBool,
+    epoch: Instant,
+    describe: String,
+    share_cap: Mutex<f64>,
+}
+
+/// The cache target as a `BlockDev`. Background tasks (write-back, periodic commit) stop
+/// when it is shut down or dropped.
+pub struct CacheDev {
+    inner: Arc<Inner>,
+}
+
+enum ReadPlan {
+    Hit(u32),
+    Miss,
+    Promote(u32),
+}
+
+enum WritePlan {
+    /// Write into the cached slot (dirty).
+    Cache(u32),
+    /// Write the origin and the cached slot (writethrough of a cached block).
+    Both(u32, bool),
+    Origin,
+    /// Promote by writing the whole block into a new slot.
+    Promote(u32),
+}
+
+impl State {
+    /// Removes `b` from the mapping (the policy already forgot it); its slot is reusable
+    /// after the next commit.
+    fn unmap(&mut self, b: u64, counters: &Counters) -> Option<u32> {
+        let s = self.map.remove(&b)?;
+        self.meta.set(s, 0, false, false);
+        self.freed.push(s);
+        Counters::bump(&counters.demotions);
+        Some(s)
+    }
+
+    /// A free slot that no IO still uses.
+    fn reserve(&mut self, refs: &[AtomicU32]) -> Option<u32> {
+        let pos = self.free.iter().rposition(|&s| refs[s as usize].load(Relaxed) == 0)?;
+        Some(self.free.swap_remove(pos))
+    }
+
+    /// Applies a promotion decision's eviction. False if the victim turned out dirty (a
+    /// policy bug the engine refuses to act on: the victim is put back).
+    fn evict(&mut self, victim: Option<u64>, counters: &Counters) -> bool {
+        let Some(v) = victim else { return true };
+        if let Some(&s) = self.map.get(&v) {
+            if self.meta.entries[s as usize].dirty {
+                let _ = self.policy.insert(v, true);
+                return false;
+            }
+        }
+        self.unmap(v, counters);
+        true
+    }
+}
+
+impl Inner {
+    fn shard(&self, b: u64) -> &Arc<RwLock<()>> {
+        &self.shards[(b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % SHARDS]
+    }
+
+    fn slot_offset(&self, s: u32) -> u64 {
+        self.data_offset + s as u64 * self.block
+    }
+
+    /// Bytes of origin block `b` (the last block may be short).
+    fn block_len(&self, b: u64) -> u64 {
+        self.block.min(self.origin_bytes - b * self.block)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// `[offset, offset+len)` as (block, offset within block, length) pieces.
+    fn pieces(&self, offset: u64, len: u64) -> Vec<(u64, u64, u64)> {
+        let mut v = Vec::with_capacity((len / self.block + 2) as usize);
+        let mut pos = offset;
+        while pos < offset + len {
+            let b = pos / self.block;
+            let within = pos % self.block;
+            let n = (self.block - within).min(offset + len - pos);
+            v.push((b, within, n));
+            pos += n;
+        }
+        v
+    }
+
+    async fn origin_read(&self, offset: u64, buf: Buf, kind: Kind) -> Result<Buf> {
+        let _busy = self.meter.start(kind);
+        self.origin.read(offset, buf).await
+    }
+
+    async fn origin_write(&self, offset: u64, buf: Buf, fua: bool, kind: Kind) -> Result<Buf> {
+        let _busy = self.meter.start(kind);
+        self.origin.write(offset, buf, fua).await
+    }
+
+    // ---------------------------------------------------------------------------- reads
+
+    async fn read(self: &Arc<Self>, offset: u64, mut buf: Buf) -> Result<Buf> {
+        strata_io::check_range("cache read", offset, buf.len() as u64, self.origin_bytes)?;
+        let bypass = {
+            let mut st = self.state.lock();
+            let cutoff = st.meta.sb.sequential_cutoff_bytes;
+            st.streams.observe(offset, buf.len() as u64, cutoff)
+        };
+        let pieces = self.pieces(offset, buf.len() as u64);
+        if pieces.len() == 1 {
+            let (b, within, n) = pieces[0];
+            return self.read_piece(b, within, n, bypass).await;
+        }
+        let parts = futures_join(pieces.iter().map(|&(b, w, n)| self.read_piece(b, w, n, bypass))).await?;
+        let mut pos = 0;
+        for p in parts {
+            buf[pos..pos + p.len()].copy_from_slice(&p);
+            pos += p.len();
+        }
+        Ok(buf)
+    }
+
+    fn read_piece(self: &Arc<Self>, b: u64, within: u64, n: u64, bypass: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(async move {
+            let shard = self.shard(b).clone();
+            let guard = shard.clone().read_owned().await;
+            let plan = self.plan_read(b, within, n, bypass);
+            match plan {
+                ReadPlan::Hit(s) => {
+                    let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(n as usize)).await;
+                    self.refs[s as usize].fetch_sub(1, Relaxed);
+                    match r {
+                        Ok(data) => Ok(data),
+                        Err(e) => {
+                            drop(guard);
+                            self.cache_read_failed(b, s, e).await?;
+                            self.read_piece(b, within, n, bypass).await
+                        }
+                    }
+                }
+                ReadPlan::Miss => self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await,
+                ReadPlan::Promote(s) => {
+                    drop(guard);
+                    let exclusive = shard.write_owned().await;
+                    self.promote_on_read(b, within, n, s, exclusive, bypass).await
+                }
+            }
+        })
+    }
+
+    fn plan_read(&self, b: u64, within: u64, n: u64, bypass: bool) -> ReadPlan {
+        let mut st = self.state.lock();
+        let now = self.now_ns();
+        if let Some(&s) = st.map.get(&b) {
+            if !bypass {
+                st.policy.access(Access::new(b, Op::Read, within == 0 && n == self.block, now));
+            }
+            self.refs[s as usize].fetch_add(1, Relaxed);
+            Counters::bump(&self.counters.read_hits);
+            return ReadPlan::Hit(s);
+        }
+        Counters::bump(&self.counters.read_misses);
+        if bypass {
+            Counters::bump(&self.counters.bypassed);
+            return ReadPlan::Miss;
+        }
+        if matches!(st.meta.sb.mode, Mode::Passthrough | Mode::Cleaner) {
+            return ReadPlan::Miss;
+        }
+        match st.policy.access(Access::new(b, Op::Read, within == 0 && n == self.block, now)) {
+            Outcome::Promote { evict } => {
+                if !st.evict(evict, &self.counters) {
+                    st.policy.remove(b);
+                    return ReadPlan::Miss;
+                }
+                let slot = if self.budget.try_take(self.block) { st.reserve(&self.refs) } else { None };
+                match slot {
+                    Some(s) => ReadPlan::Promote(s),
+                    None => {
+                        st.policy.remove(b);
+                        Counters::bump(&self.counters.promotions_skipped);
+                        if !st.freed.is_empty() {
+                            self.wake.notify_one(); // a commit gives freed slots back
+                        }
+                        ReadPlan::Miss
+                    }
+                }
+            }
+            _ => ReadPlan::Miss,
+        }
+    }
+
+    /// A read miss the policy promotes: read the whole block from the origin once, answer
+    /// from it, and fill the cache slot in the background while still holding the block.
+    async fn promote_on_read(
+        self: &Arc<Self>,
+        b: u64,
+        within: u64,
+        n: u64,
+        s: u32,
+        exclusive: OwnedRwLockWriteGuard<()>,
+        bypass: bool,
+    ) -> Result<Buf> {
+        let still_wanted = {
+            let st = self.state.lock();
+            !st.map.contains_key(&b) && st.policy.contains(b)
+        };
+        if !still_wanted {
+            self.state.lock().free.push(s);
+            drop(exclusive);
+            return self.read_piece(b, within, n, bypass).await;
+        }
+        let len = self.block_len(b);
+        let known_zero = self.state.lock().discarded.contains(&b);
+        let data = if known_zero {
+            Buf::zeroed(len as usize)
+        } else {
+            match self.origin_read(b * self.block, Buf::zeroed(len as usize), Kind::Foreground).await {
+                Ok(d) => d,
+                Err(e) => {
+                    let mut st = self.state.lock();
+                    st.policy.remove(b);
+                    st.free.push(s);
+                    return Err(e);
+                }
+            }
+        };
+        let answer = Buf::from_slice(&data[within as usize..(within + n) as usize]);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let r = me.cache.write(me.slot_offset(s), data, false).await;
+            let mut st = me.state.lock();
+            match r {
+                Ok(_) if st.policy.contains(b) && !st.map.contains_key(&b) => {
+                    st.map.insert(b, s);
+                    st.meta.set(s, b, true, false);
+                    st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
+                    Counters::bump(&me.counters.promotions);
+                    me.counters.migration_bytes.fetch_add(len, Relaxed);
+                }
+                Ok(_) => st.free.push(s),
+                Err(e) => {
+                    st.policy.remove(b);
+                    st.free.push(s);
+                    st.faults.push(format!("promotion of block {b} into slot {s} failed: {e}"));
+                }
+            }
+            drop(st);
+            drop(exclusive);
+        });
+        Ok(answer)
+    }
+
+    /// A cached block could not be read from the cache device. A clean one is dropped and
+    /// served from the origin; a dirty one exists nowhere else: report it.
+    async fn cache_read_failed(&self, b: u64, s: u32, e: Error) -> Result<()> {
+        Counters::bump(&self.counters.cache_read_errors);
+        let mut st = self.state.lock();
+        if st.map.get(&b) != Some(&s) {
+            return Ok(()); // it moved meanwhile; just retry
+        }
+        if st.meta.entries[s as usize].dirty {
+            st.faults.push(format!("dirty block {b} unreadable in cache slot {s}: {e}"));
+            return Err(Error::new(ErrorKind::Io, format!("cache block {b} (dirty, slot {s}) unreadable: {e}")));
+        }
+        st.policy.remove(b);
+        st.unmap(b, &self.counters);
+        Ok(())
+    }
+
+    // --------------------------------------------------------------------------- writes
+
+    async fn write(self: &Arc<Self>, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        strata_io::check_range("cache write", offset, buf.len() as u64, self.origin_bytes)
+            .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
+        let bypass = {
+            let mut st = self.state.lock();
+            let cutoff = st.meta.sb.sequential_cutoff_bytes;
+            st.streams.observe(offset, buf.len() as u64, cutoff)
+        };
+        let pieces = self.pieces(offset, buf.len() as u64);
+        let mut cache_fua = false;
+        let results = futures_join(pieces.iter().map(|&(b, within, n)| {
+            let start = (b * self.block + within - offset) as usize;
+            let data = Buf::from_slice(&buf[start..start + n as usize]);
+            self.write_piece(b, within, data, fua, bypass)
+        }))
+        .await?;
+        for needs_commit in results {
+            cache_fua |= needs_commit;
+        }
+        if cache_fua {
+            self.commit().await?;
+        }
+        Ok(buf)
+    }
+
+    /// Writes one piece; returns whether the mapping must be committed before acknowledging
+    /// (a FUA write that left dirty data in the cache).
+    fn write_piece(self: &Arc<Self>, b: u64, within: u64, data: Buf, fua: bool, bypass: bool) -> BoxFut<'_, Result<bool>> {
+        Box::pin(async move {
+            let shard = self.shard(b).clone();
+            let guard = shard.clone().read_owned().await;
+            let n = data.len() as u64;
+            let plan = self.plan_write(b, within, n, bypass);
+            let origin_off = b * self.block + within;
+            match plan {
+                WritePlan::Cache(s) => {
+                    let r = self.cache.write(self.slot_offset(s) + within, data, fua).await;
+                    self.refs[s as usize].fetch_sub(1, Relaxed);
+                    r.map(|_| fua)
+                }
+                WritePlan::Both(s, dirty) => {
+                    let copy = Buf::from_slice(&data);
+                    let (a, c) = tokio::join!(
+                        self.origin_write(origin_off, data, fua, Kind::Foreground),
+                        self.cache.write(self.slot_offset(s) + within, copy, false)
+                    );
+                    self.refs[s as usize].fetch_sub(1, Relaxed);
+                    a?;
+                    if c.is_err() {
+                        // The origin has the data; drop the now stale cached copy.
+                        let mut st = self.state.lock();
+                        if st.map.get(&b) == Some(&s) && !dirty {
+                            st.policy.remove(b);
+                            st.unmap(b, &self.counters);
+                        } else {
+                            c?;
+                        }
+                    }
+                    Ok(dirty && fua)
+                }
+                WritePlan::Origin => self.origin_write(origin_off, data, fua, Kind::Foreground).await.map(|_| false),
+                WritePlan::Promote(s) => {
+                    drop(guard);
+                    let _exclusive = shard.write_owned().await;
+                    let (ok, writeback) = {
+                        let st = self.state.lock();
+                        (!st.map.contains_key(&b) && st.policy.contains(b), st.meta.sb.mode == Mode::Writeback)
+                    };
+                    if !ok {
+                        self.state.lock().free.push(s);
+                        drop(_exclusive);
+                        return self.write_piece(b, within, data, fua, bypass).await;
+                    }
+                    let r = if writeback {
+                        self.cache.write(self.slot_offset(s), data, fua).await.map(|_| ())
+                    } else {
+                        let copy = Buf::from_slice(&data);
+                        let (a, c) = tokio::join!(
+                            self.origin_write(origin_off, data, fua, Kind::Foreground),
+                            self.cache.write(self.slot_offset(s), copy, false)
+                        );
+                        a.and(c).map(|_| ())
+                    };
+                    let mut st = self.state.lock();
+                    match r {
+                        Ok(()) => {
+                            st.map.insert(b, s);
+                            st.meta.set(s, b, true, writeback);
+                            st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
+                            if writeback {
+                                st.policy.set_dirty(b);
+                            }
+                            st.discarded.remove(&b);
+                            Counters::bump(&self.counters.promotions);
+                            Ok(writeback && fua)
+                        }
+                        Err(e) => {
+                            st.policy.remove(b);
+                            st.free.push(s);
+                            Err(e)
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn plan_write(&self, b: u64, within: u64, n: u64, bypass: bool) -> WritePlan {
+        let mut st = self.state.lock();
+        let now = self.now_ns();
+        let full = within == 0 && n == self.block_len(b);
+        let mode = st.meta.sb.mode;
+        st.discarded.remove(&b);
+        if let Some(&s) = st.map.get(&b) {
+            Counters::bump(&self.counters.write_hits);
+            let dirty = st.meta.entries[s as usize].dirty;
+            if !bypass {
+                st.policy.access(Access::new(b, Op::Write, full, now));
+            }
+            let plan = match mode {
+                Mode::Writeback => WritePlan::Cache(s),
+                // A dirty block's newest data is in the cache: keep writing it there.
+                _ if dirty => {
+                    if mode == Mode::Writethrough {
+                        WritePlan::Both(s, true)
+                    } else {
+                        WritePlan::Cache(s)
+                    }
+                }
+                Mode::Writethrough => WritePlan::Both(s, false),
+                Mode::Writearound | Mode::Passthrough | Mode::Cleaner => {
+                    st.policy.remove(b);
+                    st.unmap(b, &self.counters);
+                    return WritePlan::Origin;
+                }
+            };
+            if let WritePlan::Cache(_) = plan {
+                st.policy.set_dirty(b);
+                st.meta.set_dirty(s, true);
+            }
+            st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
+            self.refs[s as usize].fetch_add(1, Relaxed);
+            return plan;
+        }
+        Counters::bump(&self.counters.write_misses);
+        if bypass {
+            Counters::bump(&self.counters.bypassed);
+            return WritePlan::Origin;
+        }
+        if !matches!(mode, Mode::Writeback | Mode::Writethrough) {
+            return WritePlan::Origin;
+        }
+        match st.policy.access(Access::new(b, Op::Write, full, now)) {
+            Outcome::Promote { evict } => {
+                let evicted = st.evict(evict, &self.counters);
+                // Only whole-block writes are cached without reading the origin; a partial
+                // write goes to the origin and a later read promotes the block.
+                let slot = if evicted && full && self.budget.try_take(self.block) { st.reserve(&self.refs) } else { None };
+                match slot {
+                    Some(s) => WritePlan::Promote(s),
+                    None => {
+                        st.policy.remove(b);
+                        WritePlan::Origin
+                    }
+                }
+            }
+            _ => WritePlan::Origin,
+        }
+    }
+
+    // ------------------------------------------------------------- discard and zeroes
+
+    async fn discard(self: &Arc<Self>, offset: u64, len: u64) -> Result<()> {
+        strata_io::check_range("cache discard", offset, len, self.origin_bytes)?;
+        for (b, within, n) in self.pieces(offset, len) {
+            let whole = within == 0 && n == self.block_len(b);
+            let _x = self.shard(b).clone().write_owned().await;
+            let keep = {
+                let mut st = self.state.lock();
+                match st.map.get(&b).copied() {
+                    // Part of a dirty block: the cache holds the block's only good copy of the
+                    // rest, and will write it all back; the origin is left alone.
+                    Some(s) if !whole && st.meta.entries[s as usize].dirty => true,
+                    Some(_) => {
+                        // A whole block (dirty or not) or part of a clean one: drop the cached
+                        // copy so cache and origin never disagree about a clean block.
+                        st.policy.remove(b);
+                        st.unmap(b, &self.counters);
+                        false
+                    }
+                    None => false,
+                }
+            };
+            if whole {
+                self.state.lock().discarded.insert(b);
+            }
+            if !keep {
+                self.origin.discard(b * self.block + within, n).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_zeroes(self: &Arc<Self>, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        strata_io::check_range("cache write_zeroes", offset, len, self.origin_bytes)
+            .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
+        for (b, within, n) in self.pieces(offset, len) {
+            let _x = self.shard(b).clone().write_owned().await;
+            let mapped = {
+                let mut st = self.state.lock();
+                match st.map.get(&b).copied() {
+                    Some(s) if within == 0 && n == self.block_len(b) => {
+                        // Whole block: forget the cached copy; the origin gets the zeroes.
+                        st.policy.remove(b);
+                        st.unmap(b, &self.counters);
+                        let _ = s;
+                        false
+                    }
+                    Some(_) => true,
+                    None => false,
+                }
+            };
+            if mapped {
+                if flags.fast_only {
+                    return Err(Error::new(ErrorKind::Unsupported, "zeroing part of a cached block is not fast"));
+                }
+                drop(_x);
+                let zeros = Buf::zeroed(n as usize);
+                self.write_piece(b, within, zeros, false, false).await?;
+            } else {
+                self.origin.write_zeroes(b * self.block + within, n, flags).await?;
+            }
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------------- durability
+
+    /// Makes every completed write durable: origin flush, cache data flush, then the
+    /// changed table pages and another cache flush.
+    pub async fn commit(&self) -> Result<()> {
+        let _g = self.commit_lock.lock().await;
+        let (batch, freed) = {
+            let mut st = self.state.lock();
+            if st.meta.has_changes() {
+                let freed = std::mem::take(&mut st.freed);
+                (Some(st.meta.prepare_commit()), freed)
+            } else {
+                (None, Vec::new())
+            }
+        };
+        let (o, c) = tokio::join!(self.origin.flush(), self.cache.flush());
+        let result = async {
+            o?;
+            c?;
+            if let Some(batch) = &batch {
+                let writes = batch.pages.iter().map(|(_, off, _, bytes)| self.cache.write(*off, Buf::from_slice(bytes), false));
+                futures_join(writes).await?;
+                self.cache.flush().await?;
+            }
+            Ok::<(), Error>(())
+        }
+        .await;
+        let mut st = self.state.lock();
+        match (&batch, &result) {
+            (Some(b), Ok(())) => {
+                st.meta.commit_done(b);
+                st.free.extend(freed);
+                Counters::bump(&self.counters.commits);
+            }
+            (Some(b), Err(e)) => {
+                st.meta.commit_failed(b);
+                st.freed.extend(freed);
+                st.faults.push(format!("metadata commit failed: {e}"));
+            }
+            _ => {}
+        }
+        result
+    }
+
+    // ------------------------------------------------------------------ write-back
+
+    /// Writes back one dirty block; returns what to mark clean once the origin is flushed.
+    async fn writeback_one(&self, b: u64) -> Option<(u64, u32, u32)> {
+        let exclusive = self.shard(b).clone().write_owned().await;
+        let (s, generation) = {
+            let st = self.state.lock();
+            let s = *st.map.get(&b)?;
+            if !st.meta.entries[s as usize].dirty {
+                return None;
+            }
+            (s, st.write_gen[s as usize])
+        };
+        self.refs[s as usize].fetch_add(1, Relaxed);
+        let len = self.block_len(b);
+        let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await;
+        self.refs[s as usize].fetch_sub(1, Relaxed);
+        drop(exclusive);
+        let data = match data {
+            Ok(d) => d,
+            Err(e) => {
+                let mut st = self.state.lock();
+                st.faults.push(format!("write-back of block {b}: cache slot {s} unreadable: {e}"));
+                st.policy.set_dirty(b);
+                return None;
+            }
+        };
+        match self.origin_write(b * self.block, data, false, Kind::Migration).await {
+            Ok(_) => {
+                self.counters.migration_bytes.fetch_add(len, Relaxed);
+                Some((b, s, generation))
+            }
+            Err(e) => {
+                let mut st = self.state.lock();
+                st.faults.push(format!("write-back of block {b} to the origin failed: {e}"));
+                st.policy.set_dirty(b);
+                None
+            }
+        }
+    }
+
+    /// Writes back up to `max` dirty blocks, then flushes the origin and marks them clean.
+    async fn writeback_batch(&self, max: usize) -> usize {
+        let mut picked = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let now = self.now_ns();
+            while picked.len() < max {
+                match st.policy.writeback_candidate(now) {
+                    Some(b) => picked.push(b),
+                    None => break,
+                }
+            }
+        }
+        if picked.is_empty() {
+            return 0;
+        }
+        let mut done = Vec::new();
+        for chunk in picked.chunks(WRITEBACK_DEPTH) {
+            let results = futures_collect(chunk.iter().map(|&b| self.writeback_one(b))).await;
+            done.extend(results.into_iter().flatten());
+        }
+        let flushed = {
+            let _busy = self.meter.start(Kind::Migration);
+            self.origin.flush().await
+        };
+        let mut st = self.state.lock();
+        let mut cleaned = 0;
+        for (b, s, generation) in done {
+            let current = st.map.get(&b) == Some(&s) && st.write_gen[s as usize] == generation;
+            if flushed.is_ok() && current {
+                st.meta.set_dirty(s, false);
+                st.policy.set_clean(b);
+                Counters::bump(&self.counters.writebacks);
+                cleaned += 1;
+            } else if st.map.get(&b) == Some(&s) {
+                st.policy.set_dirty(b); // written again meanwhile: offer it again later
+            }
+        }
+        cleaned
+    }
+}
+
+/// Runs futures concurrently and collects their results in order (first error wins).
+async fn futures_join<T, F>(futs: impl Iterator<Item = F>) -> Result<Vec<T>>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    futures_collect(futs).await.into_iter().collect()
+}
+
+async fn futures_collect<T, F>(futs: impl Iterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T>,
+{
+    futures::future::join_all(futs).await
+}
+
+/// The settings a cache is opened with beyond its superblock.
+pub struct OpenOptions {
+    pub seed: u64,
+    /// Most share of origin time migration may take (0..1).
+    pub migration_share_max: f64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { seed: 0, migration_share_max: 0.5 }
+    }
+}
+
+impl CacheDev {
+    /// Opens a formatted cache over `origin`: recovers the mapping (cost: reading the table),
+    /// restores policy hints after a clean shutdown, and starts the background tasks.
+    pub async fn open(
+        cache: Arc<dyn BlockDev>,
+        origin: Arc<dyn BlockDev>,
+        meta: Meta,
+        opts: OpenOptions,
+    ) -> Result<CacheDev> {
+        let sb: Superblock = meta.sb.clone();
+        if origin.size() != sb.origin_bytes {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "origin size changed: the cache was made for {} bytes, {} has {}",
+                    sb.origin_bytes,
+                    origin.describe(),
+                    origin.size()
+                ),
+            ));
+        }
+        let slots = sb.slots as usize;
+        let params = Params { seed: opts.seed, origin_blocks: Some(sb.origin_blocks()), ..Params::default() };
+        let mut policy = strata_policy::build(&sb.policy, slots, &params)
+            .map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
+        let mut map = FxHashMap::default();
+        let mut free = Vec::new();
+        for (s, e) in meta.entries.iter().enumerate() {
+            if e.valid {
+                map.insert(e.origin_block, s as u32);
+            } else {
+                free.push(s as u32);
+            }
+        }
+        free.reverse(); // hand out low slots first
+        let hints = if sb.clean_shutdown && sb.hints_len > 0 {
+            let b = cache.read(sb.hints_offset, Buf::zeroed(sb.hints_len.div_ceil(4096) as usize * 4096)).await?;
+            let h = b[..sb.hints_len as usize].to_vec();
+            (crc32c::crc32c(&h) == sb.hints_crc).then_some(h)
+        } else {
+            None
+        };
+        if let Some(h) = hints {
+            if policy.load_hints(&h).is_err() {
+                policy = strata_policy::build(&sb.policy, slots, &params).expect("built above");
+            }
+        }
+        // The mapping is authoritative: reconcile the policy with it.
+        for (&b, &s) in &map {
+            let dirty = meta.entries[s as usize].dirty;
+            if !policy.contains(b) {
+                let _ = policy.insert(b, dirty);
+            }
+            if dirty {
+                policy.set_dirty(b);
+            }
+        }
+        let stale: Vec<u64> = (0..sb.origin_blocks()).filter(|b| policy.contains(*b) && !map.contains_key(b)).collect();
+        for b in stale {
+            policy.remove(b);
+        }
+        let describe = format!("cache ({}, {} blocks of {} KiB, policy {}) of {} on {}", sb.mode.name(), sb.slots, sb.block_bytes >> 10, sb.policy, origin.describe(), cache.describe());
+        let inner = Arc::new(Inner {
+            block: sb.block_bytes as u64,
+            data_offset: sb.data_offset,
+            origin_bytes: sb.origin_bytes,
+            refs: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            shards: (0..SHARDS).map(|_| Arc::new(RwLock::new(()))).collect(),
+            commit_lock: tokio::sync::Mutex::new(()),
+            counters: Counters::default(),
+            windows: Windows::new(),
+            budget: Budget::new(sb.migration_budget_bytes_per_s),
+            meter: OriginMeter::new(),
+            wake: Notify::new(),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            describe,
+            share_cap: Mutex::new(opts.migration_share_max),
+            state: Mutex::new(State {
+                policy,
+                map,
+                write_gen: vec![0; slots],
+                meta,
+                free,
+                freed: Vec::new(),
+                streams: Streams::new(),
+                discarded: FxHashSet::default(),
+                flush_all: false,
+                faults: Vec::new(),
+            }),
+            origin,
+            cache,
+        });
+        // From now on a crash is not a clean shutdown: hints must not be trusted.
+        {
+            let mut st = inner.state.lock();
+            st.meta.sb.clean_shutdown = false;
+            st.meta.sb.hints_len = 0;
+        }
+        inner.write_superblock().await?;
+        inner.commit().await?;
+        tokio::spawn(background(Arc::downgrade(&inner)));
+        Ok(CacheDev { inner })
+    }
+
+    pub fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+}
+
+impl Inner {
+    async fn write_superblock(&self) -> Result<()> {
+        let _g = self.commit_lock.lock().await;
+        let (bytes, at) = {
+            let mut st = self.state.lock();
+            st.meta.sb.seq += 1;
+            (st.meta.sb.encode(), (st.meta.sb.seq % 2) * 4096)
+        };
+        self.cache.write(at, Buf::from_slice(&bytes), true).await.map(|_| ())
+    }
+
+    /// Clean shutdown: write back nothing extra, commit, save hints, mark clean.
+    async fn shutdown(&self) -> Result<()> {
+        self.stop.store(true, Relaxed);
+        self.wake.notify_waiters();
+        self.commit().await?;
+        let (hints, offset, capacity) = {
+            let st = self.state.lock();
+            (st.policy.save_hints(), st.meta.sb.hints_offset, st.meta.sb.hints_capacity)
+        };
+        if (hints.len() as u64) <= capacity && !hints.is_empty() {
+            let mut b = Buf::zeroed(hints.len().div_ceil(4096) * 4096);
+            b[..hints.len()].copy_from_slice(&hints);
+            self.cache.write(offset, b, true).await?;
+            let mut st = self.state.lock();
+            st.meta.sb.hints_len = hints.len() as u64;
+            st.meta.sb.hints_crc = crc32c::crc32c(&hints);
+        }
+        self.state.lock().meta.sb.clean_shutdown = true;
+        self.write_superblock().await
+    }
+
+    fn status(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed as R;
+        let c = &self.counters;
+        let st = self.state.lock();
+        let sb = &st.meta.sb;
+        let up = self.epoch.elapsed().as_secs_f64().max(1e-9);
+        serde_json::json!({
+            "mode": sb.mode.name(),
+            "policy": sb.policy,
+            "block_size": sb.block_bytes,
+            "read_hits": c.read_hits.load(R),
+            "read_misses": c.read_misses.load(R),
+            "write_hits": c.write_hits.load(R),
+            "write_misses": c.write_misses.load(R),
+            "promotions": c.promotions.load(R),
+            "demotions": c.demotions.load(R),
+            "writebacks": c.writebacks.load(R),
+            "dirty_blocks": st.policy.dirty_len(),
+            "cached_blocks": st.map.len(),
+            "cache_blocks": sb.slots,
+            "migration_bytes": c.migration_bytes.load(R),
+            "migration_budget_bytes_per_s": self.budget.rate(),
+            "sequential_cutoff_bytes": sb.sequential_cutoff_bytes,
+            "writeback_percent": sb.writeback_percent,
+            "bypassed": c.bypassed.load(R),
+            "promotions_skipped": c.promotions_skipped.load(R),
+            "commits": c.commits.load(R),
+            "hit_ratio_10s": self.windows.ratio(c, Duration::from_secs(10)),
+            "hit_ratio_1m": self.windows.ratio(c, Duration::from_secs(60)),
+            "hit_ratio_1h": self.windows.ratio(c, Duration::from_secs(3600)),
+            "hit_ratio_total": Windows::total(c),
+            "origin_busy_foreground_s": self.meter.busy(Kind::Foreground).as_secs_f64(),
+            "origin_busy_migration_s": self.meter.busy(Kind::Migration).as_secs_f64(),
+            "origin_busy_share": (self.meter.busy(Kind::Foreground) + self.meter.busy(Kind::Migration)).as_secs_f64() / up,
+            "flushing": st.flush_all,
+            "faults": st.faults.iter().rev().take(8).cloned().collect::<Vec<_>>(),
+            "degraded": !st.faults.is_empty(),
+        })
+    }
+
+    async fn message(&self, msg: &str) -> Result<String> {
+        let invalid = |m: String| Error::new(ErrorKind::Invalid, m);
+        let (key, value) = msg.split_once([' ', '=']).map(|(k, v)| (k.trim(), v.trim())).unwrap_or((msg.trim(), ""));
+        let answer = {
+            let mut st = self.state.lock();
+            match key {
+                "mode" => {
+                    let m: Mode = value.parse().map_err(invalid)?;
+                    st.meta.sb.mode = m;
+                    format!("mode {}", m.name())
+                }
+                "policy" => {
+                    let params = Params { origin_blocks: Some(st.meta.sb.origin_blocks()), ..Params::default() };
+                    let mut p = strata_policy::build(value, st.meta.slots(), &params).map_err(|e| invalid(e.to_string()))?;
+                    let st = &mut *st;
+                    for (&b, &s) in &st.map {
+                        let _ = p.insert(b, st.meta.entries[s as usize].dirty);
+                    }
+                    st.policy = p;
+                    st.meta.sb.policy = value.to_string();
+                    format!("policy {value}")
+                }
+                "migration_budget" | "migration-budget" => {
+                    let r = strata_io::units::parse_rate(value).map_err(invalid)?;
+                    st.meta.sb.migration_budget_bytes_per_s = r;
+                    self.budget.set_rate(r);
+                    format!("migration budget {r} bytes/s")
+                }
+                "sequential_cutoff" | "sequential-cutoff" => {
+                    let c = strata_io::units::parse_size(value).map_err(invalid)?;
+                    st.meta.sb.sequential_cutoff_bytes = c;
+                    format!("sequential cutoff {c} bytes")
+                }
+                "writeback_percent" | "writeback-percent" => {
+                    let p: u32 = value.parse().ok().filter(|p| *p <= 100).ok_or_else(|| invalid(format!("bad percent {value:?}")))?;
+                    st.meta.sb.writeback_percent = p;
+                    format!("writeback percent {p}")
+                }
+                "flush" => {
+                    st.flush_all = true;
+                    self.wake.notify_one();
+                    return Ok(format!("writing back {} dirty blocks", st.policy.dirty_len()));
+                }
+                "detach" => {
+                    st.meta.sb.mode = Mode::Cleaner;
+                    st.flush_all = true;
+                    self.wake.notify_one();
+                    format!("cleaner mode: writing back {} dirty blocks", st.policy.dirty_len())
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown message {key:?} (mode, policy, migration_budget, sequential_cutoff, writeback_percent, flush, detach)"
+                    )))
+                }
+            }
+        };
+        self.write_superblock().await?;
+        Ok(answer)
+    }
+}
+
+/// The background task: periodic commits, windowed statistics, and paced write-back.
+async fn background(weak: std::sync::Weak<Inner>) {
+    let mut last_commit = Instant::now();
+    let mut integral = 0.0f64;
+    let mut last_busy = (Duration::ZERO, Duration::ZERO, Instant::now());
+    let mut credit = 0.0f64;
+    loop {
+        let Some(me) = weak.upgrade() else { return };
+        if me.stop.load(Relaxed) {
+            return;
+        }
+        let woken = tokio::time::timeout(TICK, me.wake.notified()).await.is_ok();
+        if me.stop.load(Relaxed) {
+            return;
+        }
+        me.windows.tick(&me.counters);
+        let need_slots = { me.state.lock().free.is_empty() && !me.state.lock().freed.is_empty() };
+        if need_slots || last_commit.elapsed() >= COMMIT_INTERVAL || woken {
+            if me.commit().await.is_ok() {
+                last_commit = Instant::now();
+            }
+        }
+        // Origin time used since the last tick, by foreground and by migration.
+        let (fg, mg) = (me.meter.busy(Kind::Foreground), me.meter.busy(Kind::Migration));
+        let dt = last_busy.2.elapsed().as_secs_f64().max(1e-3);
+        let fg_share = (fg - last_busy.0).as_secs_f64() / dt;
+        let mg_share = (mg - last_busy.1).as_secs_f64() / dt;
+        last_busy = (fg, mg, Instant::now());
+
+        let (dirty, target, flush_all) = {
+            let st = me.state.lock();
+            let slots = st.meta.slots() as f64;
+            let target = if st.meta.sb.mode == Mode::Writeback && !st.flush_all {
+                slots * st.meta.sb.writeback_percent as f64 / 100.0
+            } else {
+                0.0
+            };
+            (st.policy.dirty_len() as f64, target, st.flush_all)
+        };
+        if dirty == 0.0 {
+            if flush_all {
+                me.state.lock().flush_all = false;
+            }
+            integral = 0.0;
+            credit = 0.0;
+            continue;
+        }
+        // bcache's controller, in blocks per second: proportional to how far above target
+        // the dirty count is, plus an integral term; flat out when the origin is idle or a
+        // flush was asked for.
+        let error = dirty - target;
+        let idle = fg_share < IDLE_SHARE;
+        let budget_blocks = match me.budget.rate() {
+            0 => f64::INFINITY,
+            r => r as f64 / me.block as f64,
+        };
+        let rate = if flush_all || idle {
+            budget_blocks
+        } else if error > 0.0 {
+            integral = (integral + error * dt / 10_000.0).max(0.0);
+            (error / 40.0 + integral).max(1.0).min(budget_blocks)
+        } else {
+            integral = 0.0;
+            0.0
+        };
+        // Migration's own share of origin time stays under the cap unless flushing.
+        let cap = *me.share_cap.lock();
+        if mg_share > cap && !flush_all && !idle {
+            continue;
+        }
+        // At most one second of credit, and at most one batch per tick.
+        credit = (credit + rate * dt).min(rate.max(1.0)).min(WRITEBACK_BATCH_MAX as f64);
+        let n = credit.floor() as usize;
+        if n == 0 {
+            continue;
+        }
+        let mut allowed = 0;
+        while allowed < n && me.budget.try_take(me.block) {
+            allowed += 1;
+        }
+        if allowed == 0 {
+            continue;
+        }
+        credit -= allowed as f64;
+        me.writeback_batch(allowed).await;
+    }
+}
+
+impl BlockDev for CacheDev {
+    fn size(&self) -> u64 {
+        self.inner.origin_bytes
+    }
+
+    fn geometry(&self) -> Geometry {
+        let o = self.inner.origin.geometry();
+        let c = self.inner.cache.geometry();
+        Geometry {
+            min_block_bytes: o.min_block_bytes.max(c.min_block_bytes),
+            preferred_block_bytes: o.preferred_block_bytes.max(c.preferred_block_bytes),
+            rotational: false,
+            can_discard: true,
+            can_fast_zero: o.can_fast_zero,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.inner.read(offset, buf))
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.inner.write(offset, buf, fua))
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.commit())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.discard(offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.write_zeroes(offset, len, flags))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        Box::pin(async move {
+            let any_cached = {
+                let st = self.inner.state.lock();
+                self.inner.pieces(offset, len).iter().any(|(b, _, _)| st.map.contains_key(b))
+            };
+            if any_cached {
+                Ok(vec![Extent::data(len)])
+            } else {
+                self.inner.origin.block_status(offset, len).await
+            }
+        })
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        // A prefetch hint: read the range through the cache so the policy sees it.
+        Box::pin(async move {
+            strata_io::check_range("cache prefetch", offset, len, self.inner.origin_bytes)?;
+            let mut pos = offset;
+            while pos < offset + len {
+                let n = (offset + len - pos).min(4 << 20);
+                self.inner.read(pos, Buf::zeroed(n as usize)).await?;
+                pos += n;
+            }
+            Ok(())
+        })
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        Some(self.inner.status())
+    }
+
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        let msg = msg.to_string();
+        Box::pin(async move { self.inner.message(&msg).await })
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.shutdown())
+    }
+}
+
+impl Drop for CacheDev {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Relaxed);
+        self.inner.wake.notify_waiters();
+    }
+}

@@ -1,0 +1,169 @@
+//! The cache target against the in-memory reference, in every mode: several clients at once
+//! on disjoint regions of one volume (so they compete for cache slots), with mode switches,
+//! forced write-backs, policy changes and commits thrown in at random points. Every read is
+//! compared, and the whole volume is compared again through a fresh open after shutdown.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use strata_cache::admin::{create, CreateOptions};
+use strata_cache::meta::Meta;
+use strata_cache::{CacheDev, Mode, OpenOptions};
+use strata_io::mem::MemDev;
+use strata_io::testing::{check_model, random_ops, Slice, Workload};
+use strata_io::{BlockDev, Buf};
+
+const ORIGIN: u64 = 8 << 20;
+const BLOCK: u32 = 32 << 10;
+
+struct Rig {
+    origin: Arc<MemDev>,
+    cache_dev: Arc<MemDev>,
+}
+
+fn rig(cache_bytes: u64) -> Rig {
+    Rig { origin: Arc::new(MemDev::new(ORIGIN)), cache_dev: Arc::new(MemDev::new(cache_bytes)) }
+}
+
+async fn format(r: &Rig, mode: Mode, policy: &str) {
+    let o = CreateOptions {
+        block_bytes: BLOCK,
+        mode,
+        policy: policy.into(),
+        migration_budget_bytes_per_s: 0, // unlimited: promote whenever the policy says so
+        writeback_percent: 0,
+        sequential_cutoff_bytes: 512 << 10,
+        origin_spec: "mem:test".into(),
+        ..CreateOptions::default()
+    };
+    create(&*r.cache_dev, &*r.origin, &o).await.unwrap();
+}
+
+async fn open(r: &Rig) -> Arc<CacheDev> {
+    let (meta, findings) = Meta::load(&*r.cache_dev).await.unwrap();
+    assert!(findings.errors.is_empty(), "{:?}", findings.errors);
+    Arc::new(CacheDev::open(r.cache_dev.clone(), r.origin.clone(), meta, OpenOptions::default()).await.unwrap())
+}
+
+/// Runs `clients` model checkers concurrently plus a disturber that changes modes, asks for
+/// write-back and commits at random.
+async fn exercise(dev: Arc<CacheDev>, seed: u64, clients: u64, modes: &[Mode]) {
+    let region = ORIGIN / clients;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let dev = dev.clone();
+        tasks.push(tokio::spawn(async move {
+            let slice = Slice { inner: dev, offset: c * region, len: region };
+            let w = Workload { granularity: 512, max_granules: 160, span: region };
+            let ops = random_ops(seed * 100 + c, 250, region, &w);
+            check_model(&slice, &ops).await.map_err(|e| format!("client {c}: {e}"))
+        }));
+    }
+    let disturber = {
+        let dev = dev.clone();
+        let modes = modes.to_vec();
+        tokio::spawn(async move {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            for _ in 0..40 {
+                tokio::time::sleep(std::time::Duration::from_millis(rng.gen_range(1..15))).await;
+                let msg = match rng.gen_range(0..5) {
+                    0 => format!("mode {}", modes[rng.gen_range(0..modes.len())].name()),
+                    1 => "flush".to_string(),
+                    2 => "writeback_percent 50".to_string(),
+                    3 => "sequential_cutoff 0".to_string(),
+                    _ => {
+                        dev.flush().await.unwrap();
+                        continue;
+                    }
+                };
+                dev.message(&msg).await.unwrap();
+            }
+        })
+    };
+    for t in tasks {
+        if let Err(e) = t.await.unwrap() {
+            panic!("seed {seed}: {e}");
+        }
+    }
+    disturber.await.unwrap();
+}
+
+async fn run_mode(mode: Mode, also: &[Mode]) {
+    for seed in 1..=3u64 {
+        // A cache of ~24 slots over 256 origin blocks: constant eviction.
+        let r = rig(2 << 20);
+        format(&r, mode, "strata").await;
+        let dev = open(&r).await;
+        let mut modes = vec![mode];
+        modes.extend_from_slice(also);
+        exercise(dev.clone(), seed, 4, &modes).await;
+        let s = dev.status().unwrap();
+        assert!(s["promotions"].as_u64().unwrap() > 0, "no promotions happened: {s}");
+        // Clean shutdown, reopen: the contents seen through the cache are the same.
+        let before = dev.read(0, Buf::zeroed(ORIGIN as usize)).await.unwrap();
+        dev.shutdown().await.unwrap();
+        drop(dev);
+        let dev = open(&r).await;
+        let after = dev.read(0, Buf::zeroed(ORIGIN as usize)).await.unwrap();
+        assert!(before[..] == after[..], "seed {seed}: contents changed across a clean restart");
+        // And after writing everything back, the origin alone holds the same contents.
+        dev.message("detach").await.unwrap();
+        wait_clean(&dev).await;
+        let mut origin_view = vec![0u8; ORIGIN as usize];
+        r.origin.read_into(0, &mut origin_view).unwrap();
+        assert!(origin_view[..] == after[..], "seed {seed}: origin incomplete after detach");
+    }
+}
+
+async fn wait_clean(dev: &CacheDev) {
+    for _ in 0..600 {
+        if dev.status().unwrap()["dirty_blocks"].as_u64() == Some(0) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("dirty blocks never reached 0: {}", dev.status().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writeback_matches_reference() {
+    run_mode(Mode::Writeback, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writethrough_matches_reference() {
+    run_mode(Mode::Writethrough, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writearound_and_passthrough_match_reference() {
+    run_mode(Mode::Writearound, &[Mode::Passthrough]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switches_under_load_match_reference() {
+    run_mode(Mode::Writeback, &[Mode::Writethrough, Mode::Writearound, Mode::Passthrough, Mode::Cleaner]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_policy_serves_correct_data() {
+    for policy in strata_policy::POLICY_NAMES {
+        let r = rig(2 << 20);
+        format(&r, Mode::Writeback, policy).await;
+        let dev = open(&r).await;
+        exercise(dev, 9, 2, &[Mode::Writeback]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writethrough_leaves_nothing_dirty() {
+    let r = rig(2 << 20);
+    format(&r, Mode::Writethrough, "strata").await;
+    let dev = open(&r).await;
+    let slice = Slice { inner: dev.clone(), offset: 0, len: ORIGIN };
+    let ops = random_ops(5, 300, ORIGIN, &Workload { granularity: 4096, max_granules: 16, span: ORIGIN });
+    check_model(&slice, &ops).await.unwrap();
+    assert_eq!(dev.status().unwrap()["dirty_blocks"], 0);
+    let (meta, _) = Meta::load(&*r.cache_dev).await.unwrap();
+    assert!(meta.entries.iter().all(|e| !e.dirty));
+}

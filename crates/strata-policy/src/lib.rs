@@ -1,0 +1,297 @@
+//! Block cache policies as pure state machines.
+//!
+//! A policy decides, for a cache of a fixed number of cache blocks, whether an access hits,
+//! whether a missed block is promoted (copied into the cache), and which cached block makes
+//! room for it. The cache target (`strata-cache`) and the simulator (`strata-sim`) drive the
+//! same [`Policy`] trait, so a policy measured in the simulator is the policy that serves IO.
+//!
+//! What a policy must never do: IO, threads, reading a clock (time is passed in with every
+//! access), or anything non-deterministic beyond its seed. Policies work on origin block
+//! numbers only; the engine keeps its own origin-block → cache-slot mapping and performs the
+//! copies the policy asks for.
+//!
+//! ```
+//! use strata_policy::{build, Access, Op, Outcome, Params};
+//!
+//! let mut p = build("lru", 2, &Params::default()).unwrap();
+//! let t = 0;
+//! assert_eq!(p.access(Access::read(1, t)), Outcome::Promote { evict: None });
+//! assert_eq!(p.access(Access::read(2, t)), Outcome::Promote { evict: None });
+//! assert_eq!(p.access(Access::read(1, t)), Outcome::Hit);
+//! // 2 is now the least recently used block, so it makes room for 3.
+//! assert_eq!(p.access(Access::read(3, t)), Outcome::Promote { evict: Some(2) });
+//! ```
+
+mod dirty;
+mod hash;
+mod hints;
+mod list;
+pub mod policies;
+
+use std::fmt;
+
+pub use hints::HintError;
+pub use policies::opt::Opt;
+
+/// Name of the policy strata uses when none is given.
+pub const DEFAULT_POLICY: &str = "strata";
+
+/// Every policy [`build`] knows, in the order `--help` lists them. `opt` is not here: it needs
+/// the whole future trace and is built with [`Opt::new`].
+pub const POLICY_NAMES: &[&str] = &[
+    "strata", "smq", "lru", "fifo", "clock", "2q", "arc", "lirs", "s3fifo", "sieve",
+];
+
+/// One line per policy, for `--help` and error messages.
+pub const POLICY_SUMMARIES: &[(&str, &str)] = &[
+    ("strata", "default: smq-style clean/dirty queues with frequency-gated admission and a ghost history (few promotions)"),
+    ("smq", "dm-cache's stochastic multiqueue, with the Linux 4.12 (2017) fixes"),
+    ("lru", "least recently used; promotes every miss"),
+    ("fifo", "first in, first out; promotes every miss"),
+    ("clock", "second-chance CLOCK"),
+    ("2q", "Johnson & Shasha's full 2Q (A1in 25%, A1out ghost 50%, Am)"),
+    ("arc", "Megiddo & Modha's adaptive replacement cache"),
+    ("lirs", "Jiang & Zhang's low inter-reference recency set (1% HIR)"),
+    ("s3fifo", "Yang et al.'s S3-FIFO (10% small FIFO, main FIFO with 2-bit reinsertion, ghost)"),
+    ("sieve", "Zhang et al.'s SIEVE"),
+    ("opt", "Belady's offline optimum with bypass (simulator only: needs the future)"),
+];
+
+/// Data direction of an access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// One access to one cache block, as the policy sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// Origin block number, in cache blocks.
+    pub block: u64,
+    pub op: Op,
+    /// The request covers the whole cache block. A full-block *write* can be promoted without
+    /// reading the origin (dm-cache's "fast promotion"); a *partial* access of either kind
+    /// predicts that the next request of its stream lands in the same block.
+    pub full_block: bool,
+    /// Monotonic time in nanoseconds, any epoch. Policies with periods (smq) use it; the
+    /// others ignore it.
+    pub now_ns: u64,
+}
+
+impl Access {
+    pub fn new(block: u64, op: Op, full_block: bool, now_ns: u64) -> Self {
+        Access {
+            block,
+            op,
+            full_block,
+            now_ns,
+        }
+    }
+
+    /// A read of the whole of `block` at `now_ns`.
+    pub fn read(block: u64, now_ns: u64) -> Self {
+        Access {
+            block,
+            op: Op::Read,
+            full_block: true,
+            now_ns,
+        }
+    }
+
+    /// A write of `block` at `now_ns`; `full` when it covers the whole cache block.
+    pub fn write(block: u64, full: bool, now_ns: u64) -> Self {
+        Access {
+            block,
+            op: Op::Write,
+            full_block: full,
+            now_ns,
+        }
+    }
+
+    /// dm-cache's fast-promotion case: a write that overwrites the whole block.
+    pub fn is_full_block_write(&self) -> bool {
+        self.op == Op::Write && self.full_block
+    }
+}
+
+/// What the policy decided for one access. Its own state already reflects the decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The block is cached: serve it from the cache.
+    Hit,
+    /// The block is not cached and stays that way: serve it from the origin.
+    Miss,
+    /// The block is not cached, and the policy now counts it as cached: the engine must copy
+    /// it in, after demoting `evict` (always a clean block) if there is one. If the copy
+    /// fails the engine calls [`Policy::remove`].
+    Promote { evict: Option<u64> },
+}
+
+impl Outcome {
+    pub fn is_hit(self) -> bool {
+        matches!(self, Outcome::Hit)
+    }
+
+    pub fn is_promote(self) -> bool {
+        matches!(self, Outcome::Promote { .. })
+    }
+
+    pub fn evicted(self) -> Option<u64> {
+        match self {
+            Outcome::Promote { evict } => evict,
+            _ => None,
+        }
+    }
+}
+
+/// Why [`Policy::insert`] refused a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InsertError {
+    #[error("cache is full ({0} blocks)")]
+    Full(usize),
+    #[error("block {0} is already cached")]
+    AlreadyCached(u64),
+}
+
+/// [`build`] was given a name it does not know.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy '{name}' (known: {})", POLICY_NAMES.join(", "))]
+pub struct UnknownPolicy {
+    pub name: String,
+}
+
+/// Construction parameters shared by all policies. Each policy uses the ones that concern it
+/// and ignores the rest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Params {
+    /// Seed for any pseudo-random choice; the same seed gives the same decisions.
+    pub seed: u64,
+    /// Size of the origin in cache blocks, when known. smq sizes its hotspot blocks so the
+    /// hotspot table does not cover more than the origin.
+    pub origin_blocks: Option<u64>,
+    /// Cache blocks per hotspot block for the smq family (dm-cache uses 16).
+    pub hotspot_factor: u32,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            seed: 0,
+            origin_blocks: None,
+            hotspot_factor: 16,
+        }
+    }
+}
+
+/// A block cache policy of fixed capacity, in cache blocks.
+///
+/// Dirty blocks: the engine reports writes it absorbed with [`set_dirty`](Policy::set_dirty)
+/// and completed write-backs with [`set_clean`](Policy::set_clean). A dirty block is never
+/// chosen as an eviction victim; when no clean victim exists, a miss is not promoted and the
+/// engine should write back what [`writeback_candidate`](Policy::writeback_candidate) offers.
+pub trait Policy {
+    /// The policy's name, as [`build`] accepts it.
+    fn name(&self) -> &'static str;
+
+    /// Capacity in cache blocks.
+    fn capacity(&self) -> usize;
+
+    /// Blocks currently cached (resident), including dirty ones.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `block` is cached. Does not count as an access.
+    fn contains(&self, block: u64) -> bool;
+
+    /// Record one access and decide hit, miss or promotion.
+    fn access(&mut self, access: Access) -> Outcome;
+
+    /// Drop `block` from the cache (a failed promotion, a discard, an IO error). Returns
+    /// whether it was cached. The policy may remember it in its history.
+    fn remove(&mut self, block: u64) -> bool;
+
+    /// Make `block` cached without an access, e.g. when loading the mapping at start-up.
+    fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError>;
+
+    /// Mark a cached block dirty. Returns false if it is not cached.
+    fn set_dirty(&mut self, block: u64) -> bool;
+
+    /// Mark a cached block clean (its write-back completed). Returns false if not cached.
+    fn set_clean(&mut self, block: u64) -> bool;
+
+    /// Whether a cached block is dirty (including while being written back).
+    fn is_dirty(&self, block: u64) -> bool;
+
+    /// Number of dirty cached blocks.
+    fn dirty_len(&self) -> usize;
+
+    /// The dirty block best written back next, handed out once: it stays dirty (and so is
+    /// never evicted) until [`set_clean`](Policy::set_clean). If the write-back fails, or the
+    /// block was written again meanwhile, call [`set_dirty`](Policy::set_dirty) and it will be
+    /// offered again later.
+    fn writeback_candidate(&mut self, now_ns: u64) -> Option<u64>;
+
+    /// Serialise what a restart needs to be warm: the cached blocks in the policy's order
+    /// with a per-block hint, self-checking. The engine's mapping stays authoritative.
+    fn save_hints(&self) -> Vec<u8>;
+
+    /// Restore from [`save_hints`](Policy::save_hints) output of a policy with the same name,
+    /// into an empty policy. Blocks beyond the capacity are dropped. The engine then
+    /// reconciles with its mapping using `contains`, `insert`, `remove` and `set_dirty`.
+    fn load_hints(&mut self, hints: &[u8]) -> Result<(), HintError>;
+
+    /// Metadata bytes the policy holds per cache block of capacity (its allocated tables,
+    /// ghost history included, divided by the capacity).
+    fn bytes_per_entry(&self) -> f64;
+}
+
+impl fmt::Debug for dyn Policy + Send {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name())
+            .field("capacity", &self.capacity())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// Build a policy by name (see [`POLICY_NAMES`]; `default` means [`DEFAULT_POLICY`]).
+/// `capacity_blocks` must be at least 1.
+pub fn build(
+    name: &str,
+    capacity_blocks: usize,
+    params: &Params,
+) -> Result<Box<dyn Policy + Send>, UnknownPolicy> {
+    use policies::*;
+    assert!(capacity_blocks >= 1, "a cache needs at least one block");
+    assert!(
+        capacity_blocks < u32::MAX as usize / 4,
+        "capacity exceeds the 32-bit entry index"
+    );
+    let name = if name == "default" {
+        DEFAULT_POLICY
+    } else {
+        name
+    };
+    Ok(match name {
+        "strata" => Box::new(strata::Strata::new(capacity_blocks, params)),
+        "smq" => Box::new(smq::Smq::new(capacity_blocks, params)),
+        "lru" => Box::new(lru::Lru::new(capacity_blocks)),
+        "fifo" => Box::new(lru::Fifo::new(capacity_blocks)),
+        "clock" => Box::new(clock::Clock::new(capacity_blocks)),
+        "2q" => Box::new(twoq::TwoQ::new(capacity_blocks)),
+        "arc" => Box::new(arc::Arc::new(capacity_blocks)),
+        "lirs" => Box::new(lirs::Lirs::new(capacity_blocks)),
+        "s3fifo" => Box::new(s3fifo::S3Fifo::new(capacity_blocks)),
+        "sieve" => Box::new(sieve::Sieve::new(capacity_blocks)),
+        _ => {
+            return Err(UnknownPolicy {
+                name: name.to_string(),
+            })
+        }
+    })
+}

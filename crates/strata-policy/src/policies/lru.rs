@@ -1,0 +1,195 @@
+//! LRU and FIFO: one queue of cached blocks, evicting from the old end. They differ only in
+//! whether a hit moves the block to the new end. Both promote every miss, which is what
+//! makes them the baseline every other policy's promotion count is read against.
+
+use super::{dirty_methods, Arena};
+use crate::dirty::Dirty;
+use crate::hash::{block_map, map_bytes, BlockMap};
+use crate::list::{Link, Linked, List};
+use crate::{hints, Access, HintError, InsertError, Outcome, Policy};
+
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    block: u64,
+    link: Link,
+}
+
+impl Linked<0> for Node {
+    fn link(&self) -> &Link {
+        &self.link
+    }
+    fn link_mut(&mut self) -> &mut Link {
+        &mut self.link
+    }
+}
+
+/// A single-queue policy; `MOVE_ON_HIT` makes it LRU, otherwise FIFO.
+#[derive(Debug)]
+pub struct Queue<const MOVE_ON_HIT: bool> {
+    capacity: usize,
+    arena: Arena<Node>,
+    map: BlockMap,
+    /// front = next victim, back = most recently inserted (or used, for LRU).
+    queue: List<0>,
+    dirty: Dirty,
+}
+
+/// Least recently used.
+pub type Lru = Queue<true>;
+/// First in, first out.
+pub type Fifo = Queue<false>;
+
+impl<const MOVE_ON_HIT: bool> Queue<MOVE_ON_HIT> {
+    pub fn new(capacity: usize) -> Self {
+        Queue {
+            capacity,
+            arena: Arena::with_capacity(capacity),
+            map: block_map(capacity),
+            queue: List::new(),
+            dirty: Dirty::new(capacity),
+        }
+    }
+
+    #[inline]
+    fn resident(&self, block: u64) -> Option<u32> {
+        self.map.get(&block).copied()
+    }
+
+    #[inline]
+    fn block_of(&self, i: u32) -> u64 {
+        self.arena.nodes[i as usize].block
+    }
+
+    /// The oldest clean entry.
+    fn victim(&self) -> Option<u32> {
+        let mut cur = self.queue.front();
+        while let Some(i) = cur {
+            if !self.dirty.is_dirty(i) {
+                return Some(i);
+            }
+            cur = List::<0>::next(&self.arena.nodes, i);
+        }
+        None
+    }
+
+    fn drop_entry(&mut self, i: u32) -> u64 {
+        let block = self.block_of(i);
+        self.queue.remove(&mut self.arena.nodes, i);
+        self.map.remove(&block);
+        self.dirty.set_clean(i);
+        self.arena.free(i);
+        block
+    }
+
+    fn add(&mut self, block: u64) -> u32 {
+        let i = self.arena.alloc(Node {
+            block,
+            link: Link::NONE,
+        });
+        self.queue.push_back(&mut self.arena.nodes, i);
+        self.map.insert(block, i);
+        i
+    }
+}
+
+impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
+    fn name(&self) -> &'static str {
+        if MOVE_ON_HIT {
+            "lru"
+        } else {
+            "fifo"
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    dirty_methods!();
+
+    #[inline]
+    fn access(&mut self, a: Access) -> Outcome {
+        if let Some(&i) = self.map.get(&a.block) {
+            if MOVE_ON_HIT {
+                self.queue.move_to_back(&mut self.arena.nodes, i);
+            }
+            return Outcome::Hit;
+        }
+        if self.map.len() < self.capacity {
+            self.add(a.block);
+            return Outcome::Promote { evict: None };
+        }
+        // Reuse the victim's entry in place: one list move instead of an unlink, a free, an
+        // allocation and a link. The victim is clean, so the dirty tracker has nothing to drop.
+        let victim = if self.dirty.count() == 0 {
+            self.queue.front()
+        } else {
+            self.victim()
+        };
+        let Some(v) = victim else {
+            return Outcome::Miss;
+        };
+        let old = std::mem::replace(&mut self.arena.nodes[v as usize].block, a.block);
+        self.map.remove(&old);
+        self.queue.move_to_back(&mut self.arena.nodes, v);
+        self.map.insert(a.block, v);
+        Outcome::Promote { evict: Some(old) }
+    }
+
+    fn remove(&mut self, block: u64) -> bool {
+        match self.resident(block) {
+            Some(i) => {
+                self.drop_entry(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
+        if self.map.contains_key(&block) {
+            return Err(InsertError::AlreadyCached(block));
+        }
+        if self.map.len() >= self.capacity {
+            return Err(InsertError::Full(self.capacity));
+        }
+        let i = self.add(block);
+        if dirty {
+            self.dirty.set_dirty(i);
+        }
+        Ok(())
+    }
+
+    fn save_hints(&self) -> Vec<u8> {
+        let order: Vec<(u64, u8)> = self
+            .queue
+            .iter(&self.arena.nodes)
+            .map(|i| (self.block_of(i), 0))
+            .collect();
+        hints::encode(self.name(), order.into_iter())
+    }
+
+    fn load_hints(&mut self, bytes: &[u8]) -> Result<(), HintError> {
+        let entries = hints::decode(self.name(), bytes)?;
+        if !self.map.is_empty() {
+            return Err(HintError::NotEmpty);
+        }
+        // Keep the hottest end when the saved cache was larger.
+        let skip = entries.len().saturating_sub(self.capacity);
+        for (block, _) in entries.into_iter().skip(skip) {
+            if !self.map.contains_key(&block) {
+                self.add(block);
+            }
+        }
+        Ok(())
+    }
+
+    fn bytes_per_entry(&self) -> f64 {
+        let bytes = self.arena.bytes(self.capacity) + map_bytes(&self.map) + self.dirty.bytes();
+        bytes as f64 / self.capacity as f64
+    }
+}

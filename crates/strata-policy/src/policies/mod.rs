@@ -1,0 +1,99 @@
+//! One module per policy. Each keeps its entries in a flat arena threaded onto index-linked
+//! lists (see `list.rs`) and finds them through a [`BlockMap`](crate::hash::BlockMap).
+
+pub mod arc;
+pub mod clock;
+pub mod lirs;
+pub mod lru;
+pub mod opt;
+pub mod s3fifo;
+pub mod sieve;
+pub mod smq;
+pub mod strata;
+pub mod twoq;
+
+/// The [`Policy`](crate::Policy) methods that only look up a resident entry and defer to the
+/// shared [`Dirty`](crate::dirty::Dirty) tracker. The policy type must provide
+/// `fn resident(&self, block: u64) -> Option<u32>`, `fn block_of(&self, i: u32) -> u64` and a
+/// `dirty: Dirty` field.
+macro_rules! dirty_methods {
+    () => {
+        fn contains(&self, block: u64) -> bool {
+            self.resident(block).is_some()
+        }
+
+        fn set_dirty(&mut self, block: u64) -> bool {
+            match self.resident(block) {
+                Some(i) => {
+                    self.dirty.set_dirty(i);
+                    true
+                }
+                None => false,
+            }
+        }
+
+        fn set_clean(&mut self, block: u64) -> bool {
+            match self.resident(block) {
+                Some(i) => {
+                    self.dirty.set_clean(i);
+                    true
+                }
+                None => false,
+            }
+        }
+
+        fn is_dirty(&self, block: u64) -> bool {
+            self.resident(block).is_some_and(|i| self.dirty.is_dirty(i))
+        }
+
+        fn dirty_len(&self) -> usize {
+            self.dirty.count()
+        }
+
+        fn writeback_candidate(&mut self, _now_ns: u64) -> Option<u64> {
+            self.dirty.take().map(|i| self.block_of(i))
+        }
+    };
+}
+pub(crate) use dirty_methods;
+
+/// A free-list arena: indices stay stable while an entry lives, and freed slots are reused,
+/// so the arena never grows past the most entries ever live at once.
+#[derive(Debug)]
+pub(crate) struct Arena<N> {
+    pub nodes: Vec<N>,
+    free: Vec<u32>,
+}
+
+impl<N> Arena<N> {
+    pub fn with_capacity(n: usize) -> Self {
+        Arena {
+            nodes: Vec::with_capacity(n),
+            free: Vec::new(),
+        }
+    }
+
+    #[inline]
+    pub fn alloc(&mut self, node: N) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    #[inline]
+    pub fn free(&mut self, i: u32) {
+        self.free.push(i);
+    }
+
+    /// Bytes allocated, assuming the arena reaches `max_entries` live entries.
+    pub fn bytes(&self, max_entries: usize) -> usize {
+        max_entries.max(self.nodes.capacity()) * std::mem::size_of::<N>() + self.free.capacity() * 4
+    }
+}

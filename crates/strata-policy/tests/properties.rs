@@ -1,0 +1,228 @@
+//! Invariants every policy must keep under random access, dirty marking, removal and hint
+//! round trips; determinism for a seed.
+
+use strata_policy::{build, Access, Op, Outcome, Params, POLICY_NAMES};
+
+/// A small deterministic generator so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn check_policy(name: &str, cap: usize, seed: u64) {
+    let mut p = build(
+        name,
+        cap,
+        &Params {
+            seed,
+            ..Params::default()
+        },
+    )
+    .unwrap();
+    let mut rng = Rng(seed | 1);
+    let mut cached = std::collections::HashSet::new();
+    let mut dirty = std::collections::HashSet::new();
+    for step in 0..20_000u64 {
+        let now = step * 50_000_000; // 20 accesses per second, so smq's periods go by
+        let r = rng.below(100);
+        let block = if rng.below(4) == 0 {
+            rng.below(4 * cap as u64)
+        } else {
+            rng.below(cap as u64 + 8)
+        };
+        if r < 80 {
+            let op = if rng.below(3) == 0 {
+                Op::Write
+            } else {
+                Op::Read
+            };
+            let full = rng.below(2) == 0;
+            let was = cached.contains(&block);
+            match p.access(Access::new(block, op, full, now)) {
+                Outcome::Hit => assert!(was, "{name}: hit on uncached {block}"),
+                Outcome::Miss => assert!(!was, "{name}: miss on cached {block}"),
+                Outcome::Promote { evict } => {
+                    assert!(!was, "{name}: promoted cached {block}");
+                    if let Some(v) = evict {
+                        assert!(cached.remove(&v), "{name}: evicted uncached {v}");
+                        assert!(!dirty.contains(&v), "{name}: evicted dirty {v}");
+                    } else {
+                        assert!(
+                            cached.len() < cap,
+                            "{name}: promotion without eviction when full"
+                        );
+                    }
+                    cached.insert(block);
+                }
+            }
+        } else if r < 88 {
+            assert_eq!(
+                p.set_dirty(block),
+                cached.contains(&block),
+                "{name}: set_dirty"
+            );
+            if cached.contains(&block) {
+                dirty.insert(block);
+            }
+        } else if r < 95 {
+            if let Some(b) = p.writeback_candidate(now) {
+                assert!(dirty.contains(&b), "{name}: writeback of clean {b}");
+                assert!(p.set_clean(b));
+                dirty.remove(&b);
+            }
+        } else {
+            assert_eq!(p.remove(block), cached.remove(&block), "{name}: remove");
+            dirty.remove(&block);
+        }
+        assert_eq!(p.len(), cached.len(), "{name}: len at step {step}");
+        assert!(p.len() <= cap);
+        assert_eq!(
+            p.dirty_len(),
+            dirty.len(),
+            "{name}: dirty_len at step {step}"
+        );
+    }
+    for &b in &cached {
+        assert!(p.contains(b), "{name}: lost {b}");
+        assert_eq!(p.is_dirty(b), dirty.contains(&b));
+    }
+    // Hints restore the same set of blocks into an empty policy.
+    let blob = p.save_hints();
+    let mut q = build(
+        name,
+        cap,
+        &Params {
+            seed,
+            ..Params::default()
+        },
+    )
+    .unwrap();
+    q.load_hints(&blob).unwrap();
+    assert_eq!(q.len(), cached.len(), "{name}: hint round trip");
+    for &b in &cached {
+        assert!(q.contains(b), "{name}: hints lost {b}");
+    }
+    assert!(
+        q.load_hints(&blob).is_err(),
+        "{name}: loading into a non-empty policy"
+    );
+    assert!(p.bytes_per_entry() > 0.0);
+}
+
+#[test]
+fn invariants_hold_for_every_policy() {
+    for name in POLICY_NAMES {
+        for (cap, seed) in [(1, 1), (7, 2), (64, 3)] {
+            check_policy(name, cap, seed);
+        }
+    }
+}
+
+/// When every cached block is dirty, nothing can be evicted: misses are not promoted.
+#[test]
+fn all_dirty_means_no_promotion() {
+    for name in POLICY_NAMES {
+        let mut p = build(name, 4, &Params::default()).unwrap();
+        for b in 0..4 {
+            p.insert(b, true).unwrap();
+        }
+        for t in 0..200u64 {
+            let out = p.access(Access::write(100 + t % 7, true, t * 1_000_000_000));
+            assert!(!out.is_promote(), "{name} promoted with only dirty blocks");
+        }
+        assert_eq!(p.len(), 4);
+        // Writing one back frees a victim.
+        let b = p.writeback_candidate(0).expect("a dirty block");
+        assert!(
+            p.writeback_candidate(0).is_some_and(|c| c != b),
+            "{name}: handed out twice"
+        );
+        p.set_clean(b);
+        let mut promoted = false;
+        for t in 0..400u64 {
+            if let Outcome::Promote { evict } =
+                p.access(Access::write(100 + t % 3, true, (t + 300) * 1_000_000_000))
+            {
+                assert_eq!(evict, Some(b), "{name}: evicted a dirty block");
+                promoted = true;
+                break;
+            }
+        }
+        assert!(
+            promoted || *name == "smq",
+            "{name} never used the clean victim"
+        );
+    }
+}
+
+#[test]
+fn deterministic_for_a_seed() {
+    for name in POLICY_NAMES {
+        let trace: Vec<u64> = (0..5000u64).map(|i| (i * 7919 + i / 3) % 300).collect();
+        let outcomes = |seed| {
+            let mut p = build(
+                name,
+                50,
+                &Params {
+                    seed,
+                    ..Params::default()
+                },
+            )
+            .unwrap();
+            trace
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| p.access(Access::read(b, i as u64 * 10_000_000)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(outcomes(7), outcomes(7), "{name}");
+    }
+}
+
+#[test]
+fn unknown_names_are_rejected() {
+    let err = build("lfu9000", 10, &Params::default()).unwrap_err();
+    assert!(err.to_string().contains("lfu9000") && err.to_string().contains("arc"));
+    assert_eq!(
+        build("default", 10, &Params::default()).unwrap().name(),
+        strata_policy::DEFAULT_POLICY
+    );
+}
+
+/// The default promotes far less than LRU on a zipf-like trace without losing hits.
+#[test]
+fn strata_promotes_less_than_lru() {
+    let mut rng = Rng(42);
+    // Popularity ~ 1/rank over 20,000 blocks, scattered.
+    let trace: Vec<u64> = (0..200_000)
+        .map(|_| {
+            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+            let rank = (20_000f64.powf(u)) as u64;
+            rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 1_000_003
+        })
+        .collect();
+    let run = |name: &str| {
+        let mut p = build(name, 1000, &Params::default()).unwrap();
+        let (mut hits, mut promos) = (0, 0);
+        for &b in &trace {
+            match p.access(Access::read(b, 0)) {
+                Outcome::Hit => hits += 1,
+                Outcome::Promote { .. } => promos += 1,
+                Outcome::Miss => {}
+            }
+        }
+        (hits, promos)
+    };
+    let (lh, lp) = run("lru");
+    let (sh, sp) = run("strata");
+    assert!(sh > lh, "strata {sh} hits vs lru {lh}");
+    assert!(sp * 4 < lp, "strata {sp} promotions vs lru {lp}");
+}

@@ -1,0 +1,18 @@
+//! `strata sim`: replay block traces (or fio-compatible synthetic workloads) through the
+//! cache policies of `strata-policy` and report hit ratios, promotions and metadata cost.
+//!
+//! The policies here are the very code the cache target runs; this crate only feeds them.
+//! Modules: [`trace`] reads and parses trace files, [`synthetic`] generates fio's random
+//! distributions, [`sim`] splits requests into cache-block accesses and runs the
+//! policy × size matrix, [`report`] prints tables, CSV and plots, and [`cli`] is the
+//! command line the `strata` binary mounts as `strata sim`.
+
+pub mod cli;
+pub mod report;
+pub mod sim;
+pub mod synthetic;
+pub mod trace;
+
+pub use sim::{
+    replay, replay_hits, run_matrix, split_requests, BlockAccess, Counts, Ops, RunResult, Workload,
+};

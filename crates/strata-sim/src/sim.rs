@@ -1,0 +1,348 @@
+//! The simulation core: split requests into cache-block accesses, replay them through
+//! policies, and run a policy × cache-size matrix in parallel.
+//!
+//! Everything here works on a trace already in memory, so a run measures the policies and
+//! not the parser. A replay is single-threaded and deterministic; parallelism is across the
+//! independent (policy, size) pairs.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_policy::{Access, Op, Opt, Params, Policy};
+
+use crate::trace::{IoKind, Request, TraceError};
+
+/// One access to one cache block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockAccess {
+    pub block: u64,
+    pub time_ns: u64,
+    /// Bytes of the request that fall in this block.
+    pub bytes: u32,
+    pub op: Op,
+    /// The request covers the whole block.
+    pub full: bool,
+}
+
+impl BlockAccess {
+    #[inline]
+    pub fn to_access(self) -> Access {
+        Access {
+            block: self.block,
+            op: self.op,
+            full_block: self.full,
+            now_ns: self.time_ns,
+        }
+    }
+}
+
+/// Which requests to simulate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Ops {
+    /// Reads only (writes are skipped)
+    Read,
+    /// Reads and writes
+    All,
+}
+
+/// A trace turned into block accesses.
+#[derive(Debug, Clone, Default)]
+pub struct Workload {
+    pub accesses: Vec<BlockAccess>,
+    /// Requests kept after the `--ops` filter.
+    pub requests: u64,
+    pub block_size: u64,
+    /// Distinct blocks accessed.
+    pub footprint: u64,
+    /// Largest block number accessed (0 for an empty workload).
+    pub max_block: u64,
+}
+
+impl Workload {
+    pub fn blocks(&self) -> Vec<u64> {
+        self.accesses.iter().map(|a| a.block).collect()
+    }
+}
+
+/// Split requests into `block_size` accesses. Requests without a time get one from a
+/// synthetic clock of `interval_ns` per request, continuing after the last real time seen.
+pub fn split_requests<I>(
+    requests: I,
+    block_size: u64,
+    ops: Ops,
+    interval_ns: u64,
+) -> Result<Workload, TraceError>
+where
+    I: IntoIterator<Item = Result<Request, TraceError>>,
+{
+    assert!(block_size > 0);
+    let mut w = Workload {
+        block_size,
+        ..Default::default()
+    };
+    let mut clock = 0u64;
+    for r in requests {
+        let r = r?;
+        if ops == Ops::Read && r.kind == IoKind::Write {
+            continue;
+        }
+        if r.len == 0 {
+            continue;
+        }
+        clock = match r.time_ns {
+            Some(t) => t,
+            None => clock + interval_ns,
+        };
+        w.requests += 1;
+        let op = match r.kind {
+            IoKind::Read => Op::Read,
+            IoKind::Write => Op::Write,
+        };
+        let end = r.offset.saturating_add(r.len);
+        let mut pos = r.offset;
+        while pos < end {
+            let block = pos / block_size;
+            let block_end = (block + 1) * block_size;
+            let chunk = end.min(block_end) - pos;
+            w.accesses.push(BlockAccess {
+                block,
+                time_ns: clock,
+                bytes: chunk as u32,
+                op,
+                full: chunk == block_size,
+            });
+            w.max_block = w.max_block.max(block);
+            pos += chunk;
+        }
+    }
+    w.footprint = count_distinct(w.accesses.iter().map(|a| a.block));
+    Ok(w)
+}
+
+pub fn count_distinct(blocks: impl Iterator<Item = u64>) -> u64 {
+    let mut seen = std::collections::HashSet::<u64>::new();
+    for b in blocks {
+        seen.insert(b);
+    }
+    seen.len() as u64
+}
+
+/// What one replay counted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counts {
+    pub accesses: u64,
+    pub hits: u64,
+    pub bytes: u64,
+    pub hit_bytes: u64,
+    pub promotions: u64,
+    /// Accesses and hits per window, when windows were asked for.
+    pub windows: Vec<(u64, u64)>,
+}
+
+impl Counts {
+    pub fn hit_ratio(&self) -> f64 {
+        ratio(self.hits, self.accesses)
+    }
+
+    pub fn byte_hit_ratio(&self) -> f64 {
+        ratio(self.hit_bytes, self.bytes)
+    }
+}
+
+pub fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Replay `accesses` through `policy` and count hits. This is the function to compare with
+/// the live cache target: replaying the same accesses there must give the same hit count.
+pub fn replay_hits<I>(policy: &mut dyn Policy, accesses: I) -> u64
+where
+    I: IntoIterator<Item = BlockAccess>,
+{
+    accesses
+        .into_iter()
+        .filter(|a| policy.access(a.to_access()).is_hit())
+        .count() as u64
+}
+
+/// Replay with full counts, `windows` equal slices of hit ratio over time (0 for none), and
+/// progress reported into `progress` every few thousand accesses.
+pub fn replay(
+    policy: &mut dyn Policy,
+    accesses: &[BlockAccess],
+    windows: usize,
+    progress: Option<&AtomicU64>,
+) -> Counts {
+    const CHUNK: usize = 1 << 16;
+    let mut c = Counts::default();
+    let n = accesses.len();
+    let nwin = windows.max(1);
+    let mut win = vec![(0u64, 0u64); nwin];
+    for (w, slot) in win.iter_mut().enumerate() {
+        let (start, end) = (w * n / nwin, (w + 1) * n / nwin);
+        let mut hits = 0u64;
+        let mut hit_bytes = 0u64;
+        let mut bytes = 0u64;
+        let mut promotions = 0u64;
+        for chunk in accesses[start..end].chunks(CHUNK) {
+            for a in chunk {
+                bytes += a.bytes as u64;
+                match policy.access(a.to_access()) {
+                    strata_policy::Outcome::Hit => {
+                        hits += 1;
+                        hit_bytes += a.bytes as u64;
+                    }
+                    strata_policy::Outcome::Promote { .. } => promotions += 1,
+                    strata_policy::Outcome::Miss => {}
+                }
+            }
+            if let Some(p) = progress {
+                p.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+        }
+        *slot = ((end - start) as u64, hits);
+        c.accesses += (end - start) as u64;
+        c.hits += hits;
+        c.bytes += bytes;
+        c.hit_bytes += hit_bytes;
+        c.promotions += promotions;
+    }
+    if windows > 0 {
+        c.windows = win;
+    }
+    c
+}
+
+/// Fill the cache with blocks the trace never touches (`first_junk` upwards), as a cache
+/// left full of another workload's data would be.
+pub fn prefill_junk(policy: &mut dyn Policy, first_junk: u64) {
+    let mut b = first_junk;
+    while policy.len() < policy.capacity() {
+        if policy.insert(b, false).is_err() {
+            break;
+        }
+        b += 1;
+    }
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub policy: String,
+    pub size_blocks: usize,
+    pub counts: Counts,
+    pub bytes_per_entry: f64,
+    pub elapsed: Duration,
+}
+
+/// How to run a matrix.
+#[derive(Debug, Clone)]
+pub struct MatrixOptions {
+    pub params: Params,
+    pub windows: usize,
+    pub prefill_junk: bool,
+    pub jobs: usize,
+    pub progress: bool,
+}
+
+/// Build a policy for the matrix; `opt` needs the shared next-use table.
+pub fn make_policy(
+    name: &str,
+    size: usize,
+    params: &Params,
+    next_use: Option<&Arc<[u32]>>,
+) -> Result<Box<dyn Policy + Send>, strata_policy::UnknownPolicy> {
+    if name == "opt" {
+        let table = next_use.expect("next-use table for opt");
+        return Ok(Box::new(Opt::with_next_use(size, table.clone())));
+    }
+    strata_policy::build(name, size, params)
+}
+
+/// Run every (policy, size) pair over the workload, `jobs` at a time. Results come back in
+/// the order of `policies` × `sizes`.
+pub fn run_matrix(
+    workload: &Workload,
+    policies: &[String],
+    sizes: &[usize],
+    opts: &MatrixOptions,
+) -> Result<Vec<RunResult>, strata_policy::UnknownPolicy> {
+    for p in policies {
+        if p != "opt" {
+            strata_policy::build(p, 1, &opts.params)?;
+        }
+    }
+    let next_use: Option<Arc<[u32]>> = policies
+        .iter()
+        .any(|p| p == "opt")
+        .then(|| strata_policy::policies::opt::next_use(&workload.blocks()).into());
+    let tasks: Vec<(usize, &String, usize)> = policies
+        .iter()
+        .flat_map(|p| sizes.iter().map(move |&s| (p, s)))
+        .enumerate()
+        .map(|(i, (p, s))| (i, p, s))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let total = (tasks.len() * workload.accesses.len()) as u64;
+    let results = std::sync::Mutex::new(Vec::with_capacity(tasks.len()));
+    let junk_base = workload.max_block + 1;
+    let jobs = opts.jobs.clamp(1, tasks.len().max(1));
+    let finished = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(i, name, size)) = tasks.get(k) else {
+                    break;
+                };
+                let start = Instant::now();
+                let mut policy = make_policy(name, size, &opts.params, next_use.as_ref())
+                    .expect("names checked above");
+                if opts.prefill_junk {
+                    prefill_junk(policy.as_mut(), junk_base);
+                }
+                let counts = replay(
+                    policy.as_mut(),
+                    &workload.accesses,
+                    opts.windows,
+                    Some(&done),
+                );
+                let r = RunResult {
+                    policy: name.clone(),
+                    size_blocks: size,
+                    counts,
+                    bytes_per_entry: policy.bytes_per_entry(),
+                    elapsed: start.elapsed(),
+                };
+                results
+                    .lock()
+                    .expect("no worker panics holding the lock")
+                    .push((i, r));
+                finished.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        if opts.progress {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {wide_bar} {percent}% {human_pos}/{human_len} accesses ({per_sec}, eta {eta})",
+                )
+                .expect("valid template"),
+            );
+            while finished.load(Ordering::Relaxed) < tasks.len() {
+                bar.set_position(done.load(Ordering::Relaxed));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        }
+    });
+    let mut results = results.into_inner().expect("workers finished");
+    results.sort_by_key(|(i, _)| *i);
+    Ok(results.into_iter().map(|(_, r)| r).collect())
+}
