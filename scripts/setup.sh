@@ -16,6 +16,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+if ! python3 -c "import matplotlib" >/dev/null 2>&1; then
+  echo "setup: installing matplotlib (for the benchmark plots)"
+  python3 -m pip install --quiet matplotlib
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install --locked cargo-nextest

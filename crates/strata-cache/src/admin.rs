@@ -130,12 +130,16 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
         cache.write(pos, Buf::zeroed(n as usize), false).await?;
         pos += n;
     }
+    // Both copies of every page, so a later damaged copy always has a twin.
     let mut meta = Meta::fresh(sb);
-    let batch = meta.prepare_commit();
-    for (_, off, _, bytes) in &batch.pages {
-        cache.write(*off, Buf::from_slice(bytes), false).await?;
+    for _ in 0..2 {
+        meta.touch_all();
+        let batch = meta.prepare_commit();
+        for (_, off, _, bytes) in &batch.pages {
+            cache.write(*off, Buf::from_slice(bytes), false).await?;
+        }
+        meta.commit_done(&batch);
     }
-    meta.commit_done(&batch);
     cache.flush().await?;
     meta.write_superblock(cache).await?;
     cache.flush().await?;

@@ -78,6 +78,16 @@ impl Meta {
         }
     }
 
+    /// Marks every page changed (a fresh format writes both copies of every page).
+    pub fn touch_all(&mut self) {
+        for page in 0..self.dirty_pages.len() {
+            if !self.dirty_pages[page] {
+                self.dirty_pages[page] = true;
+                self.dirty_list.push(page as u64);
+            }
+        }
+    }
+
     pub fn has_changes(&self) -> bool {
         !self.dirty_list.is_empty()
     }
@@ -253,14 +263,16 @@ pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
     match (a, c) {
         (Ok(x), Ok(y)) => Ok(if x.seq >= y.seq { x } else { y }),
         (Ok(x), Err(_)) | (Err(_), Ok(x)) => Ok(x),
-        (Err(e), Err(_)) => Err(Error::new(
-            ErrorKind::Invalid,
-            match e {
-                format::FormatError::NotStrata(_) => {
+        (Err(e0), Err(e1)) => {
+            let msg = match (e0, e1) {
+                (format::FormatError::NotStrata(_), format::FormatError::NotStrata(_)) => {
                     "not a strata cache device (no superblock; create one with `strata cache create`)".to_string()
                 }
-                other => format!("corrupt cache superblock: {other} (both copies)"),
-            },
-        )),
+                (format::FormatError::NotStrata(_), e) | (e, _) => {
+                    format!("corrupt cache superblock: {e} (no usable copy)")
+                }
+            };
+            Err(Error::new(ErrorKind::Invalid, msg))
+        }
     }
 }

@@ -1,2 +1,652 @@
-//! Power-cut simulation (test support): records writes and flushes so a crash can be replayed.
-//! Filled in by the reliability work.
+//! Power-cut simulation (test support): a decorator that records every write, discard,
+//! write-zeroes and flush passing through it, with the data written, so a test can ask what
+//! the media could hold if power failed now, or at any earlier point of the recorded history
+//! (replaying to every flush, like dm-log-writes), and get that image back as a `MemDev`.
+//!
+//! The durability rules are the `BlockDev` contract's (NBD's and the Linux block layer's):
+//! - a write is durable once it completed with FUA, or once a flush issued after the write
+//!   completed has itself completed successfully;
+//! - a write that completed but is not durable may or may not have reached the media: it is
+//!   kept whole or dropped;
+//! - a write still in flight at the cut (issued, not completed), or one that failed with an
+//!   IO error, may also be torn: each 512-byte sector it touches is independently new or old.
+//!
+//! Each outcome is drawn from the seed and the write's position in the history alone, so the
+//! same history and seed always give the same image, whatever the cut point. Writes are
+//! applied in the order they were issued, so each sector ends up holding the last durable
+//! write to it or a later write that happened to survive. Discards are recorded as writes of
+//! zeroes, one of the outcomes the contract allows for them.
+//!
+//! This module must never invent data (every byte of an image was written, or was in the
+//! starting image), never lose a durable write, and never decide an outcome from anything
+//! but the seed and the recorded history.
+//!
+//! ```
+//! use strata_io::{mem::MemDev, powercut::PowerCut, BlockDev, Buf};
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let dev = PowerCut::new(MemDev::new(1 << 20));
+//! dev.write(0, Buf::from_slice(&[1; 512]), false).await.unwrap();
+//! dev.flush().await.unwrap();
+//! dev.write(512, Buf::from_slice(&[2; 512]), false).await.unwrap(); // not flushed
+//! let image = dev.crash(7);
+//! let mut got = [0u8; 1024];
+//! image.read_into(0, &mut got).unwrap();
+//! assert_eq!(got[..512], [1; 512]); // durable: always there
+//! assert!(got[512..] == [2; 512] || got[512..] == [0; 512]); // either, as seed 7 decides
+//! # });
+//! ```
+
+use crate::mem::MemDev;
+use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+/// The granularity at which an in-flight write can tear.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// Default bound on the recorded history (data plus per-event overhead).
+pub const HISTORY_LIMIT_BYTES_DEFAULT: u64 = 256 << 20;
+
+/// What one recorded event costs besides its data, for the history limit.
+const EVENT_OVERHEAD_BYTES: u64 = 64;
+
+/// Piece size when copying images, so a copy never needs a device-sized buffer.
+const COPY_PIECE_BYTES: u64 = 1 << 20;
+
+enum Payload {
+    Data(Box<[u8]>),
+    Zeroes(u64),
+}
+
+impl Payload {
+    fn len(&self) -> u64 {
+        match self {
+            Payload::Data(d) => d.len() as u64,
+            Payload::Zeroes(n) => *n,
+        }
+    }
+
+    /// The data bytes the history holds for this payload.
+    fn cost_bytes(&self) -> u64 {
+        match self {
+            Payload::Data(d) => d.len() as u64,
+            Payload::Zeroes(_) => 0,
+        }
+    }
+
+    /// Writes `[from, to)` of the payload (offsets relative to its start) at `offset + from`.
+    fn apply(&self, image: &MemDev, offset: u64, from: u64, to: u64) {
+        let r = match self {
+            Payload::Data(d) => image.write_from(offset + from, &d[from as usize..to as usize]),
+            Payload::Zeroes(_) => image.zero_range(offset + from, to - from, false),
+        };
+        r.expect("recorded writes were range-checked against the same size");
+    }
+}
+
+/// How a write ended, as far as the media is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    Ok,
+    /// Failed after it may have touched the media (an IO error and the like).
+    Failed,
+    /// Refused before touching the media (out of range, unsupported, read-only, invalid).
+    Refused,
+}
+
+impl Done {
+    fn of<T>(r: &Result<T>) -> Done {
+        match r {
+            Ok(_) => Done::Ok,
+            Err(e) => match e.kind {
+                ErrorKind::OutOfRange | ErrorKind::Unsupported | ErrorKind::ReadOnly | ErrorKind::Invalid => {
+                    Done::Refused
+                }
+                _ => Done::Failed,
+            },
+        }
+    }
+}
+
+/// One entry of the history. A write or flush is named by the point of its issue event.
+enum Event {
+    Write { offset: u64, payload: Payload, fua: bool },
+    WriteDone { of: u64, done: Done },
+    Flush,
+    FlushDone { of: u64, ok: bool },
+}
+
+impl Event {
+    fn cost_bytes(&self) -> u64 {
+        EVENT_OVERHEAD_BYTES
+            + match self {
+                Event::Write { payload, .. } => payload.cost_bytes(),
+                _ => 0,
+            }
+    }
+}
+
+/// What became of one write in a simulated crash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fate {
+    /// Covered by a completed flush, or a completed FUA write: always on the media.
+    Durable,
+    /// Not durable, and reached the media whole by chance.
+    Kept,
+    /// Did not reach the media (by chance, or because the device refused it).
+    Dropped,
+    /// Was in flight (or failed) and reached the media in part: one flag per 512-byte
+    /// sector it touches, in order, true where the new data landed.
+    Torn(Vec<bool>),
+}
+
+/// A recorded write and its fate in one simulated crash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteFate {
+    /// The point of its issue: `crash_at(issued_at, _)` cuts just before it.
+    pub issued_at: u64,
+    pub offset: u64,
+    pub len: u64,
+    /// Whether it had completed (successfully or not) before the cut.
+    pub completed: bool,
+    pub fate: Fate,
+}
+
+/// Per-write state while walking the history.
+struct Tracked {
+    issued_at: u64,
+    /// Index of the issue event in the history.
+    pos: usize,
+    fua: bool,
+    done: Option<Done>,
+    durable: bool,
+}
+
+/// Walks the history event by event and knows, after each, which writes are durable.
+#[derive(Default)]
+struct Tracker {
+    writes: Vec<Tracked>,
+    by_point: HashMap<u64, usize>,
+    /// Writes that completed successfully, in completion order.
+    completed: Vec<usize>,
+    /// `completed[..durable_upto]` is covered by a completed flush.
+    durable_upto: usize,
+    /// For each flush in flight: how much of `completed` it covers.
+    flushes: HashMap<u64, usize>,
+    /// Writes neither durable nor refused: what stops compaction.
+    unsettled: usize,
+}
+
+impl Tracker {
+    fn step(&mut self, point: u64, pos: usize, ev: &Event) {
+        match *ev {
+            Event::Write { fua, .. } => {
+                self.by_point.insert(point, self.writes.len());
+                self.writes.push(Tracked { issued_at: point, pos, fua, done: None, durable: false });
+                self.unsettled += 1;
+            }
+            Event::WriteDone { of, done } => {
+                // A write folded into the base by compaction has no entry: it was durable.
+                let Some(&w) = self.by_point.get(&of) else { return };
+                self.writes[w].done = Some(done);
+                match done {
+                    Done::Ok if self.writes[w].fua => self.make_durable(w),
+                    Done::Ok => self.completed.push(w),
+                    Done::Refused => self.unsettled -= 1,
+                    Done::Failed => {}
+                }
+            }
+            Event::Flush => {
+                self.flushes.insert(point, self.completed.len());
+            }
+            Event::FlushDone { of, ok } => {
+                // An unknown flush was issued before a compaction point, so it covers only
+                // writes that were durable already.
+                let Some(covers) = self.flushes.remove(&of) else { return };
+                if ok {
+                    while self.durable_upto < covers {
+                        let w = self.completed[self.durable_upto];
+                        self.make_durable(w);
+                        self.durable_upto += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn make_durable(&mut self, w: usize) {
+        if !self.writes[w].durable {
+            self.writes[w].durable = true;
+            self.unsettled -= 1;
+        }
+    }
+}
+
+struct State {
+    /// The durable image at `start`: the starting content plus every compacted write.
+    base: MemDev,
+    /// The point of `events[0]`; points before it were compacted away.
+    start: u64,
+    events: Vec<Event>,
+    history_bytes: u64,
+    history_limit_bytes: u64,
+    dead: bool,
+    /// Power fails when the history reaches this point.
+    die_at: Option<u64>,
+}
+
+impl State {
+    fn now(&self) -> u64 {
+        self.start + self.events.len() as u64
+    }
+
+    /// Appends an event and returns its point; refused once power is cut.
+    fn record(&mut self, ev: Event, what: &str) -> Result<u64> {
+        if self.die_at.is_some_and(|p| self.now() >= p) {
+            self.dead = true;
+        }
+        if self.dead {
+            let msg = format!("powercut: {what} after the power was cut at point {}", self.now());
+            return Err(Error::new(ErrorKind::Io, msg));
+        }
+        let cost = ev.cost_bytes();
+        // A write reserves room for its completion too, so completions never overshoot.
+        let reserve = cost + EVENT_OVERHEAD_BYTES;
+        if matches!(ev, Event::Write { .. }) && self.history_bytes + reserve > self.history_limit_bytes {
+            self.compact();
+            if self.history_bytes + reserve > self.history_limit_bytes {
+                // Completions and flushes are always recorded (they are small and settle
+                // history); only new writes are refused.
+                return Err(Error::new(
+                    ErrorKind::NoMemory,
+                    format!(
+                        "powercut: {what}: history holds {} bytes that no completed flush covers (limit {}); \
+                         flush more often or raise the limit",
+                        self.history_bytes, self.history_limit_bytes
+                    ),
+                ));
+            }
+        }
+        let settles = matches!(ev, Event::FlushDone { ok: true, .. });
+        self.history_bytes += cost;
+        self.events.push(ev);
+        let point = self.now() - 1;
+        if settles && self.history_bytes > self.history_limit_bytes {
+            // Flush events may have overshot the limit; the flush that just completed is
+            // what lets compaction bring the history back under it.
+            self.compact();
+        }
+        Ok(point)
+    }
+
+    /// Folds the longest prefix of the history whose writes are all durable (or refused)
+    /// into the base image.
+    fn compact(&mut self) {
+        let mut t = Tracker::default();
+        let mut fold = 0;
+        for (pos, ev) in self.events.iter().enumerate() {
+            t.step(self.start + pos as u64, pos, ev);
+            if t.unsettled == 0 {
+                fold = pos + 1;
+            }
+        }
+        for w in t.writes.iter().filter(|w| w.pos < fold && w.durable) {
+            if let Event::Write { offset, payload, .. } = &self.events[w.pos] {
+                payload.apply(&self.base, *offset, 0, payload.len());
+            }
+        }
+        for ev in self.events.drain(..fold) {
+            self.history_bytes -= ev.cost_bytes();
+        }
+        self.start += fold as u64;
+    }
+
+    fn check_point(&self, point: u64) -> Result<()> {
+        if point < self.start || point > self.now() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("powercut: cut point {point} outside the recorded history [{}, {}]", self.start, self.now()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every write issued before `point`, with what a crash there seeded by `seed` does to it.
+    fn fates(&self, point: u64, seed: u64) -> Vec<(usize, WriteFate)> {
+        let mut t = Tracker::default();
+        let n = (point - self.start) as usize;
+        for (pos, ev) in self.events[..n].iter().enumerate() {
+            t.step(self.start + pos as u64, pos, ev);
+        }
+        t.writes
+            .iter()
+            .map(|w| {
+                let Event::Write { offset, payload, .. } = &self.events[w.pos] else {
+                    unreachable!("tracked writes point at write events")
+                };
+                let fate = fate(w, seed, *offset, payload.len());
+                let completed = w.done.is_some();
+                (w.pos, WriteFate { issued_at: w.issued_at, offset: *offset, len: payload.len(), completed, fate })
+            })
+            .collect()
+    }
+
+    fn image(&self, point: u64, seed: u64, size: u64) -> MemDev {
+        let image = copy_image(&self.base, size);
+        for (pos, wf) in self.fates(point, seed) {
+            let Event::Write { offset, payload, .. } = &self.events[pos] else {
+                unreachable!("fates point at write events")
+            };
+            match &wf.fate {
+                Fate::Durable | Fate::Kept => payload.apply(&image, *offset, 0, payload.len()),
+                Fate::Dropped => {}
+                Fate::Torn(landed) => {
+                    for ((from, to), _) in sectors(*offset, payload.len()).zip(landed).filter(|(_, l)| **l) {
+                        payload.apply(&image, *offset, from, to);
+                    }
+                }
+            }
+        }
+        image
+    }
+}
+
+/// Decides a write's fate from the seed and the write's issue point alone, so a write fares
+/// the same at every cut point where it is in the same state, and compaction changes nothing.
+fn fate(w: &Tracked, seed: u64, offset: u64, len: u64) -> Fate {
+    if w.done == Some(Done::Refused) {
+        return Fate::Dropped;
+    }
+    if w.durable {
+        return Fate::Durable;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(w.issued_at);
+    if w.done == Some(Done::Ok) {
+        return if rng.gen_bool(0.5) { Fate::Kept } else { Fate::Dropped };
+    }
+    match rng.gen_range(0..3) {
+        0 => Fate::Kept,
+        1 => Fate::Dropped,
+        _ => Fate::Torn(sectors(offset, len).map(|_| rng.gen_bool(0.5)).collect()),
+    }
+}
+
+/// The pieces of `[offset, offset+len)` cut at absolute sector boundaries, as offsets
+/// relative to `offset`.
+fn sectors(offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= len {
+            return None;
+        }
+        let to = (at + SECTOR_BYTES - (offset + at) % SECTOR_BYTES).min(len);
+        let piece = (at, to);
+        at = to;
+        Some(piece)
+    })
+}
+
+fn copy_image(src: &MemDev, size: u64) -> MemDev {
+    let dst = MemDev::new(size);
+    let mut buf = vec![0u8; COPY_PIECE_BYTES.min(size) as usize];
+    let mut pos = 0;
+    for e in src.extents(0, size).expect("whole device") {
+        if !e.hole {
+            let end = pos + e.len;
+            let mut at = pos;
+            while at < end {
+                let n = (end - at).min(COPY_PIECE_BYTES) as usize;
+                src.read_into(at, &mut buf[..n]).expect("in range");
+                dst.write_from(at, &buf[..n]).expect("in range");
+                at += n as u64;
+            }
+        }
+        pos += e.len;
+    }
+    dst
+}
+
+/// The power-cut decorator. Reads pass through; writes, discards, write-zeroes and flushes
+/// pass through and are recorded. Points count recorded events (the issue and the completion
+/// of each write and flush): cutting at point `p` keeps what the first `p` events did.
+pub struct PowerCut<D> {
+    inner: D,
+    state: Mutex<State>,
+}
+
+impl<D: BlockDev> PowerCut<D> {
+    /// Wraps a device that reads as zeroes (a fresh `MemDev`): the crash images start from
+    /// zeroes. Use `capture` for a device that already holds data.
+    pub fn new(inner: D) -> PowerCut<D> {
+        let base = MemDev::new(inner.size());
+        PowerCut::with_base(inner, base)
+    }
+
+    /// Wraps a device whose current content is taken as durable (reading it all once).
+    pub async fn capture(inner: D) -> Result<PowerCut<D>> {
+        let size = inner.size();
+        let base = MemDev::new(size);
+        let mut at = 0;
+        while at < size {
+            let n = (size - at).min(COPY_PIECE_BYTES);
+            let buf = inner.read(at, Buf::zeroed(n as usize)).await?;
+            // All-zero pieces stay unallocated, so a sparse device stays cheap.
+            if buf.iter().any(|&b| b != 0) {
+                base.write_from(at, &buf)?;
+            }
+            at += n;
+        }
+        Ok(PowerCut::with_base(inner, base))
+    }
+
+    fn with_base(inner: D, base: MemDev) -> PowerCut<D> {
+        let state = State {
+            base,
+            start: 0,
+            events: Vec::new(),
+            history_bytes: 0,
+            history_limit_bytes: HISTORY_LIMIT_BYTES_DEFAULT,
+            dead: false,
+            die_at: None,
+        };
+        PowerCut { inner, state: Mutex::new(state) }
+    }
+
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    /// The current point: `crash_at(now(), seed)` is `crash(seed)`.
+    pub fn now(&self) -> u64 {
+        self.state.lock().now()
+    }
+
+    /// The earliest point still recorded (history before it was compacted into the base).
+    pub fn first_point(&self) -> u64 {
+        self.state.lock().start
+    }
+
+    /// The points just after each successful flush completed, oldest first: cutting at each
+    /// replays the history flush by flush.
+    pub fn flush_points(&self) -> Vec<u64> {
+        let st = self.state.lock();
+        (st.events.iter().enumerate())
+            .filter(|(_, ev)| matches!(ev, Event::FlushDone { ok: true, .. }))
+            .map(|(pos, _)| st.start + pos as u64 + 1)
+            .collect()
+    }
+
+    /// The image a power cut now would leave, as `seed` decides.
+    pub fn crash(&self, seed: u64) -> MemDev {
+        let st = self.state.lock();
+        st.image(st.now(), seed, self.inner.size())
+    }
+
+    /// The image a power cut at `point` would have left, as `seed` decides.
+    pub fn crash_at(&self, point: u64, seed: u64) -> Result<MemDev> {
+        let st = self.state.lock();
+        st.check_point(point)?;
+        Ok(st.image(point, seed, self.inner.size()))
+    }
+
+    /// What a crash at `point` seeded by `seed` does to each write issued before it, in issue
+    /// order: the explanation of the image `crash_at` returns.
+    pub fn fates(&self, point: u64, seed: u64) -> Result<Vec<WriteFate>> {
+        let st = self.state.lock();
+        st.check_point(point)?;
+        Ok(st.fates(point, seed).into_iter().map(|(_, wf)| wf).collect())
+    }
+
+    /// Cuts the power now: every later request fails with `ErrorKind::Io`, and requests in
+    /// flight stay in flight in the history. Returns the cut point.
+    pub fn power_off(&self) -> u64 {
+        let mut st = self.state.lock();
+        st.dead = true;
+        st.now()
+    }
+
+    /// Cuts the power once the history reaches `point` (at once if it has), to crash a
+    /// target in the middle of its work.
+    pub fn power_off_at(&self, point: u64) {
+        let mut st = self.state.lock();
+        st.die_at = Some(point);
+        if st.now() >= point {
+            st.dead = true;
+        }
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.state.lock().dead
+    }
+
+    /// Folds history that is durable at every later point into the base image; cut points
+    /// before the new `first_point()` are no longer available.
+    pub fn compact(&self) {
+        self.state.lock().compact();
+    }
+
+    /// Bounds the recorded history (default `HISTORY_LIMIT_BYTES_DEFAULT`). Past it, durable
+    /// history is compacted, and writes are refused with `ErrorKind::NoMemory` while what is
+    /// left is still over the limit. Flushes are never refused, so flushes in flight may
+    /// overshoot it by a few hundred bytes until one completes.
+    pub fn set_history_limit(&self, bytes: u64) {
+        self.state.lock().history_limit_bytes = bytes;
+    }
+
+    /// Bytes the history holds now (data plus a fixed overhead per event).
+    pub fn history_bytes(&self) -> u64 {
+        self.state.lock().history_bytes
+    }
+
+    fn dead_error(&self, what: &str) -> Error {
+        Error::new(ErrorKind::Io, format!("{}: {what} after the power was cut", self.describe()))
+    }
+
+    /// Records a write-like request, issues it to the inner device under the same lock (so
+    /// the inner device sees writes in recorded order), and records its completion.
+    async fn recorded<'a, T>(
+        &'a self,
+        what: &str,
+        offset: u64,
+        payload: Payload,
+        fua: bool,
+        issue: impl FnOnce() -> BoxFut<'a, Result<T>> + Send,
+    ) -> Result<T> {
+        check_range(what, offset, payload.len(), self.inner.size())?;
+        let (of, fut) = {
+            let mut st = self.state.lock();
+            let of = st.record(Event::Write { offset, payload, fua }, what)?;
+            (of, issue())
+        };
+        let r = fut.await;
+        let done = Done::of(&r);
+        self.state.lock().record(Event::WriteDone { of, done }, what)?;
+        r
+    }
+}
+
+impl<D: BlockDev> BlockDev for PowerCut<D> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    fn describe(&self) -> String {
+        format!("powercut({})", self.inner.describe())
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        if self.is_dead() {
+            return crate::ready(Err(self.dead_error("read")));
+        }
+        self.inner.read(offset, buf)
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(async move {
+            // The copy is what the history keeps; the buffer itself goes to the device.
+            let payload = Payload::Data(buf.to_vec().into_boxed_slice());
+            self.recorded("powercut write", offset, payload, fua, move || self.inner.write(offset, buf, fua)).await
+        })
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            let (of, fut) = {
+                let mut st = self.state.lock();
+                (st.record(Event::Flush, "flush")?, self.inner.flush())
+            };
+            let r = fut.await;
+            self.state.lock().record(Event::FlushDone { of, ok: r.is_ok() }, "flush")?;
+            r
+        })
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            let payload = Payload::Zeroes(len);
+            self.recorded("powercut discard", offset, payload, false, move || self.inner.discard(offset, len)).await
+        })
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            let payload = Payload::Zeroes(len);
+            let issue = move || self.inner.write_zeroes(offset, len, flags);
+            self.recorded("powercut write_zeroes", offset, payload, false, issue).await
+        })
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        if self.is_dead() {
+            return crate::ready(Err(self.dead_error("block_status")));
+        }
+        self.inner.block_status(offset, len)
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        if self.is_dead() {
+            return crate::ready(Err(self.dead_error("cache")));
+        }
+        self.inner.cache(offset, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sectors_split_at_absolute_boundaries() {
+        let v: Vec<_> = sectors(500, 1100).collect();
+        assert_eq!(v, [(0, 12), (12, 524), (524, 1036), (1036, 1100)]);
+        assert_eq!(sectors(0, 0).count(), 0);
+        assert_eq!(sectors(1024, 512).collect::<Vec<_>>(), [(0, 512)]);
+    }
+}

@@ -4,6 +4,7 @@
 //! traffic closes only that connection, and every queue and buffer is bounded. It knows
 //! nothing about caching; volumes are just devices.
 
+pub mod client;
 mod handshake;
 pub mod proto;
 mod server;

@@ -4,4 +4,5 @@
 pub mod admin;
 pub mod cmd;
 pub mod config;
+pub mod crashtest;
 pub mod volume;

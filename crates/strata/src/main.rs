@@ -27,6 +27,8 @@ enum Command {
     Cache(cmd::cache::CacheArgs),
     /// Replay a block trace (or a synthetic workload) through cache policies.
     Sim(strata_sim::cli::SimArgs),
+    /// Crash a writeback cache at seeded points and count lost writes.
+    Crashtest(cmd::crashtest::CrashtestArgs),
 }
 
 fn main() {
@@ -37,6 +39,7 @@ fn main() {
         Command::Status(a) => cmd::status::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Sim(a) => strata_sim::cli::run(a),
+        Command::Crashtest(a) => cmd::crashtest::run(a),
     };
     if let Err(e) = result {
         eprintln!("strata: error: {e:#}");

@@ -2,3 +2,4 @@ pub mod serve;
 pub mod status;
 pub mod demo;
 pub mod cache;
+pub mod crashtest;

@@ -1,0 +1,393 @@
+//! Crash consistency checking: random workloads whose every sector says which write made it,
+//! an oracle of what may be on the device after a crash, and the runner behind
+//! `strata crashtest`. After a crash each 512-byte sector must hold its last durable value
+//! (made durable by a completed FLUSH or FUA write) or something written to it later; any
+//! other content is a lost write if it is an older value, and a check failure if it is
+//! something never written there at all.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeSet;
+
+pub const SECTOR: u64 = 512;
+
+/// What a sector may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Val {
+    Zero,
+    Id(u64),
+    /// After a trim: zeroes or anything ever written there.
+    Trimmed,
+}
+
+#[derive(Clone, Default)]
+struct SectorState {
+    /// Values allowed by the last durability point.
+    durable: Vec<Val>,
+    /// Values written since (acknowledged or in flight).
+    since: Vec<Val>,
+    /// Every id ever written to this sector.
+    ever: BTreeSet<u64>,
+}
+
+/// One step of the workload.
+#[derive(Clone, Debug)]
+pub enum Step {
+    Write { id: u64, offset: u64, len: u64, fua: bool },
+    Flush,
+    Trim { offset: u64, len: u64 },
+    Zero { offset: u64, len: u64 },
+}
+
+/// Bytes of write `id` for the sectors starting at `first`: each sector carries the id and
+/// its own number, then a pattern derived from both.
+pub fn payload(id: u64, first: u64, sectors: u64) -> Vec<u8> {
+    let mut out = vec![0u8; (sectors * SECTOR) as usize];
+    for (i, s) in out.chunks_mut(SECTOR as usize).enumerate() {
+        let sector = first + i as u64;
+        s[..8].copy_from_slice(&id.to_le_bytes());
+        s[8..16].copy_from_slice(&sector.to_le_bytes());
+        let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ sector.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) | 1;
+        for w in s[16..].chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
+        }
+    }
+    out
+}
+
+/// Reads what a sector holds: zeroes, a write's id, or `None` for anything else.
+pub fn decode(sector: u64, data: &[u8]) -> Option<Val> {
+    if data.iter().all(|&b| b == 0) {
+        return Some(Val::Zero);
+    }
+    let id = u64::from_le_bytes(data[..8].try_into().unwrap());
+    (id != 0 && payload(id, sector, 1) == data).then_some(Val::Id(id))
+}
+
+pub struct Oracle {
+    sectors: Vec<SectorState>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub sectors: u64,
+    /// Sectors holding an older value than their last durable one.
+    pub lost: u64,
+    /// Sectors holding something never written there.
+    pub garbage: u64,
+}
+
+impl Oracle {
+    /// A device of `size` bytes that starts all zero.
+    pub fn new(size: u64) -> Oracle {
+        let init = SectorState { durable: vec![Val::Zero], ..Default::default() };
+        Oracle { sectors: vec![init; (size / SECTOR) as usize] }
+    }
+
+    fn range(offset: u64, len: u64) -> std::ops::Range<usize> {
+        (offset / SECTOR) as usize..((offset + len) / SECTOR) as usize
+    }
+
+    /// Records a step as issued. Steps are issued one at a time; `durable` says whether it
+    /// also completed with durability (a FUA write or trim/zero followed by nothing).
+    pub fn issue(&mut self, step: &Step) {
+        match *step {
+            Step::Write { id, offset, len, .. } => {
+                for s in &mut self.sectors[Self::range(offset, len)] {
+                    s.since.push(Val::Id(id));
+                    s.ever.insert(id);
+                }
+            }
+            Step::Trim { offset, len } => {
+                for s in &mut self.sectors[Self::range(offset, len)] {
+                    s.since.push(Val::Trimmed);
+                }
+            }
+            Step::Zero { offset, len } => {
+                for s in &mut self.sectors[Self::range(offset, len)] {
+                    s.since.push(Val::Zero);
+                }
+            }
+            Step::Flush => {}
+        }
+    }
+
+    /// Records that a step completed. A flush makes every earlier step durable; a FUA write
+    /// makes itself durable.
+    pub fn complete(&mut self, step: &Step) {
+        match *step {
+            Step::Flush => {
+                for s in &mut self.sectors {
+                    if let Some(last) = s.since.last().copied() {
+                        s.durable = vec![last];
+                        s.since.clear();
+                    }
+                }
+            }
+            Step::Write { id, offset, len, fua: true } => {
+                for s in &mut self.sectors[Self::range(offset, len)] {
+                    s.durable = vec![Val::Id(id)];
+                    s.since.clear();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Checks a device image (or the part of it starting at sector 0) against the oracle.
+    pub fn verify(&self, image: &[u8]) -> Verdict {
+        let mut v = Verdict::default();
+        for (i, s) in self.sectors.iter().enumerate() {
+            let data = &image[i * SECTOR as usize..(i + 1) * SECTOR as usize];
+            v.sectors += 1;
+            let allowed = |val: Val| {
+                s.durable.iter().chain(&s.since).any(|a| match (a, val) {
+                    (Val::Trimmed, Val::Zero) => true,
+                    (Val::Trimmed, Val::Id(id)) => s.ever.contains(&id),
+                    (a, b) => *a == b,
+                })
+            };
+            match decode(i as u64, data) {
+                Some(val) if allowed(val) => {}
+                Some(Val::Id(id)) if s.ever.contains(&id) => v.lost += 1,
+                Some(Val::Zero) => v.lost += 1, // the durable write vanished
+                _ => v.garbage += 1,
+            }
+        }
+        v
+    }
+}
+
+/// A random mixed workload over the first `span` bytes of a device: writes of many sizes
+/// (some FUA), flushes, trims and write-zeroes, all sector aligned.
+pub fn workload(seed: u64, steps: usize, span: u64) -> Vec<Step> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let sectors = span / SECTOR;
+    let mut next_id = seed.wrapping_mul(1_000_000) + 1;
+    (0..steps)
+        .map(|_| {
+            let len_sectors = match rng.gen_range(0..10) {
+                0..=4 => rng.gen_range(1..=8),
+                5..=7 => rng.gen_range(8..=128),
+                _ => rng.gen_range(128..=512),
+            }
+            .min(sectors);
+            let first = rng.gen_range(0..=sectors - len_sectors);
+            let (offset, len) = (first * SECTOR, len_sectors * SECTOR);
+            match rng.gen_range(0..100) {
+                0..=69 => {
+                    next_id += 1;
+                    Step::Write { id: next_id, offset, len, fua: rng.gen_bool(0.1) }
+                }
+                70..=84 => Step::Flush,
+                85..=92 => Step::Trim { offset, len },
+                _ => Step::Zero { offset, len },
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oracle_accepts_durable_and_later_values_only() {
+        let mut o = Oracle::new(4 * SECTOR);
+        let w1 = Step::Write { id: 1, offset: 0, len: 2 * SECTOR, fua: false };
+        let w2 = Step::Write { id: 2, offset: 0, len: SECTOR, fua: false };
+        o.issue(&w1);
+        o.complete(&w1);
+        o.issue(&Step::Flush);
+        o.complete(&Step::Flush);
+        o.issue(&w2);
+        o.complete(&w2);
+        let mut img = vec![0u8; 4 * 512];
+        img[..1024].copy_from_slice(&payload(1, 0, 2));
+        assert_eq!(o.verify(&img), Verdict { sectors: 4, lost: 0, garbage: 0 });
+        img[..512].copy_from_slice(&payload(2, 0, 1));
+        assert_eq!(o.verify(&img).lost, 0, "a later unflushed write may survive");
+        img[512..1024].fill(0);
+        assert_eq!(o.verify(&img).lost, 1, "sector 1 lost its flushed write");
+        img[1024..1536].copy_from_slice(&payload(1, 2, 1));
+        assert_eq!(o.verify(&img).garbage, 1, "write 1 never reached sector 2");
+        img[1024..1536].fill(0);
+        img[1536 + 100] = 1;
+        assert_eq!(o.verify(&img).garbage, 1, "bytes no write produced");
+    }
+}
+
+/// How a kill -9 crash point is set up.
+pub struct KillSetup {
+    /// The strata binary to run as the server.
+    pub strata: std::path::PathBuf,
+    /// Scratch directory (one subdirectory per point).
+    pub dir: std::path::PathBuf,
+    pub origin_bytes: u64,
+    pub cache_bytes: u64,
+    pub steps: usize,
+}
+
+/// The outcome of one crash point.
+#[derive(Debug, Clone)]
+pub struct PointOutcome {
+    pub seed: u64,
+    pub verdict: Verdict,
+    /// `strata cache check` failed (after the crash, or after the recovered run).
+    pub check_failures: u32,
+    pub detail: String,
+}
+
+fn run_strata(setup: &KillSetup, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    Ok(std::process::Command::new(&setup.strata).args(args).output()?)
+}
+
+struct ServerProc {
+    child: std::process::Child,
+}
+
+impl ServerProc {
+    fn start(setup: &KillSetup, sock: &std::path::Path, cache: &std::path::Path, log: &std::path::Path) -> anyhow::Result<Self> {
+        let _ = std::fs::remove_file(sock);
+        let child = std::process::Command::new(&setup.strata)
+            .args(["serve", "--unix"])
+            .arg(sock)
+            .arg(format!("vol=cache:{}", cache.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log)?)
+            .spawn()?;
+        let mut me = ServerProc { child };
+        for _ in 0..400 {
+            if std::os::unix::net::UnixStream::connect(sock).is_ok() {
+                return Ok(me);
+            }
+            if let Some(st) = me.child.try_wait()? {
+                anyhow::bail!("server exited ({st}): {}", std::fs::read_to_string(log).unwrap_or_default());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        me.kill();
+        anyhow::bail!("server never listened on {}", sock.display())
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let st = self.child.wait()?;
+        anyhow::ensure!(st.success(), "server exited with {st} at SIGTERM");
+        Ok(())
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+async fn apply(c: &mut strata_nbd::client::Client<tokio::net::UnixStream>, step: &Step) -> std::io::Result<()> {
+    match *step {
+        Step::Write { id, offset, len, fua } => c.write(offset, &payload(id, offset / SECTOR, len / SECTOR), fua).await,
+        Step::Flush => c.flush().await,
+        Step::Trim { offset, len } => c.trim(offset, len as u32).await,
+        Step::Zero { offset, len } => c.write_zeroes(offset, len as u32, false).await,
+    }
+}
+
+/// One kill -9 crash point: a writeback cache over a file origin is driven by a random
+/// workload through NBD and killed at a seeded step (mid-request); then the metadata is
+/// checked, the cache restarted, every sector verified against the oracle, and the
+/// metadata checked again after a clean stop.
+pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOutcome> {
+    let dir = setup.dir.join(format!("point-{seed}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let (origin, cache, sock, log) = (dir.join("origin.img"), dir.join("cache.img"), dir.join("s.sock"), dir.join("server.log"));
+    let out = run_strata(
+        setup,
+        &[
+            "cache",
+            "create",
+            "--origin",
+            &format!("{}?size={}", origin.display(), setup.origin_bytes),
+            "--cache",
+            &format!("{}?size={}", cache.display(), setup.cache_bytes),
+            "--block-size",
+            "32KiB",
+            "--migration-budget",
+            "0",
+            "--sequential-cutoff",
+            "0",
+            "--writeback-percent",
+            "30",
+        ],
+    )?;
+    anyhow::ensure!(out.status.success(), "cache create: {}", String::from_utf8_lossy(&out.stderr));
+
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    let steps = workload(seed, setup.steps, setup.origin_bytes);
+    let kill_at = rng.gen_range(setup.steps / 4..setup.steps);
+    let mut oracle = Oracle::new(setup.origin_bytes);
+    let mut server = ServerProc::start(setup, &sock, &cache, &log)?;
+    {
+        let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
+        for step in &steps[..kill_at] {
+            oracle.issue(step);
+            apply(&mut c, step).await?;
+            oracle.complete(step);
+        }
+        // The last step is in flight when the server dies.
+        let last = steps[kill_at].clone();
+        oracle.issue(&last);
+        let delay = std::time::Duration::from_micros(rng.gen_range(0..3000));
+        let inflight = tokio::spawn(async move {
+            let _ = apply(&mut c, &last).await;
+        });
+        tokio::time::sleep(delay).await;
+        server.kill();
+        inflight.abort();
+    }
+
+    let mut check_failures = 0;
+    let mut detail = String::new();
+    let check = run_strata(setup, &["cache", "check", &cache.display().to_string()])?;
+    if !check.status.success() {
+        check_failures += 1;
+        detail.push_str(&format!("check after crash: {}\n", String::from_utf8_lossy(&check.stdout)));
+    }
+    let server = ServerProc::start(setup, &sock, &cache, &log)?;
+    let mut image = Vec::with_capacity(setup.origin_bytes as usize);
+    {
+        let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
+        let mut pos = 0;
+        while pos < setup.origin_bytes {
+            let n = (setup.origin_bytes - pos).min(1 << 20);
+            image.extend_from_slice(&c.read(pos, n as u32).await?);
+            pos += n;
+        }
+        c.disconnect().await?;
+    }
+    server.stop()?;
+    let check = run_strata(setup, &["cache", "check", &cache.display().to_string()])?;
+    if !check.status.success() {
+        check_failures += 1;
+        detail.push_str(&format!("check after recovery: {}\n", String::from_utf8_lossy(&check.stdout)));
+    }
+    let verdict = oracle.verify(&image);
+    if verdict.lost == 0 && verdict.garbage == 0 && check_failures == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        detail.push_str(&format!("kept {} for inspection; killed at step {kill_at}\n", dir.display()));
+    }
+    Ok(PointOutcome { seed, verdict, check_failures, detail })
+}

@@ -1,0 +1,240 @@
+//! The benchmark suite at a tiny scale: `bench/run.py all --scale 0.01` against the binary
+//! under test must run every experiment, stop everything it started, and leave a
+//! well-formed summary.json, CSV files and PNG plots with the expected series. No timing
+//! is judged here: figures belong to benchmarks, never to tests.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The whole suite at this scale takes well under a minute on 2 cores.
+const SCALE: &str = "0.01";
+const TIMEOUT: Duration = Duration::from_secs(170);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn have(prog: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].iter().map(PathBuf::from))
+        .any(|d| d.join(prog).is_file())
+}
+
+/// Why the git experiment cannot run here (it must then report itself skipped).
+fn git_unavailable() -> Option<String> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (losetup, mount)".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Some("no loop devices".into());
+    }
+    for t in ["nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "fusermount3", "git"] {
+        if !have(t) {
+            return Some(format!("{t} is not installed"));
+        }
+    }
+    None
+}
+
+fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let header: Vec<String> = lines.next().unwrap_or_else(|| panic!("{} is empty", path.display())).split(',').map(String::from).collect();
+    let rows: Vec<Vec<String>> = lines.map(|l| l.split(',').map(String::from).collect()).collect();
+    assert!(!rows.is_empty(), "{} has a header but no rows", path.display());
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.len(), header.len(), "{} row {} has {} fields, the header {}", path.display(), i + 2, r.len(), header.len());
+    }
+    (header, rows)
+}
+
+fn column(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<String> {
+    let i = header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name} in {header:?}"));
+    rows.iter().map(|r| r[i].clone()).collect()
+}
+
+fn check_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{} is not a PNG", path.display());
+    assert!(bytes.len() > 5_000, "{} is suspiciously small ({} bytes)", path.display(), bytes.len());
+    assert!(bytes.len() < 400_000, "{} is too large for the docs ({} bytes)", path.display(), bytes.len());
+}
+
+fn names(v: &serde_json::Value) -> Vec<String> {
+    v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
+}
+
+#[test]
+fn the_benchmark_suite_runs_at_a_tiny_scale() {
+    for tool in ["python3", "fio", "nbdkit"] {
+        if !have(tool) {
+            eprintln!("SKIP: the_benchmark_suite_runs_at_a_tiny_scale: {tool} is not installed (see scripts/setup.sh)");
+            return;
+        }
+    }
+    let mpl = Command::new("python3").args(["-c", "import matplotlib"]).output().unwrap();
+    if !mpl.status.success() {
+        eprintln!("SKIP: the_benchmark_suite_runs_at_a_tiny_scale: matplotlib is not installed (see scripts/setup.sh)");
+        return;
+    }
+    let tmp = tempfile::Builder::new().prefix("bench").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = tmp.path().join("out");
+    let started = Instant::now();
+    let mut child = Command::new("python3")
+        .arg(repo_root().join("bench/run.py"))
+        .args(["all", "--scale", SCALE, "--out"])
+        .arg(&out)
+        .env("STRATA_BIN", env!("CARGO_BIN_EXE_strata"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting bench/run.py");
+    let mut stderr_pipe = child.stderr.take().unwrap();
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr_pipe.read_to_string(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > TIMEOUT {
+            // run.py stops everything it started on SIGTERM.
+            // SAFETY: plain syscall on our own child.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            std::thread::sleep(Duration::from_secs(30));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("bench/run.py did not finish within {TIMEOUT:?}:\n{}", errs.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = errs.join().unwrap();
+    eprintln!("{log}");
+    eprintln!("bench/run.py all --scale {SCALE}: {:.1} s", started.elapsed().as_secs_f64());
+    assert!(status.success(), "bench/run.py failed ({status}):\n{log}");
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json")).expect("summary.json parses");
+    assert_eq!(summary["scale"].as_f64(), Some(0.01));
+    let exps = &summary["experiments"];
+    let mut got = names(exps);
+    got.sort();
+    assert_eq!(got, ["git", "mixed", "overhead", "small-cache", "warmup"]);
+
+    // Every experiment: status, and every file it lists exists and is well formed.
+    let git_skip = git_unavailable();
+    for (name, e) in exps.as_object().unwrap() {
+        let status = e["status"].as_str().unwrap_or("?");
+        if name == "git" {
+            if let Some(why) = &git_skip {
+                eprintln!("SKIP: the git experiment needs what is missing here: {why}");
+                assert_eq!(status, "skipped", "git should report itself skipped: {e}");
+                continue;
+            }
+        }
+        assert_eq!(status, "ok", "{name}: {}", e["error"]);
+        let dir = out.join(name.replace('-', "_"));
+        assert!(dir.join("summary.json").exists(), "{name}/summary.json");
+        let files = e["files"].as_array().unwrap_or_else(|| panic!("{name} lists no files"));
+        assert!(files.iter().any(|f| f.as_str().unwrap().ends_with(".png")), "{name} has no plot");
+        for f in files {
+            let p = dir.join(f.as_str().unwrap());
+            if p.extension().unwrap() == "png" {
+                check_png(&p);
+            } else {
+                read_csv(&p);
+            }
+        }
+    }
+
+    // warmup: every series measured, IOPS over time for each, hit ratio for strata's.
+    let w = &exps["warmup"];
+    let series = [
+        "HDD origin alone",
+        "fast file alone",
+        "strata warm (all hits)",
+        "strata empty cache",
+        "strata cache full of junk",
+        "nbdkit cache filter",
+        "HDD origin alone 50/50",
+        "strata writeback 50/50",
+    ];
+    for s in series {
+        let iops = w["series"][s]["avg_iops"].as_f64().unwrap_or_else(|| panic!("warmup: no IOPS for {s}"));
+        assert!(iops > 0.0, "warmup: {s}: {iops} IOPS");
+    }
+    for s in ["strata warm (all hits)", "strata empty cache", "strata cache full of junk", "strata writeback 50/50"] {
+        let h = w["series"][s]["hit_ratio_total"].as_f64().unwrap_or_else(|| panic!("warmup: no hit ratio for {s}"));
+        assert!((0.0..=1.0).contains(&h), "warmup: {s}: hit ratio {h}");
+    }
+    assert!(w["derived"]["warm_over_fast_file"].as_f64().is_some());
+    let (h, rows) = read_csv(&out.join("warmup/iops.csv"));
+    let in_csv = column(&h, &rows, "series");
+    for s in series {
+        assert!(in_csv.iter().any(|x| x == s), "warmup/iops.csv has no rows for {s}");
+    }
+    let (h, rows) = read_csv(&out.join("warmup/hit_ratio.csv"));
+    assert!(column(&h, &rows, "series").iter().any(|x| x == "strata empty cache"));
+
+    // small-cache: both live runs and the simulated policies, OPT among them.
+    let sc = &exps["small-cache"];
+    let mut live = names(&sc["live"]);
+    live.sort();
+    assert_eq!(live, ["smq (live)", "strata (live)"]);
+    for p in ["opt", "strata", "smq", "lru"] {
+        let h = sc["sim"][p]["hit_ratio"].as_f64().unwrap_or_else(|| panic!("small-cache: no simulated {p}"));
+        assert!((0.0..=1.0).contains(&h));
+    }
+    assert!(sc["derived"]["trace_requests"].as_u64().unwrap() > 0, "the recorded trace is empty");
+
+    // mixed: every config x workload x pass, plus the origin.
+    let (h, rows) = read_csv(&out.join("mixed/times.csv"));
+    let configs = column(&h, &rows, "config");
+    let workloads = column(&h, &rows, "workload");
+    for c in ["origin alone", "strata writeback", "strata writethrough", "nbdkit cache filter"] {
+        assert!(configs.iter().any(|x| x == c), "mixed: no rows for {c}");
+    }
+    for wl in ["100% read", "50/50", "100% write"] {
+        assert!(workloads.iter().any(|x| x == wl), "mixed: no rows for {wl}");
+    }
+    for t in column(&h, &rows, "time_s") {
+        assert!(t.parse::<f64>().unwrap() > 0.0);
+    }
+
+    // git: the origin and at least one cache size, both phases timed.
+    if git_skip.is_none() {
+        let (h, rows) = read_csv(&out.join("git/times.csv"));
+        let configs = column(&h, &rows, "config");
+        assert!(configs.iter().any(|x| x == "origin alone"));
+        assert!(configs.iter().any(|x| x.starts_with("strata ")));
+        for col in ["clone_s", "checkout_s"] {
+            for t in column(&h, &rows, col) {
+                assert!(t.parse::<f64>().unwrap() > 0.0, "git: {col} = {t}");
+            }
+        }
+    }
+
+    // overhead: every series in both directions, and the ratios.
+    let o = &exps["overhead"];
+    for s in ["strata file (O_DIRECT)", "strata mem", "nbdkit file", "nbdkit memory", "fio io_uring O_DIRECT on the file"] {
+        for rw in ["randread", "randwrite"] {
+            assert!(o["results"][format!("{s} {rw}")]["iops"].as_f64().is_some(), "overhead: no {s} {rw}");
+        }
+    }
+    assert_eq!(names(&o["ratios"]).len(), 8);
+
+    // Nothing left behind: the scratch folder is gone.
+    let scratch = summary["scratch"].as_str().expect("summary.json names its scratch folder");
+    assert!(!Path::new(scratch).exists(), "the scratch folder {scratch} was left behind");
+    assert!(!log.contains("Traceback"), "a traceback in the log:\n{log}");
+}

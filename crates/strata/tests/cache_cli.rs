@@ -1,0 +1,208 @@
+//! `strata cache` on bad input: every refusal is clear and overwrites nothing.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn create(dir: &Path, extra: &[&str]) -> Output {
+    let origin = format!("{}?size=32MiB", dir.join("origin.img").display());
+    let cache = format!("{}?size=8MiB", dir.join("cache.img").display());
+    let mut args = vec!["cache", "create", "--origin", &origin, "--cache", &cache];
+    args.extend_from_slice(extra);
+    strata(&args)
+}
+
+#[test]
+fn create_check_and_dump_a_fresh_cache() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let o = create(d.path(), &["--block-size", "32KiB", "--mode", "writethrough", "--policy", "smq"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cache = d.path().join("cache.img");
+    let c = strata(&["cache", "check", cache.to_str().unwrap()]);
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stdout));
+    assert!(String::from_utf8_lossy(&c.stdout).contains("metadata ok"));
+    let dump = strata(&["cache", "dump", cache.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&dump.stdout).unwrap();
+    assert_eq!(v["superblock"]["mode"], "writethrough");
+    assert_eq!(v["superblock"]["policy"], "smq");
+    assert_eq!(v["superblock"]["block_size"], 32768);
+    assert_eq!(v["superblock"]["origin_bytes"], 32 << 20);
+    assert!(!v["superblock"]["origin_spec"].as_str().unwrap().contains("size="), "size= is not recorded");
+}
+
+#[test]
+fn refuses_to_overwrite_recognisable_data_without_force() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    assert!(create(d.path(), &[]).status.success());
+    let before = std::fs::read(d.path().join("cache.img")).unwrap();
+    let again = create(d.path(), &[]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("holds a strata cache"), "{}", stderr(&again));
+    assert!(std::fs::read(d.path().join("cache.img")).unwrap() == before, "nothing overwritten");
+    // An ext4 file system is recognised too.
+    let fs = d.path().join("fs.img");
+    let mut img = vec![0u8; 8 << 20];
+    img[1080] = 0x53;
+    img[1081] = 0xEF;
+    std::fs::write(&fs, &img).unwrap();
+    let o = strata(&["cache", "create", "--origin", d.path().join("origin.img").to_str().unwrap(), "--cache", fs.to_str().unwrap()]);
+    assert!(stderr(&o).contains("ext2/3/4"), "{}", stderr(&o));
+    assert!(std::fs::read(&fs).unwrap() == img);
+    let forced = strata(&["cache", "create", "--force", "--origin", d.path().join("origin.img").to_str().unwrap(), "--cache", fs.to_str().unwrap()]);
+    assert!(forced.status.success(), "{}", stderr(&forced));
+}
+
+#[test]
+fn refuses_bad_parameters() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for (args, want) in [
+        (vec!["--policy", "nonesuch"], "unknown policy"),
+        (vec!["--mode", "writesideways"], "unknown cache mode"),
+        (vec!["--block-size", "48KiB"], "power of two"),
+        (vec!["--block-size", "4KiB"], "power of two"),
+    ] {
+        let o = create(d.path(), &args);
+        assert!(!o.status.success(), "{args:?} accepted");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+    // A cache device too small for its metadata and one block.
+    let o = strata(&[
+        "cache", "create", "--origin", &format!("{}?size=32MiB", d.path().join("o2.img").display()),
+        "--cache", &format!("{}?size=512KiB", d.path().join("tiny.img").display()),
+    ]);
+    assert!(stderr(&o).contains("too small"), "{}", stderr(&o));
+    // An origin that cannot be opened.
+    let o = strata(&["cache", "create", "--origin", "/nonexistent/origin.img", "--cache", &format!("{}?size=8MiB", d.path().join("c3.img").display())]);
+    assert!(stderr(&o).contains("cannot open the origin"), "{}", stderr(&o));
+    assert!(!d.path().join("c3.img").exists() || std::fs::read(d.path().join("c3.img")).unwrap().iter().all(|&b| b == 0));
+}
+
+fn serve_fails(dir: &Path, spec: &str) -> String {
+    let sock = dir.join("s.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--unix", sock.to_str().unwrap(), &format!("vol={spec}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            assert!(!out.status.success(), "serving {spec} should fail");
+            return stderr(&out);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let _ = child.kill();
+    panic!("serving {spec} did not fail: {}", stderr(&child.wait_with_output().unwrap()));
+}
+
+#[test]
+fn serving_refuses_corrupt_foreign_or_mismatched_caches() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    assert!(create(d.path(), &[]).status.success());
+    let cache = d.path().join("cache.img");
+    let spec = format!("cache:{}", cache.display());
+
+    // Origin size changed.
+    let origin = d.path().join("origin.img");
+    std::fs::OpenOptions::new().write(true).open(&origin).unwrap().set_len(40 << 20).unwrap();
+    assert!(serve_fails(d.path(), &spec).contains("origin size changed"));
+    std::fs::OpenOptions::new().write(true).open(&origin).unwrap().set_len(32 << 20).unwrap();
+
+    // A different origin at the same path (made before the old one goes, so it cannot
+    // reuse its inode).
+    let other = d.path().join("other.img");
+    std::fs::write(&other, vec![0u8; 32 << 20]).unwrap();
+    std::fs::rename(&other, &origin).unwrap();
+    assert!(serve_fails(d.path(), &spec).contains("wrong origin"));
+
+    // A missing origin.
+    std::fs::remove_file(&origin).unwrap();
+    let e = serve_fails(d.path(), &spec);
+    assert!(e.contains("origin") && e.contains("cannot open"), "{e}");
+    assert!(!origin.exists(), "a missing origin is never created");
+
+    // Both superblock copies damaged: clear error, nothing overwritten.
+    let mut img = std::fs::read(&cache).unwrap();
+    img[100] ^= 0xff;
+    img[4096 + 100] ^= 0xff;
+    std::fs::write(&cache, &img).unwrap();
+    assert!(serve_fails(d.path(), &spec).contains("corrupt cache superblock"));
+    let c = strata(&["cache", "check", cache.to_str().unwrap()]);
+    assert!(!c.status.success());
+    assert!(std::fs::read(&cache).unwrap() == img, "a failed open writes nothing");
+
+    // Not a cache at all.
+    let plain = d.path().join("plain.img");
+    std::fs::write(&plain, vec![0u8; 1 << 20]).unwrap();
+    assert!(serve_fails(d.path(), &format!("cache:{}", plain.display())).contains("not a strata cache"));
+}
+
+/// Serves `spec` until the socket answers, then stops it with SIGTERM; returns its stderr.
+fn serve_and_stop(dir: &Path, spec: &str) -> String {
+    let sock = dir.join("s.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--unix", sock.to_str().unwrap(), &format!("vol={spec}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    stderr(&out)
+}
+
+#[test]
+fn one_damaged_superblock_copy_is_survived() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    assert!(create(d.path(), &[]).status.success());
+    let cache = d.path().join("cache.img");
+    let spec = format!("cache:{}", cache.display());
+    serve_and_stop(d.path(), &spec); // both superblock copies now hold a valid version
+    let mut img = std::fs::read(&cache).unwrap();
+    let seq = |at: usize| u64::from_le_bytes(img[at + 16..at + 24].try_into().unwrap());
+    let newest = if seq(0) > seq(4096) { 0 } else { 4096 };
+    img[newest + 300] ^= 0xff;
+    std::fs::write(&cache, &img).unwrap();
+    let c = strata(&["cache", "check", cache.to_str().unwrap()]);
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stdout));
+    serve_and_stop(d.path(), &spec);
+    // Damage a table page copy: the other copy carries it.
+    let mut img = std::fs::read(&cache).unwrap();
+    img[8192 + 64] ^= 0xff;
+    std::fs::write(&cache, &img).unwrap();
+    let c = strata(&["cache", "check", cache.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&c.stdout);
+    // Page 0 was written twice by now (format, open), so one copy survives.
+    assert!(c.status.success(), "{out}");
+    assert!(out.contains("table page 0"), "{out}");
+}
+
+#[test]
+fn every_cache_command_has_help_with_an_example() {
+    for cmd in ["create", "set", "flush", "detach", "check", "dump"] {
+        let o = strata(&["cache", cmd, "--help"]);
+        assert!(o.status.success());
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Example"), "cache {cmd} --help lacks an example");
+    }
+    for cmd in ["serve", "status", "demo", "sim", "crashtest"] {
+        let o = strata(&[cmd, "--help"]);
+        assert!(o.status.success());
+        assert!(String::from_utf8_lossy(&o.stdout).contains("xample"), "{cmd} --help lacks an example");
+    }
+    let o = strata(&["serve", "--bogus"]);
+    assert!(!o.status.success());
+}
