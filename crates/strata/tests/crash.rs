@@ -37,3 +37,11 @@ fn crashtest_command_reports_counts() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(stdout.lines().last(), Some("2 points, 0 lost writes, 0 check failures"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cut_at_seeded_points_loses_no_flushed_write() {
+    for seed in 1..=40 {
+        let out = strata::crashtest::powercut_point(16 << 20, 8 << 20, 300, seed).await.unwrap();
+        assert_eq!((out.verdict.lost, out.verdict.garbage, out.check_failures), (0, 0, 0), "seed {seed}: {:?}\n{}", out.verdict, out.detail);
+    }
+}

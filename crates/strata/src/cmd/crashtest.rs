@@ -4,10 +4,13 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
-use crate::crashtest::{kill_point, KillSetup};
+use crate::crashtest::{kill_point, powercut_point, KillSetup};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum CrashMode {
+    /// Cut power to the cache and origin devices mid-request (in process): unflushed writes
+    /// are kept, dropped or torn at sector granularity, as the seed decides.
+    Powercut,
     /// Kill -9 the server mid-request, restart it, verify.
     Kill,
 }
@@ -21,13 +24,14 @@ later, never an older value (a lost write) and never bytes no write produced.
 The last line reads: N points, L lost writes, C check failures.
 
 Example:
+  strata crashtest --points 1000 --seed 1 --mode powercut
   strata crashtest --points 200 --seed 1 --mode kill")]
 pub struct CrashtestArgs {
     #[arg(long, default_value_t = 20)]
     pub points: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    #[arg(long, value_enum, default_value = "kill")]
+    #[arg(long, value_enum, default_value = "powercut")]
     pub mode: CrashMode,
     /// Scratch directory (points that fail are kept there).
     #[arg(long, default_value = "/var/tmp/strata-crashtest")]
@@ -49,7 +53,10 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
     let (mut lost, mut failures) = (0u64, 0u64);
     for i in 0..a.points {
         let seed = a.seed + i;
-        let out = rt.block_on(kill_point(&setup, seed))?;
+        let out = match a.mode {
+            CrashMode::Kill => rt.block_on(kill_point(&setup, seed))?,
+            CrashMode::Powercut => rt.block_on(powercut_point(setup.origin_bytes, setup.cache_bytes, a.steps, seed))?,
+        };
         let bad = out.verdict.lost + out.verdict.garbage;
         lost += out.verdict.lost;
         failures += out.check_failures as u64 + out.verdict.garbage;
