@@ -1,14 +1,14 @@
-//! `strata demo`: the README's first command. Serves a volume from this process, drives it
-//! with a real NBD client (fio's nbd engine, verifying every block it wrote), shows live
-//! progress from the server's own counters, and ends with a summary table.
+//! `strata demo`: the README's first command. Builds a cached volume over an emulated
+//! 7200 rpm disk, measures the disk alone, then lets fio's nbd engine read a zipf:1.2 hot
+//! spot through the cache while it warms, showing live IOPS and hit ratio from the server's
+//! own counters, and ends with a table against the origin alone.
 
-use crate::admin::Volume;
 use crate::volume;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,135 +17,149 @@ use strata_io::BlockDev;
 use strata_nbd::{Export, Limits, Server};
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata demo --seconds 20")]
+#[command(after_help = "Example:\n  strata demo --seconds 60\n  strata demo --dir /var/tmp/strata-demo --data 512MiB")]
 pub struct DemoArgs {
-    /// Where the demo keeps its files and socket.
+    /// Where the demo keeps its files and socket (recreated on every run).
     #[arg(long, default_value = "strata-demo")]
     pub dir: PathBuf,
-    /// Seconds of load per phase.
-    #[arg(long, default_value_t = 15)]
+    /// Seconds of load through the cache.
+    #[arg(long, default_value_t = 40)]
     pub seconds: u64,
-    /// Size of the demo volume.
-    #[arg(long, default_value = "1GiB", value_parser = |s: &str| strata_io::units::parse_size(s))]
-    pub size: u64,
+    /// Seconds of load on the origin alone.
+    #[arg(long, default_value_t = 10)]
+    pub origin_seconds: u64,
+    /// The region the workload reads (the cache is made this big too).
+    #[arg(long, default_value = "256MiB", value_parser = |s: &str| strata_io::units::parse_size(s))]
+    pub data: u64,
 }
 
-struct Phase {
-    name: &'static str,
-    rw: &'static str,
-}
+type Vol = Arc<StatsDev<Arc<dyn BlockDev>>>;
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    if which("fio").is_none() {
+    if crate::which("fio").is_none() {
         bail!("the demo drives the volume with fio; install it (scripts/setup.sh does)");
     }
+    let _ = std::fs::remove_dir_all(&args.dir);
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize()?;
     let sock = dir.join("nbd.sock");
-    let _ = std::fs::remove_file(&sock);
-    let spec = format!("{}?size={}", dir.join("volume.img").display(), args.size);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let dev = rt.block_on(volume::open(&spec, false))?;
-    let stats = Arc::new(StatsDev::new(dev));
-    let vol = Volume { name: "demo".into(), read_only: false, dev: stats.clone() };
-    println!("strata demo: volume {:?} = {}", vol.name, vol.dev.describe());
-    let server = Server::new(
-        vec![Export { name: "demo".into(), description: "strata demo".into(), dev: stats.clone() as Arc<dyn BlockDev>, read_only: false }],
-        Limits::default(),
-    )
-    .map_err(anyhow::Error::msg)?;
+    let origin_spec = format!("hdd:{}", dir.join("origin.img").display());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+
+    // An origin four times the data, and a cache as big as the data.
+    let origin = strata_io::spec::open(&format!("{origin_spec}?size={}", args.data * 4), false)?;
+    let cache_path = dir.join("cache.img");
+    let cache = strata_io::spec::open(&format!("{}?size={}", cache_path.display(), args.data + (8 << 20)), false)?;
+    let opts = strata_cache::admin::CreateOptions { origin_spec: origin_spec.clone(), ..Default::default() };
+    rt.block_on(strata_cache::admin::create(&*cache, &*origin, &opts))?;
+    drop((origin, cache));
+
+    let open = |spec: String| -> Result<Vol> { Ok(Arc::new(StatsDev::new(rt.block_on(volume::open(&spec, false))?))) };
+    let cached = open(format!("cache:{}", cache_path.display()))?;
+    let plain = open(origin_spec)?;
+    let exports = [("cached", &cached), ("origin", &plain)]
+        .map(|(n, d)| Export { name: n.into(), description: d.describe(), dev: d.clone() as Arc<dyn BlockDev>, read_only: false });
+    let server = Server::new(exports.into(), Limits::default()).map_err(anyhow::Error::msg)?;
     let listener = {
-        let _guard = rt.enter();
+        let _g = rt.enter();
         tokio::net::UnixListener::bind(&sock)?
     };
     let s = server.clone();
     rt.spawn(async move { s.serve_unix(listener).await });
-    let uri = format!("nbd+unix:///demo?socket={}", sock.display());
-    println!("strata demo: serving {uri}\n");
+    println!("strata demo: an emulated 7200 rpm disk ({}), cached by {}", strata_io::units::format_size(args.data * 4), cached.describe());
+    println!("workload: fio --ioengine=nbd, 4 KiB random reads, zipf:1.2 over {}, iodepth 8\n", strata_io::units::format_size(args.data));
 
-    let phases = [
-        Phase { name: "random writes, 4 KiB, crc32c on every block", rw: "randwrite" },
-        Phase { name: "random reads, verifying what was written", rw: "randread" },
-    ];
-    let mut rows = Vec::new();
-    let region = (args.size / 4).max(16 << 20);
-    for (i, p) in phases.iter().enumerate() {
-        let before = (stats.op("read").requests.load(Relaxed), stats.op("write").requests.load(Relaxed));
-        let mut fio = Command::new("fio");
-        fio.args([
-            "--name=demo",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            &format!("--rw={}", p.rw),
-            "--bs=4k",
-            "--iodepth=16",
-            &format!("--size={region}"),
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--randseed=42",
-            "--output-format=json",
-        ]);
-        if p.rw == "randwrite" {
-            fio.args([format!("--runtime={}", args.seconds), "--time_based=0".into(), "--do_verify=0".into()]);
-        } else {
-            fio.args(["--verify_only=1".to_string()]);
-            fio.arg("--rw=randwrite"); // verify_only replays the write pattern as reads
-        }
-        let child = fio.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn()?;
-        let bar = ProgressBar::new(args.seconds * 10);
-        bar.set_style(ProgressStyle::with_template(&format!("[{}/{}] {{prefix}} {{msg}}", i + 1, phases.len()))?);
-        bar.set_prefix(p.name);
-        let start = Instant::now();
-        let mut last = (start, before.0 + before.1);
-        let out = std::thread::scope(|scope| {
-            let h = scope.spawn(|| child.wait_with_output());
-            while !h.is_finished() {
-                std::thread::sleep(Duration::from_millis(500));
-                let now = (stats.op("read").requests.load(Relaxed), stats.op("write").requests.load(Relaxed));
-                let total = now.0 + now.1;
-                let iops = (total - last.1) as f64 / last.0.elapsed().as_secs_f64();
-                last = (Instant::now(), total);
-                bar.set_message(format!("{:>8.0} IOPS  {:>7.1} s", iops, start.elapsed().as_secs_f64()));
-                bar.tick();
-            }
-            h.join().expect("fio waiter")
-        })?;
-        bar.finish();
-        if !out.status.success() {
-            bail!("fio failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-        }
-        let report = fio_json(&out.stdout)?;
-        let job = &report["jobs"][0];
-        let side = if p.rw == "randwrite" && job["write"]["io_bytes"].as_u64().unwrap_or(0) > 0 { "write" } else { "read" };
-        rows.push((
-            p.name,
-            job[side]["iops"].as_f64().unwrap_or(0.0),
-            job[side]["clat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0,
-            job[side]["io_bytes"].as_u64().unwrap_or(0),
-        ));
-    }
+    let origin_run = phase(&sock, "origin", &plain, None, args.origin_seconds, args.data, "origin alone")?;
+    let cached_run = phase(&sock, "cached", &cached, Some(&cached), args.seconds, args.data, "through the cache")?;
+
     rt.block_on(async {
         server.shutdown();
         server.wait_idle().await;
-        stats.flush().await
+        cached.shutdown().await
     })?;
-    println!("\n{:<50} {:>10} {:>12} {:>12}", "phase", "IOPS", "mean lat us", "MiB");
-    for (name, iops, lat, bytes) in rows {
-        println!("{name:<50} {iops:>10.0} {lat:>12.1} {:>12.1}", bytes as f64 / 1048576.0);
-    }
-    println!("\nEvery block fio wrote was read back over NBD and matched its crc32c.");
     let _ = std::fs::remove_file(&sock);
+    let status = cached.status().unwrap_or_default();
+    let first = cached_run.samples.iter().take(20).map(|s| s.1).sum::<f64>() / cached_run.samples.len().clamp(1, 20) as f64;
+    let n = cached_run.samples.len();
+    let last = cached_run.samples.iter().skip(n.saturating_sub(20)).map(|s| s.1).sum::<f64>() / n.clamp(1, 20) as f64;
+    println!("\n{:<34} {:>10} {:>10}", "", "IOPS", "vs origin");
+    let row = |name: &str, iops: f64| println!("{name:<34} {iops:>10.0} {:>9.1}x", iops / origin_run.iops.max(1.0));
+    row("origin alone (hdd model)", origin_run.iops);
+    row("cached, first 10 s (warming)", first);
+    row("cached, last 10 s (warm)", last);
+    row("cached, whole run", cached_run.iops);
+    println!(
+        "\nhit ratio {:.1}% over the last 10 s; {} promotions; cache {} of {} blocks used",
+        status["hit_ratio_10s"].as_f64().unwrap_or(0.0) * 100.0,
+        status["promotions"],
+        status["cached_blocks"],
+        status["cache_blocks"]
+    );
+    println!("the served volume and its cache are in {}", dir.display());
     Ok(())
 }
 
-/// fio's JSON report, skipping any notes it prints before it.
-pub fn fio_json(stdout: &[u8]) -> Result<serde_json::Value> {
-    let text = String::from_utf8_lossy(stdout);
-    let start = text.find("\n{").map(|i| i + 1).or_else(|| text.starts_with('{').then_some(0));
-    let json = start.map(|i| &text[i..]).context("fio printed no JSON report")?;
-    serde_json::from_str(json).context("parsing fio's JSON report")
+struct PhaseResult {
+    iops: f64,
+    /// (seconds, IOPS, hit ratio) every half second.
+    samples: Vec<(f64, f64, f64)>,
 }
 
-pub fn which(prog: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(prog)).find(|p| p.is_file())
+fn phase(sock: &Path, export: &str, vol: &Vol, cache: Option<&Vol>, seconds: u64, data: u64, label: &str) -> Result<PhaseResult> {
+    let uri = format!("nbd+unix:///{export}?socket={}", sock.display());
+    let child = Command::new("fio")
+        .args([
+            "--name=demo",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randread",
+            "--bs=4k",
+            "--iodepth=8",
+            "--random_distribution=zipf:1.2",
+            &format!("--size={data}"),
+            &format!("--runtime={seconds}"),
+            "--time_based",
+            "--randseed=42",
+            "--output-format=json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let bar = ProgressBar::new(seconds * 10);
+    bar.set_style(ProgressStyle::with_template("{prefix:<18} [{bar:30}] {msg}")?.progress_chars("=> "));
+    bar.set_prefix(label.to_string());
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    let out = std::thread::scope(|scope| {
+        let h = scope.spawn(|| child.wait_with_output());
+        let (mut last_t, mut last_n) = (Instant::now(), vol.op("read").requests.load(Relaxed));
+        let mut next_line = 5.0;
+        while !h.is_finished() {
+            std::thread::sleep(Duration::from_millis(500));
+            let n = vol.op("read").requests.load(Relaxed);
+            let iops = (n - last_n) as f64 / last_t.elapsed().as_secs_f64();
+            (last_t, last_n) = (Instant::now(), n);
+            let t = start.elapsed().as_secs_f64();
+            let hit = cache.and_then(|c| c.status()).and_then(|s| s["hit_ratio_10s"].as_f64()).unwrap_or(0.0);
+            samples.push((t, iops, hit));
+            let msg = match cache {
+                Some(_) => format!("{iops:>7.0} IOPS  hit ratio {:>5.1}%  {t:>4.0} s", hit * 100.0),
+                None => format!("{iops:>7.0} IOPS  {t:>4.0} s"),
+            };
+            bar.set_position(((t * 10.0) as u64).min(seconds * 10));
+            bar.set_message(msg.clone());
+            if !tty && t >= next_line {
+                println!("{label}: {msg}");
+                next_line += 5.0;
+            }
+        }
+        h.join().expect("fio waiter")
+    })?;
+    bar.finish();
+    if !out.status.success() {
+        bail!("fio failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    let report = crate::fio_json(&out.stdout)?;
+    Ok(PhaseResult { iops: report["jobs"][0]["read"]["iops"].as_f64().unwrap_or(0.0), samples })
 }
