@@ -78,6 +78,8 @@ enum ReadPlan {
     Hit(u32),
     Miss,
     Promote(u32),
+    /// The policy admitted the block but every free slot's release still awaits a commit.
+    NeedSlot,
 }
 
 enum WritePlan {
@@ -88,6 +90,8 @@ enum WritePlan {
     Origin,
     /// Promote by writing the whole block into a new slot.
     Promote(u32),
+    /// As `ReadPlan::NeedSlot`.
+    NeedSlot,
 }
 
 impl State {
@@ -191,7 +195,13 @@ impl Inner {
         Box::pin(async move {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;
-            let plan = self.plan_read(b, within, n, bypass);
+            let plan = match self.plan_read(b, within, n, bypass) {
+                ReadPlan::NeedSlot => match self.slot_after_commit(b).await {
+                    Some(s) => ReadPlan::Promote(s),
+                    None => ReadPlan::Miss,
+                },
+                plan => plan,
+            };
             match plan {
                 ReadPlan::Hit(s) => {
                     let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(n as usize)).await;
@@ -211,6 +221,7 @@ impl Inner {
                     let exclusive = shard.write_owned().await;
                     self.promote_on_read(b, within, n, s, exclusive, bypass).await
                 }
+                ReadPlan::NeedSlot => unreachable!("resolved above"),
             }
         })
     }
@@ -240,21 +251,47 @@ impl Inner {
                     st.policy.remove(b);
                     return ReadPlan::Miss;
                 }
-                let slot = if self.budget.try_take(self.block) { st.reserve(&self.refs) } else { None };
-                match slot {
+                if !self.budget.try_take(self.block) {
+                    st.policy.remove(b);
+                    Counters::bump(&self.counters.promotions_skipped);
+                    return ReadPlan::Miss;
+                }
+                match st.reserve(&self.refs) {
                     Some(s) => ReadPlan::Promote(s),
-                    None => {
-                        st.policy.remove(b);
-                        Counters::bump(&self.counters.promotions_skipped);
-                        if !st.freed.is_empty() {
-                            self.wake.notify_one(); // a commit gives freed slots back
-                        }
-                        ReadPlan::Miss
-                    }
+                    None => ReadPlan::NeedSlot,
                 }
             }
             _ => ReadPlan::Miss,
         }
+    }
+
+    /// Commits to make freed slots reusable, then takes one, waiting for promotions in
+    /// flight to hand theirs back if need be; if none comes (every slot still in use), the
+    /// promotion of `b` is given up.
+    async fn slot_after_commit(&self, b: u64) -> Option<u32> {
+        for _ in 0..200 {
+            let _ = self.commit().await;
+            let waiting = {
+                let mut st = self.state.lock();
+                if let Some(s) = st.reserve(&self.refs) {
+                    return Some(s);
+                }
+                self.slots_in_flight(&st) > 0
+            };
+            if !waiting {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut st = self.state.lock();
+        st.policy.remove(b);
+        Counters::bump(&self.counters.promotions_skipped);
+        None
+    }
+
+    /// Slots neither mapped nor free: promotions under way.
+    fn slots_in_flight(&self, st: &State) -> usize {
+        st.meta.slots() - st.map.len() - st.free.len() - st.freed.len()
     }
 
     /// A read miss the policy promotes: read the whole block from the origin once, answer
@@ -369,7 +406,13 @@ impl Inner {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;
             let n = data.len() as u64;
-            let plan = self.plan_write(b, within, n, bypass);
+            let plan = match self.plan_write(b, within, n, bypass) {
+                WritePlan::NeedSlot => match self.slot_after_commit(b).await {
+                    Some(s) => WritePlan::Promote(s),
+                    None => WritePlan::Origin,
+                },
+                plan => plan,
+            };
             let origin_off = b * self.block + within;
             match plan {
                 WritePlan::Cache(s) => {
@@ -398,6 +441,7 @@ impl Inner {
                     Ok(dirty && fua)
                 }
                 WritePlan::Origin => self.origin_write(origin_off, data, fua, Kind::Foreground).await.map(|_| false),
+                WritePlan::NeedSlot => unreachable!("resolved above"),
                 WritePlan::Promote(s) => {
                     drop(guard);
                     let _exclusive = shard.write_owned().await;
@@ -494,13 +538,13 @@ impl Inner {
                 let evicted = st.evict(evict, &self.counters);
                 // Only whole-block writes are cached without reading the origin; a partial
                 // write goes to the origin and a later read promotes the block.
-                let slot = if evicted && full && self.budget.try_take(self.block) { st.reserve(&self.refs) } else { None };
-                match slot {
+                if !(evicted && full && self.budget.try_take(self.block)) {
+                    st.policy.remove(b);
+                    return WritePlan::Origin;
+                }
+                match st.reserve(&self.refs) {
                     Some(s) => WritePlan::Promote(s),
-                    None => {
-                        st.policy.remove(b);
-                        WritePlan::Origin
-                    }
+                    None => WritePlan::NeedSlot,
                 }
             }
             _ => WritePlan::Origin,
@@ -715,6 +759,18 @@ where
     futures::future::join_all(futs).await
 }
 
+/// Slots kept out of the policy's reach: a promotion takes a slot whose release is already
+/// durable while the slot it evicted waits for the next commit, so the policy manages all
+/// but a small reserve (1/64 of the slots, 1 to 256).
+pub fn slot_reserve(slots: usize) -> usize {
+    (slots / 64).clamp(1, 256).min(slots.saturating_sub(1))
+}
+
+/// What the policy is given to manage.
+pub fn policy_capacity(slots: usize) -> usize {
+    (slots - slot_reserve(slots)).max(1)
+}
+
 /// The settings a cache is opened with beyond its superblock.
 pub struct OpenOptions {
     pub seed: u64,
@@ -751,7 +807,7 @@ impl CacheDev {
         }
         let slots = sb.slots as usize;
         let params = Params { seed: opts.seed, origin_blocks: Some(sb.origin_blocks()), ..Params::default() };
-        let mut policy = strata_policy::build(&sb.policy, slots, &params)
+        let mut policy = strata_policy::build(&sb.policy, policy_capacity(slots), &params)
             .map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
         let mut map = FxHashMap::default();
         let mut free = Vec::new();
@@ -772,7 +828,7 @@ impl CacheDev {
         };
         if let Some(h) = hints {
             if policy.load_hints(&h).is_err() {
-                policy = strata_policy::build(&sb.policy, slots, &params).expect("built above");
+                policy = strata_policy::build(&sb.policy, policy_capacity(slots), &params).expect("built above");
             }
         }
         // The mapping is authoritative: reconcile the policy with it.
@@ -890,6 +946,7 @@ impl Inner {
             "dirty_blocks": st.policy.dirty_len(),
             "cached_blocks": st.map.len(),
             "cache_blocks": sb.slots,
+            "free_blocks": st.free.len() + st.freed.len(),
             "migration_bytes": c.migration_bytes.load(R),
             "migration_budget_bytes_per_s": self.budget.rate(),
             "sequential_cutoff_bytes": sb.sequential_cutoff_bytes,
@@ -923,7 +980,8 @@ impl Inner {
                 }
                 "policy" => {
                     let params = Params { origin_blocks: Some(st.meta.sb.origin_blocks()), ..Params::default() };
-                    let mut p = strata_policy::build(value, st.meta.slots(), &params).map_err(|e| invalid(e.to_string()))?;
+                    let mut p = strata_policy::build(value, policy_capacity(st.meta.slots()), &params)
+                        .map_err(|e| invalid(e.to_string()))?;
                     let st = &mut *st;
                     for (&b, &s) in &st.map {
                         let _ = p.insert(b, st.meta.entries[s as usize].dirty);
@@ -987,7 +1045,10 @@ async fn background(weak: std::sync::Weak<Inner>) {
             return;
         }
         me.windows.tick(&me.counters);
-        let need_slots = { me.state.lock().free.is_empty() && !me.state.lock().freed.is_empty() };
+        let need_slots = {
+            let st = me.state.lock();
+            !st.freed.is_empty() && st.free.len() <= slot_reserve(st.meta.slots()) / 2
+        };
         if need_slots || last_commit.elapsed() >= COMMIT_INTERVAL || woken {
             if me.commit().await.is_ok() {
                 last_commit = Instant::now();
