@@ -95,6 +95,19 @@ enum WritePlan {
 }
 
 impl State {
+    /// Records a fault and goes to the safe mode: no new dirty data (writeback becomes
+    /// writethrough), while dirty data stays readable where it is and keeps being written
+    /// back. The mode change is in memory; an operator sets it for good with `cache set`.
+    fn fault(&mut self, what: String) {
+        if self.faults.len() >= 64 {
+            self.faults.remove(0);
+        }
+        self.faults.push(what);
+        if self.meta.sb.mode == Mode::Writeback {
+            self.meta.sb.mode = Mode::Writethrough;
+        }
+    }
+
     /// Removes `b` from the mapping (the policy already forgot it); its slot is reusable
     /// after the next commit.
     fn unmap(&mut self, b: u64, counters: &Counters) -> Option<u32> {
@@ -346,7 +359,7 @@ impl Inner {
                 Err(e) => {
                     st.policy.remove(b);
                     st.free.push(s);
-                    st.faults.push(format!("promotion of block {b} into slot {s} failed: {e}"));
+                    st.fault(format!("promotion of block {b} into slot {s} failed: {e}"));
                 }
             }
             drop(st);
@@ -364,7 +377,7 @@ impl Inner {
             return Ok(()); // it moved meanwhile; just retry
         }
         if st.meta.entries[s as usize].dirty {
-            st.faults.push(format!("dirty block {b} unreadable in cache slot {s}: {e}"));
+            st.fault(format!("dirty block {b} unreadable in cache slot {s}: {e}"));
             return Err(Error::new(ErrorKind::Io, format!("cache block {b} (dirty, slot {s}) unreadable: {e}")));
         }
         st.policy.remove(b);
@@ -654,7 +667,7 @@ impl Inner {
             (Some(b), Err(e)) => {
                 st.meta.commit_failed(b);
                 st.freed.extend(freed);
-                st.faults.push(format!("metadata commit failed: {e}"));
+                st.fault(format!("metadata commit failed: {e}"));
             }
             _ => {}
         }
@@ -683,7 +696,7 @@ impl Inner {
             Ok(d) => d,
             Err(e) => {
                 let mut st = self.state.lock();
-                st.faults.push(format!("write-back of block {b}: cache slot {s} unreadable: {e}"));
+                st.fault(format!("write-back of block {b}: cache slot {s} unreadable: {e}"));
                 st.policy.set_dirty(b);
                 return None;
             }
@@ -695,7 +708,7 @@ impl Inner {
             }
             Err(e) => {
                 let mut st = self.state.lock();
-                st.faults.push(format!("write-back of block {b} to the origin failed: {e}"));
+                st.fault(format!("write-back of block {b} to the origin failed: {e}"));
                 st.policy.set_dirty(b);
                 None
             }

@@ -1,0 +1,144 @@
+//! Faults under the cache: the failing request gets an error and nothing else does; a clean
+//! cached block that cannot be read is fetched from the origin and dropped from the cache;
+//! a dirty block is never silently dropped: the volume reports the fault, goes to its safe
+//! mode, and the data stays readable where it is once the device answers again.
+
+use std::sync::Arc;
+use strata_cache::admin::{create, CreateOptions};
+use strata_cache::meta::Meta;
+use strata_cache::{CacheDev, OpenOptions};
+use strata_io::fault::{FaultDev, Faults, Rule};
+use strata_io::mem::MemDev;
+use strata_io::{BlockDev, Buf, ErrorKind};
+
+const BLOCK: u64 = 32 << 10;
+const ORIGIN: u64 = 4 << 20;
+
+struct Rig {
+    dev: CacheDev,
+    origin: Arc<FaultDev<MemDev>>,
+    origin_faults: Faults,
+    cache_faults: Faults,
+    data: std::ops::Range<u64>,
+}
+
+async fn rig(mode: &str) -> Rig {
+    let (origin, origin_faults) = FaultDev::new(MemDev::new(ORIGIN));
+    let (cache, cache_faults) = FaultDev::new(MemDev::new(2 << 20));
+    let (origin, cache) = (Arc::new(origin), Arc::new(cache));
+    let o = CreateOptions {
+        block_bytes: BLOCK as u32,
+        mode: mode.parse().unwrap(),
+        migration_budget_bytes_per_s: 0,
+        writeback_percent: 100, // no background write-back unless asked
+        origin_spec: "mem:faults".into(),
+        ..CreateOptions::default()
+    };
+    let sb = create(&*cache, &*origin, &o).await.unwrap();
+    let (meta, _) = Meta::load(&*cache).await.unwrap();
+    let dev = CacheDev::open(cache, origin.clone(), meta, OpenOptions::default()).await.unwrap();
+    Rig { dev, origin, origin_faults, cache_faults, data: sb.data_offset..sb.data_offset + sb.slots * BLOCK }
+}
+
+fn fill(v: u8) -> Buf {
+    Buf::from_slice(&vec![v; BLOCK as usize])
+}
+
+async fn read(dev: &CacheDev, block: u64) -> strata_io::Result<Vec<u8>> {
+    dev.read(block * BLOCK, Buf::zeroed(BLOCK as usize)).await.map(|b| b.to_vec())
+}
+
+fn status(dev: &CacheDev, key: &str) -> serde_json::Value {
+    dev.status().unwrap()[key].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_block_unreadable_in_cache_is_served_from_origin_and_dropped() {
+    let r = rig("writethrough").await;
+    r.dev.write(3 * BLOCK, fill(7), false).await.unwrap(); // promoted, clean
+    assert_eq!(status(&r.dev, "cached_blocks"), 1);
+    let id = r.cache_faults.add(Rule::read_error(r.data.clone()).always());
+    assert_eq!(read(&r.dev, 3).await.unwrap(), vec![7; BLOCK as usize], "served from the origin");
+    assert!(r.cache_faults.fired(id) >= 1);
+    assert_eq!(status(&r.dev, "cached_blocks"), 0, "dropped from the cache");
+    assert_eq!(status(&r.dev, "degraded"), false, "nothing was lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dirty_block_unreadable_is_reported_never_dropped() {
+    let r = rig("writeback").await;
+    r.dev.write(5 * BLOCK, fill(9), false).await.unwrap(); // dirty in the cache only
+    r.dev.write(6 * BLOCK, fill(4), false).await.unwrap();
+    assert_eq!(status(&r.dev, "dirty_blocks"), 2);
+    let id = r.cache_faults.add(Rule::read_error(r.data.clone()).always());
+    let err = read(&r.dev, 5).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Io);
+    assert_eq!(status(&r.dev, "degraded"), true);
+    assert_eq!(status(&r.dev, "mode"), "writethrough", "safe mode: no new dirty data");
+    assert_eq!(status(&r.dev, "dirty_blocks"), 2, "the dirty blocks are still tracked");
+    // Other IO keeps working meanwhile.
+    r.dev.write(40 * BLOCK, fill(1), false).await.unwrap();
+    assert_eq!(read(&r.dev, 41).await.unwrap(), vec![0; BLOCK as usize]);
+    // The device answers again: the data is where it was, and write-back completes.
+    r.cache_faults.remove(id);
+    assert_eq!(read(&r.dev, 5).await.unwrap(), vec![9; BLOCK as usize]);
+    r.dev.message("flush").await.unwrap();
+    for _ in 0..300 {
+        if status(&r.dev, "dirty_blocks") == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(status(&r.dev, "dirty_blocks"), 0);
+    let mut o = vec![0u8; BLOCK as usize];
+    r.origin.inner().read_into(5 * BLOCK, &mut o).unwrap();
+    assert_eq!(o, vec![9; BLOCK as usize]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_failing_write_back_keeps_the_block_dirty() {
+    let r = rig("writeback").await;
+    r.dev.write(2 * BLOCK, fill(3), false).await.unwrap();
+    let id = r.origin_faults.add(Rule::write_error(0..ORIGIN).always());
+    r.dev.message("flush").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(r.origin_faults.fired(id) >= 1, "write-back was tried");
+    assert_eq!(status(&r.dev, "dirty_blocks"), 1, "still dirty, not dropped");
+    assert_eq!(status(&r.dev, "degraded"), true);
+    assert_eq!(read(&r.dev, 2).await.unwrap(), vec![3; BLOCK as usize], "readable from the cache");
+    r.origin_faults.remove(id);
+    for _ in 0..300 {
+        if status(&r.dev, "dirty_blocks") == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(status(&r.dev, "dirty_blocks"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_errors_reach_only_the_failing_request() {
+    let r = rig("writethrough").await;
+    let id = r.origin_faults.add(Rule::read_error(10 * BLOCK..11 * BLOCK).once());
+    assert_eq!(read(&r.dev, 10).await.unwrap_err().kind, ErrorKind::Io);
+    assert!(read(&r.dev, 11).await.is_ok());
+    assert_eq!(read(&r.dev, 10).await.unwrap(), vec![0; BLOCK as usize], "the rule fired once");
+    assert_eq!(r.origin_faults.fired(id), 1);
+    r.origin_faults.add(Rule::write_error(20 * BLOCK..21 * BLOCK).no_space().once());
+    let err = r.dev.write(20 * BLOCK, fill(2), false).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::NoSpace);
+    r.dev.write(20 * BLOCK, fill(2), false).await.unwrap();
+    assert_eq!(read(&r.dev, 20).await.unwrap(), vec![2; BLOCK as usize]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_metadata_commit_fails_the_flush_and_recovers() {
+    let r = rig("writeback").await;
+    r.dev.write(1 * BLOCK, fill(8), false).await.unwrap();
+    let id = r.cache_faults.add(Rule::write_error(0..r.data.start).always());
+    assert!(r.dev.flush().await.is_err(), "a flush that could not commit says so");
+    assert_eq!(status(&r.dev, "degraded"), true);
+    r.cache_faults.remove(id);
+    r.dev.flush().await.unwrap();
+    assert_eq!(read(&r.dev, 1).await.unwrap(), vec![8; BLOCK as usize]);
+}
