@@ -41,6 +41,12 @@ pub struct Windows {
     snaps: Mutex<VecDeque<(Instant, u64, u64)>>,
 }
 
+impl Default for Windows {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Windows {
     pub fn new() -> Windows {
         Windows { snaps: Mutex::new(VecDeque::new()) }
@@ -131,6 +137,12 @@ pub struct Busy<'a> {
     kind: Kind,
 }
 
+impl Default for OriginMeter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl OriginMeter {
     pub fn new() -> OriginMeter {
         let now = Instant::now();
@@ -171,6 +183,12 @@ impl Drop for Busy<'_> {
 pub struct Streams {
     s: [(u64, u64, u64); 16], // (next offset, contiguous bytes, last use)
     tick: u64,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Streams {

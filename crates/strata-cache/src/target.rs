@@ -223,8 +223,13 @@ impl Inner {
                         Ok(data) => Ok(data),
                         Err(e) => {
                             drop(guard);
-                            self.cache_read_failed(b, s, e).await?;
-                            self.read_piece(b, within, n, bypass).await
+                            if self.cache_read_failed(b, s, e).await? {
+                                // Dropped from the cache: the origin holds the block.
+                                let _g = shard.read_owned().await;
+                                self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await
+                            } else {
+                                self.read_piece(b, within, n, bypass).await
+                            }
                         }
                     }
                 }
@@ -370,11 +375,13 @@ impl Inner {
 
     /// A cached block could not be read from the cache device. A clean one is dropped and
     /// served from the origin; a dirty one exists nowhere else: report it.
-    async fn cache_read_failed(&self, b: u64, s: u32, e: Error) -> Result<()> {
+    /// Returns whether the block was dropped (serve it from the origin) rather than moved
+    /// meanwhile (retry).
+    async fn cache_read_failed(&self, b: u64, s: u32, e: Error) -> Result<bool> {
         Counters::bump(&self.counters.cache_read_errors);
         let mut st = self.state.lock();
         if st.map.get(&b) != Some(&s) {
-            return Ok(()); // it moved meanwhile; just retry
+            return Ok(false);
         }
         if st.meta.entries[s as usize].dirty {
             st.fault(format!("dirty block {b} unreadable in cache slot {s}: {e}"));
@@ -382,7 +389,7 @@ impl Inner {
         }
         st.policy.remove(b);
         st.unmap(b, &self.counters);
-        Ok(())
+        Ok(true)
     }
 
     // --------------------------------------------------------------------------- writes
@@ -467,35 +474,50 @@ impl Inner {
                         drop(_exclusive);
                         return self.write_piece(b, within, data, fua, bypass).await;
                     }
-                    let r = if writeback {
-                        self.cache.write(self.slot_offset(s), data, fua).await.map(|_| ())
+                    // Writeback keeps the data (to fall back on); writethrough has it in the origin.
+                    let r: Result<Option<Buf>> = if writeback {
+                        self.cache.write(self.slot_offset(s), data, fua).await.map(Some)
                     } else {
                         let copy = Buf::from_slice(&data);
                         let (a, c) = tokio::join!(
                             self.origin_write(origin_off, data, fua, Kind::Foreground),
                             self.cache.write(self.slot_offset(s), copy, false)
                         );
-                        a.and(c).map(|_| ())
+                        a.and(c).map(|_| None)
                     };
-                    let mut st = self.state.lock();
-                    match r {
-                        Ok(()) => {
-                            st.map.insert(b, s);
-                            st.meta.set(s, b, true, writeback);
-                            st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
-                            if writeback {
-                                st.policy.set_dirty(b);
+                    let homeless = {
+                        let mut st = self.state.lock();
+                        match r {
+                            Ok(_) if st.policy.contains(b) => {
+                                st.map.insert(b, s);
+                                st.meta.set(s, b, true, writeback);
+                                st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
+                                if writeback {
+                                    st.policy.set_dirty(b);
+                                }
+                                st.discarded.remove(&b);
+                                Counters::bump(&self.counters.promotions);
+                                return Ok(writeback && fua);
                             }
-                            st.discarded.remove(&b);
-                            Counters::bump(&self.counters.promotions);
-                            Ok(writeback && fua)
+                            // The policy dropped the block while its data was on the way (it
+                            // was chosen as another promotion's victim): the slot goes back,
+                            // and data that lives only there goes to the origin instead.
+                            Ok(Some(data)) => {
+                                st.free.push(s);
+                                data
+                            }
+                            Ok(None) => {
+                                st.free.push(s);
+                                return Ok(false);
+                            }
+                            Err(e) => {
+                                st.policy.remove(b);
+                                st.free.push(s);
+                                return Err(e);
+                            }
                         }
-                        Err(e) => {
-                            st.policy.remove(b);
-                            st.free.push(s);
-                            Err(e)
-                        }
-                    }
+                    };
+                    self.origin_write(origin_off, homeless, fua, Kind::Foreground).await.map(|_| false)
                 }
             }
         })
@@ -1062,11 +1084,10 @@ async fn background(weak: std::sync::Weak<Inner>) {
             let st = me.state.lock();
             !st.freed.is_empty() && st.free.len() <= slot_reserve(st.meta.slots()) / 2
         };
-        if need_slots || last_commit.elapsed() >= COMMIT_INTERVAL || woken {
-            if me.commit().await.is_ok() {
+        if (need_slots || last_commit.elapsed() >= COMMIT_INTERVAL || woken)
+            && me.commit().await.is_ok() {
                 last_commit = Instant::now();
             }
-        }
         // Origin time used since the last tick, by foreground and by migration.
         let (fg, mg) = (me.meter.busy(Kind::Foreground), me.meter.busy(Kind::Migration));
         let dt = last_busy.2.elapsed().as_secs_f64().max(1e-3);

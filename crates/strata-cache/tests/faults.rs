@@ -134,7 +134,7 @@ async fn origin_errors_reach_only_the_failing_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_metadata_commit_fails_the_flush_and_recovers() {
     let r = rig("writeback").await;
-    r.dev.write(1 * BLOCK, fill(8), false).await.unwrap();
+    r.dev.write(BLOCK, fill(8), false).await.unwrap();
     let id = r.cache_faults.add(Rule::write_error(0..r.data.start).always());
     assert!(r.dev.flush().await.is_err(), "a flush that could not commit says so");
     assert_eq!(status(&r.dev, "degraded"), true);

@@ -135,7 +135,7 @@ impl FileDev {
     }
 
     fn aligned(&self, offset: u64, len: u64) -> bool {
-        offset % self.align == 0 && len % self.align == 0
+        offset.is_multiple_of(self.align) && len.is_multiple_of(self.align)
     }
 
     fn os_err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
@@ -268,7 +268,7 @@ impl FileDev {
         let fast = if self.block_device {
             if flags.fast_only {
                 Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
-            } else if self.aligned(offset, len) && offset % 512 == 0 && len % 512 == 0 {
+            } else if self.aligned(offset, len) && offset.is_multiple_of(512) && len.is_multiple_of(512) {
                 self.blk_ioctl(BLKZEROOUT, offset, len).await
             } else {
                 Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))

@@ -46,7 +46,7 @@ impl Default for SsdParams {
 }
 
 enum Model {
-    Hdd { p: HddParams, state: Mutex<HddState> },
+    Hdd { p: HddParams, state: Box<Mutex<HddState>> },
     Ssd { p: SsdParams, free_at: Mutex<Vec<Instant>> },
 }
 
@@ -71,7 +71,7 @@ impl<D: BlockDev> LatencyDev<D> {
             rng: ChaCha8Rng::seed_from_u64(p.seed),
             busy_total: Duration::ZERO,
         };
-        LatencyDev { inner, model: Model::Hdd { p, state: Mutex::new(state) } }
+        LatencyDev { inner, model: Model::Hdd { p, state: Box::new(Mutex::new(state)) } }
     }
 
     pub fn ssd(inner: D, p: SsdParams) -> LatencyDev<D> {

@@ -199,7 +199,7 @@ fn validate(c: &Conn, req: &Request) -> Result<(), (u32, String)> {
         let errno = if matches!(req.kind, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
         return Err((errno, format!("{} bytes at {} pass the end of the export ({})", req.length, req.offset, c.size)));
     }
-    if (req.offset % c.align != 0 || req.length as u64 % c.align != 0)
+    if (!req.offset.is_multiple_of(c.align) || !(req.length as u64).is_multiple_of(c.align))
         && matches!(req.kind, CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE)
     {
         return Err((EINVAL, format!("request not aligned to the agreed {} bytes", c.align)));

@@ -148,7 +148,7 @@ fn serving_refuses_corrupt_foreign_or_mismatched_caches() {
 /// Serves `spec` until the socket answers, then stops it with SIGTERM; returns its stderr.
 fn serve_and_stop(dir: &Path, spec: &str) -> String {
     let sock = dir.join("s.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+    let child = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["serve", "--unix", sock.to_str().unwrap(), &format!("vol={spec}")])
         .stderr(std::process::Stdio::piped())
         .spawn()
