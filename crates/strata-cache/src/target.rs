@@ -474,14 +474,41 @@ impl Inner {
                         drop(_exclusive);
                         return self.write_piece(b, within, data, fua, bypass).await;
                     }
+                    // A partial write fills the rest of the block from the origin first (one
+                    // read, as a read-miss promotion costs), so the slot holds the whole block.
+                    let len = self.block_len(b);
+                    let (block_data, partial) = if within == 0 && n == len {
+                        (data, None)
+                    } else {
+                        let known_zero = self.state.lock().discarded.contains(&b);
+                        let read = if known_zero {
+                            Ok(Buf::zeroed(len as usize))
+                        } else {
+                            self.origin_read(b * self.block, Buf::zeroed(len as usize), Kind::Foreground).await
+                        };
+                        let mut full = match read {
+                            Ok(full) => full,
+                            Err(e) => {
+                                let mut st = self.state.lock();
+                                st.policy.remove(b);
+                                st.free.push(s);
+                                return Err(e);
+                            }
+                        };
+                        full[within as usize..(within + n) as usize].copy_from_slice(&data);
+                        (full, Some(data))
+                    };
                     // Writeback keeps the data (to fall back on); writethrough has it in the origin.
                     let r: Result<Option<Buf>> = if writeback {
-                        self.cache.write(self.slot_offset(s), data, fua).await.map(Some)
+                        self.cache.write(self.slot_offset(s), block_data, fua).await.map(Some)
                     } else {
-                        let copy = Buf::from_slice(&data);
+                        let (to_origin, at) = match partial {
+                            Some(d) => (d, origin_off),
+                            None => (Buf::from_slice(&block_data), origin_off),
+                        };
                         let (a, c) = tokio::join!(
-                            self.origin_write(origin_off, data, fua, Kind::Foreground),
-                            self.cache.write(self.slot_offset(s), copy, false)
+                            self.origin_write(at, to_origin, fua, Kind::Foreground),
+                            self.cache.write(self.slot_offset(s), block_data, false)
                         );
                         a.and(c).map(|_| None)
                     };
@@ -517,7 +544,8 @@ impl Inner {
                             }
                         }
                     };
-                    self.origin_write(origin_off, homeless, fua, Kind::Foreground).await.map(|_| false)
+                    // `homeless` is the whole block (merged if the write was partial).
+                    self.origin_write(b * self.block, homeless, fua, Kind::Foreground).await.map(|_| false)
                 }
             }
         })
@@ -571,9 +599,9 @@ impl Inner {
         match st.policy.access(Access::new(b, Op::Write, full, now)) {
             Outcome::Promote { evict } => {
                 let evicted = st.evict(evict, &self.counters);
-                // Only whole-block writes are cached without reading the origin; a partial
-                // write goes to the origin and a later read promotes the block.
-                if !(evicted && full && self.budget.try_take(self.block)) {
+                // Whole-block writes are cached without reading the origin; a partial one
+                // reads the rest of its block first (see the promotion in `write_piece`).
+                if !(evicted && self.budget.try_take(self.block)) {
                     st.policy.remove(b);
                     return WritePlan::Origin;
                 }
