@@ -83,6 +83,7 @@ def main():
                 "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "kernel": platform.release(),
                          "python": platform.python_version()},
                 "strata": ctx.strata_version,
+                "git_head": b.run(["git", "-C", b.ROOT, "rev-parse", "--short", "HEAD"], check=False).stdout.strip(),
                 "scratch": str(ctx.scratch),
                 "fio": b.run(["fio", "--version"], check=False).stdout.strip(),
                 "nbdkit": b.run(["nbdkit", "--version"], check=False).stdout.strip(),
