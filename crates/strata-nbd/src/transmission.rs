@@ -1,36 +1,54 @@
-//! The transmission phase: read requests, run each as its own task so replies go out in
-//! completion order, and write replies in batches. A request holds an in-flight permit (and
-//! buffer budget for its payload) until its reply has been written, so a client that stops
-//! reading replies stalls only itself, with bounded memory.
+//! The transmission phase. One task per connection reads requests, runs them and writes the
+//! replies. A request that completes on its first poll (RAM and page-cache hits) has its reply
+//! queued right there, without a task spawn or a hop to another thread; one that has to wait
+//! for the device joins the connection's pending set and its reply is queued when it
+//! completes, so replies go out in completion order. Whatever is queued goes out in one
+//! vectored write.
+//!
+//! Bounds: a connection stops reading once it holds `max_inflight_per_connection` requests
+//! whose replies are not yet written, and payload buffers come out of a server-wide budget,
+//! so a client that stops reading replies stalls only itself, with bounded memory. Pending
+//! requests always run to completion, even after the client has gone, so no device ever sees
+//! a request abandoned halfway.
 
 use crate::handshake::{block_sizes, Negotiated};
 use crate::proto::*;
 use crate::server::{stopped, Shared};
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::collections::VecDeque;
 use std::future::Future;
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Extent, ZeroFlags};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::OwnedSemaphorePermit;
 
 /// Write payloads beyond the limit but below this are drained to keep framing and refused;
 /// larger ones close the connection.
 const WRITE_DRAIN_MAX_BYTES: u32 = 256 << 20;
 /// Most extents in one BLOCK_STATUS reply.
 const EXTENTS_MAX: usize = 1 << 16;
+/// Request bytes read from the socket at once.
+const INPUT_BYTES: usize = 256 << 10;
+/// Buffers handed to one vectored write.
+const IOV_MAX: usize = 64;
 
-/// A reply ready to be written, with what it keeps alive until then.
+/// A reply ready to be written, with the payload budget it holds until then.
 struct Reply {
     head: Vec<u8>,
     data: Option<Buf>,
-    _permits: Permits,
+    _budget: Option<OwnedSemaphorePermit>,
 }
 
-struct Permits {
-    _inflight: OwnedSemaphorePermit,
-    _buffer: Option<OwnedSemaphorePermit>,
+impl Reply {
+    fn len(&self) -> usize {
+        self.head.len() + self.data.as_ref().map_or(0, |d| d.len())
+    }
 }
+
+type Running = Pin<Box<dyn Future<Output = Reply> + Send + 'static>>;
 
 #[derive(Clone, Copy)]
 struct Conn {
@@ -43,7 +61,107 @@ struct Conn {
     max_request: u32,
 }
 
-pub async fn transmit<R, W>(mut rd: R, wr: W, neg: Negotiated, shared: Arc<Shared>)
+/// Where the request stream stands.
+enum Input {
+    /// Expecting a request header.
+    Header,
+    /// The request needs payload budget before it can be taken.
+    Budget(Request),
+    /// Reading a WRITE payload into its buffer.
+    Payload { req: Request, buf: Buf, filled: usize, budget: OwnedSemaphorePermit },
+    /// Discarding the payload of a refused WRITE, to keep framing.
+    Drain { req: Request, left: u64 },
+    /// No more requests: disconnect, end of stream, lost framing or shutdown.
+    Closed,
+}
+
+/// Bytes read from the client and not yet parsed: `data[lo..hi]`.
+struct Inbox {
+    data: Vec<u8>,
+    lo: usize,
+    hi: usize,
+}
+
+impl Inbox {
+    fn ready(&self) -> &[u8] {
+        &self.data[self.lo..self.hi]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.lo += n;
+        if self.lo == self.hi {
+            (self.lo, self.hi) = (0, 0);
+        }
+    }
+
+    /// Room to read into, moving a partial header to the front when the end is near.
+    fn spare(&mut self) -> &mut [u8] {
+        if self.data.len() - self.hi < REQUEST_BYTES * 64 {
+            self.data.copy_within(self.lo..self.hi, 0);
+            (self.lo, self.hi) = (0, self.hi - self.lo);
+        }
+        &mut self.data[self.hi..]
+    }
+}
+
+/// Replies waiting to be written; `off` bytes of the first are already out.
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Reply>,
+    off: usize,
+}
+
+impl Outbox {
+    /// Fills `v` with what is still to be written, in order; returns how many it used.
+    fn slices<'a>(&'a self, v: &mut [IoSlice<'a>]) -> usize {
+        let (mut n, mut skip) = (0, self.off);
+        for r in &self.queue {
+            for part in [&r.head[..], r.data.as_deref().unwrap_or(&[])] {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    continue;
+                }
+                v[n] = IoSlice::new(&part[skip..]);
+                skip = 0;
+                n += 1;
+                if n == v.len() {
+                    return n;
+                }
+            }
+        }
+        n
+    }
+
+    /// Marks `n` bytes written; returns how many replies are now wholly out.
+    fn advance(&mut self, mut n: usize) -> usize {
+        let mut done = 0;
+        while let Some(r) = self.queue.front() {
+            let left = r.len() - self.off;
+            if n < left {
+                self.off += n;
+                break;
+            }
+            n -= left;
+            self.off = 0;
+            self.queue.pop_front();
+            done += 1;
+        }
+        done
+    }
+}
+
+/// One connection's requests in flight and replies on their way.
+struct Session {
+    conn: Conn,
+    dev: Arc<dyn BlockDev>,
+    shared: Arc<Shared>,
+    running: FuturesUnordered<Running>,
+    out: Outbox,
+    /// Requests taken whose replies are not yet written (running or queued).
+    held: usize,
+}
+
+pub async fn transmit<R, W>(rd: BufReader<R>, mut wr: W, neg: Negotiated, shared: Arc<Shared>)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -58,103 +176,218 @@ where
         align: if neg.block_size_agreed { min as u64 } else { 1 },
         max_request: max,
     };
-    let inflight_max = shared.limits.max_inflight_per_connection;
-    let inflight = Arc::new(Semaphore::new(inflight_max));
-    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
-    let writer = tokio::spawn(write_replies(wr, rx));
+    let held_max = shared.limits.max_inflight_per_connection;
+    let mut s = Session {
+        conn,
+        dev: export.dev.clone(),
+        shared: shared.clone(),
+        running: FuturesUnordered::new(),
+        out: Outbox::default(),
+        held: 0,
+    };
+    // The handshake may have read ahead into the first requests.
+    let mut inbox = Inbox { data: vec![0; INPUT_BYTES], lo: 0, hi: rd.buffer().len() };
+    inbox.data[..inbox.hi].copy_from_slice(rd.buffer());
+    let mut rd = rd.into_inner();
+    let mut input = Input::Header;
     let mut stop = shared.shutdown_rx.clone();
+    let mut client_gone = false;
 
     loop {
-        let permit = tokio::select! {
-            biased;
-            _ = stopped(&mut stop) => break,
-            p = inflight.clone().acquire_owned() => p.expect("semaphore never closed"),
-        };
-        let mut header = [0u8; REQUEST_BYTES];
-        let read = tokio::select! {
-            biased;
-            _ = stopped(&mut stop) => break,
-            r = rd.read_exact(&mut header) => r,
-        };
-        if read.is_err() {
-            break; // client went away (possibly mid-request)
-        }
-        let Some(req) = Request::parse(&header) else {
-            eprintln!("strata-nbd: bad request magic; closing the connection");
-            break;
-        };
-        if req.kind == CMD_DISC {
+        while !client_gone && s.held < held_max && s.take(&mut input, &mut inbox) {}
+        if matches!(input, Input::Closed) && s.held == 0 {
             break;
         }
-        let mut permits = Permits { _inflight: permit, _buffer: None };
+        let budget_wanted = match &input {
+            Input::Budget(req) => Some(budget_bytes(&shared, req.length)),
+            _ => None,
+        };
+        let reading = !matches!(input, Input::Closed | Input::Budget(_)) && s.held < held_max;
+        // A payload larger than what is buffered is read straight into its own buffer.
+        let direct = inbox.ready().is_empty() && matches!(input, Input::Payload { .. });
+        let target: &mut [u8] = match &mut input {
+            Input::Payload { buf, filled, .. } if direct => &mut buf[*filled..],
+            _ => inbox.spare(),
+        };
+        tokio::select! {
+            biased;
+            _ = stopped(&mut stop), if reading => input = Input::Closed,
+            Some(reply) = s.running.next(), if !s.running.is_empty() => {
+                if client_gone {
+                    s.held -= 1;
+                } else {
+                    s.out.queue.push_back(reply);
+                }
+            }
+            written = write_out(&mut wr, &s.out), if !s.out.queue.is_empty() => match written {
+                Ok(n) if n > 0 => s.held -= s.out.advance(n),
+                _ => {
+                    // The client is gone: what is running still runs to completion.
+                    client_gone = true;
+                    s.held -= s.out.queue.len();
+                    s.out = Outbox::default();
+                    input = Input::Closed;
+                }
+            },
+            permit = take_budget(&shared, budget_wanted.unwrap_or(0)), if budget_wanted.is_some() => {
+                if let Input::Budget(req) = std::mem::replace(&mut input, Input::Header) {
+                    input = s.start(req, permit);
+                }
+            }
+            got = rd.read(target), if reading => match got {
+                Ok(n) if n > 0 => {
+                    if direct {
+                        if let Input::Payload { filled, .. } = &mut input {
+                            *filled += n;
+                        }
+                    } else {
+                        inbox.hi += n;
+                    }
+                }
+                // End of stream, possibly mid-request.
+                _ => input = Input::Closed,
+            },
+        }
+    }
+    let _ = wr.shutdown().await;
+}
 
+impl Session {
+    /// Advances the request stream by what is buffered; false when it needs more input (or
+    /// budget, or has ended).
+    fn take(&mut self, input: &mut Input, inbox: &mut Inbox) -> bool {
+        match std::mem::replace(input, Input::Closed) {
+            Input::Header => {
+                let Some(header) = inbox.ready().first_chunk::<REQUEST_BYTES>().copied() else {
+                    *input = Input::Header;
+                    return false;
+                };
+                inbox.consume(REQUEST_BYTES);
+                let Some(req) = Request::parse(&header) else {
+                    eprintln!("strata-nbd: bad request magic; closing the connection");
+                    return false;
+                };
+                *input = self.admit(req);
+                true
+            }
+            Input::Budget(req) => match self.shared.buffers.clone().try_acquire_many_owned(budget_bytes(&self.shared, req.length)) {
+                Ok(permit) => {
+                    *input = self.start(req, permit);
+                    true
+                }
+                Err(_) => {
+                    *input = Input::Budget(req);
+                    false
+                }
+            },
+            Input::Payload { req, mut buf, mut filled, budget } => {
+                let n = inbox.ready().len().min(buf.len() - filled);
+                buf[filled..filled + n].copy_from_slice(&inbox.ready()[..n]);
+                inbox.consume(n);
+                filled += n;
+                if filled < buf.len() {
+                    *input = Input::Payload { req, buf, filled, budget };
+                    return false;
+                }
+                self.write(req, buf, budget);
+                *input = Input::Header;
+                true
+            }
+            Input::Drain { req, left } => {
+                let n = (inbox.ready().len() as u64).min(left);
+                inbox.consume(n as usize);
+                if n < left {
+                    *input = Input::Drain { req, left: left - n };
+                    return false;
+                }
+                let msg = format!("write of {} bytes exceeds the maximum {}", req.length, self.conn.max_request);
+                self.reply(error_reply(&self.conn, &req, EINVAL, &msg, None));
+                *input = Input::Header;
+                true
+            }
+            Input::Closed => false,
+        }
+    }
+
+    /// What a fresh request header leads to.
+    fn admit(&mut self, req: Request) -> Input {
+        if req.kind == CMD_DISC {
+            return Input::Closed;
+        }
         if req.kind == CMD_WRITE {
             // The payload follows whatever we think of the request: read it to keep framing.
-            if req.length > conn.max_request {
-                if req.length > WRITE_DRAIN_MAX_BYTES {
-                    eprintln!("strata-nbd: write of {} bytes is absurd; closing the connection", req.length);
-                    break;
-                }
-                let mut limited = (&mut rd).take(req.length as u64);
-                if tokio::io::copy(&mut limited, &mut tokio::io::sink()).await.ok() != Some(req.length as u64) {
-                    break;
-                }
-                let msg = format!("write of {} bytes exceeds the maximum {}", req.length, conn.max_request);
-                send_error(&tx, &conn, &req, EINVAL, &msg, permits);
-                continue;
+            if req.length <= self.conn.max_request {
+                return Input::Budget(req);
             }
-            permits._buffer = Some(buffer_permit(&shared, req.length).await);
-            let mut buf = Buf::zeroed(req.length as usize);
-            if rd.read_exact(&mut buf).await.is_err() {
-                break;
+            if req.length > WRITE_DRAIN_MAX_BYTES {
+                eprintln!("strata-nbd: write of {} bytes is absurd; closing the connection", req.length);
+                return Input::Closed;
             }
-            if let Err((errno, msg)) = validate(&conn, &req) {
-                send_error(&tx, &conn, &req, errno, &msg, permits);
-                continue;
-            }
-            let dev = export.dev.clone();
-            let tx = tx.clone();
-            run_inline_or_spawn(Box::pin(async move {
-                let fua = req.flags & CMD_FLAG_FUA != 0;
-                match dev.write(req.offset, buf, fua).await {
-                    Ok(_) => send_ok(&tx, &req, permits),
-                    Err(e) => send_io_error(&tx, &conn, &req, &e, permits),
-                }
-            }));
-            continue;
+            return Input::Drain { req, left: req.length as u64 };
         }
-
-        if let Err((errno, msg)) = validate(&conn, &req) {
-            send_error(&tx, &conn, &req, errno, &msg, permits);
-            continue;
+        if let Err((errno, msg)) = validate(&self.conn, &req) {
+            self.reply(error_reply(&self.conn, &req, errno, &msg, None));
+        } else if req.kind == CMD_READ {
+            return Input::Budget(req);
+        } else {
+            self.run(Box::pin(execute(self.dev.clone(), self.conn, req, None)));
         }
-        if req.kind == CMD_READ {
-            permits._buffer = Some(buffer_permit(&shared, req.length).await);
-        }
-        let dev = export.dev.clone();
-        let tx = tx.clone();
-        run_inline_or_spawn(Box::pin(execute(dev, conn, req, tx, permits)));
+        Input::Header
     }
 
-    // Let every request already taken finish and its reply go out, then close.
-    let _all = inflight.acquire_many(inflight_max as u32).await;
-    drop(tx);
-    let _ = writer.await;
-}
+    /// A READ or WRITE that has its payload budget.
+    fn start(&mut self, req: Request, budget: OwnedSemaphorePermit) -> Input {
+        if req.kind == CMD_WRITE {
+            return Input::Payload { req, buf: Buf::zeroed(req.length as usize), filled: 0, budget };
+        }
+        self.run(Box::pin(execute(self.dev.clone(), self.conn, req, Some(budget))));
+        Input::Header
+    }
 
-/// Polls a request once on the reader's own task: RAM and page-cache hits complete right
-/// there, without a task spawn and a hop to another thread. Only what has to wait for the
-/// device becomes a task of its own (and then completes out of order).
-fn run_inline_or_spawn(mut fut: Pin<Box<dyn Future<Output = ()> + Send + 'static>>) {
-    let mut cx = Context::from_waker(Waker::noop());
-    if fut.as_mut().poll(&mut cx).is_pending() {
-        tokio::spawn(fut);
+    /// A WRITE whose payload has arrived.
+    fn write(&mut self, req: Request, buf: Buf, budget: OwnedSemaphorePermit) {
+        if let Err((errno, msg)) = validate(&self.conn, &req) {
+            self.reply(error_reply(&self.conn, &req, errno, &msg, Some(budget)));
+            return;
+        }
+        let (dev, conn) = (self.dev.clone(), self.conn);
+        self.run(Box::pin(async move {
+            let fua = req.flags & CMD_FLAG_FUA != 0;
+            match dev.write(req.offset, buf, fua).await {
+                Ok(_) => ok_reply(&req, Some(budget)),
+                Err(e) => io_error_reply(&conn, &req, &e, Some(budget)),
+            }
+        }));
+    }
+
+    /// Polls a request once on the connection's task: RAM and page-cache hits complete right
+    /// there. What has to wait for the device joins the running set.
+    fn run(&mut self, mut fut: Running) {
+        self.held += 1;
+        match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(reply) => self.out.queue.push_back(reply),
+            Poll::Pending => self.running.push(fut),
+        }
+    }
+
+    fn reply(&mut self, reply: Reply) {
+        self.held += 1;
+        self.out.queue.push_back(reply);
     }
 }
 
-async fn buffer_permit(shared: &Shared, len: u32) -> OwnedSemaphorePermit {
-    let want = (len as usize).min(shared.limits.buffer_budget_bytes) as u32;
-    shared.buffers.clone().acquire_many_owned(want).await.expect("semaphore never closed")
+fn budget_bytes(shared: &Shared, len: u32) -> u32 {
+    (len as usize).min(shared.limits.buffer_budget_bytes) as u32
+}
+
+async fn take_budget(shared: &Shared, bytes: u32) -> OwnedSemaphorePermit {
+    shared.buffers.clone().acquire_many_owned(bytes).await.expect("semaphore never closed")
+}
+
+async fn write_out<W: AsyncWrite + Unpin>(wr: &mut W, out: &Outbox) -> std::io::Result<usize> {
+    let mut slices = [IoSlice::new(&[]); IOV_MAX];
+    let n = out.slices(&mut slices);
+    wr.write_vectored(&slices[..n]).await
 }
 
 /// Flags each command may carry.
@@ -210,7 +443,7 @@ fn validate(c: &Conn, req: &Request) -> Result<(), (u32, String)> {
     Ok(())
 }
 
-async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, tx: mpsc::UnboundedSender<Reply>, permits: Permits) {
+async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, budget: Option<OwnedSemaphorePermit>) -> Reply {
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let (off, len) = (req.offset, req.length as u64);
     let result: Result<(), Error> = match req.kind {
@@ -223,8 +456,7 @@ async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, tx: mpsc::Unboun
                 } else {
                     simple_reply(&mut head, 0, req.cookie);
                 }
-                let _ = tx.send(Reply { head, data: Some(buf), _permits: permits });
-                return;
+                return Reply { head, data: Some(buf), _budget: budget };
             }
             Err(e) => Err(e),
         },
@@ -245,16 +477,15 @@ async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, tx: mpsc::Unboun
         CMD_BLOCK_STATUS => match dev.block_status(off, len).await {
             Ok(extents) => {
                 let head = block_status_reply(&req, &extents, len);
-                let _ = tx.send(Reply { head, data: None, _permits: permits });
-                return;
+                return Reply { head, data: None, _budget: budget };
             }
             Err(e) => Err(e),
         },
         _ => unreachable!("validated command {}", req.kind),
     };
     match result {
-        Ok(()) => send_ok(&tx, &req, permits),
-        Err(e) => send_io_error(&tx, &c, &req, &e, permits),
+        Ok(()) => ok_reply(&req, budget),
+        Err(e) => io_error_reply(&c, &req, &e, budget),
     }
 }
 
@@ -298,22 +529,22 @@ fn block_status_reply(req: &Request, extents: &[Extent], len: u64) -> Vec<u8> {
     head
 }
 
-fn send_ok(tx: &mpsc::UnboundedSender<Reply>, req: &Request, permits: Permits) {
+fn ok_reply(req: &Request, budget: Option<OwnedSemaphorePermit>) -> Reply {
     let mut head = Vec::with_capacity(16);
     simple_reply(&mut head, 0, req.cookie);
-    let _ = tx.send(Reply { head, data: None, _permits: permits });
+    Reply { head, data: None, _budget: budget }
 }
 
-fn send_io_error(tx: &mpsc::UnboundedSender<Reply>, c: &Conn, req: &Request, e: &Error, permits: Permits) {
+fn io_error_reply(c: &Conn, req: &Request, e: &Error, budget: Option<OwnedSemaphorePermit>) -> Reply {
     // Writes past the end are ENOSPC, reads past the end EINVAL; the device only says "range".
     let errno = match (e.kind, req.kind) {
         (ErrorKind::OutOfRange, CMD_WRITE | CMD_WRITE_ZEROES) => ENOSPC,
         (kind, _) => kind.nbd_errno(),
     };
-    send_error(tx, c, req, errno, &e.to_string(), permits);
+    error_reply(c, req, errno, &e.to_string(), budget)
 }
 
-fn send_error(tx: &mpsc::UnboundedSender<Reply>, c: &Conn, req: &Request, errno: u32, msg: &str, permits: Permits) {
+fn error_reply(c: &Conn, req: &Request, errno: u32, msg: &str, budget: Option<OwnedSemaphorePermit>) -> Reply {
     let mut head = Vec::with_capacity(64);
     // With structured replies, READ and BLOCK_STATUS errors must be structured too.
     if c.structured && matches!(req.kind, CMD_READ | CMD_BLOCK_STATUS) {
@@ -321,31 +552,5 @@ fn send_error(tx: &mpsc::UnboundedSender<Reply>, c: &Conn, req: &Request, errno:
     } else {
         simple_reply(&mut head, errno, req.cookie);
     }
-    let _ = tx.send(Reply { head, data: None, _permits: permits });
-}
-
-async fn write_replies<W: AsyncWrite + Unpin>(wr: W, mut rx: mpsc::UnboundedReceiver<Reply>) {
-    let mut out = BufWriter::with_capacity(256 << 10, wr);
-    let mut done = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        while let Some(r) = next {
-            if out.write_all(&r.head).await.is_err() {
-                return;
-            }
-            if let Some(d) = &r.data {
-                if out.write_all(d).await.is_err() {
-                    return;
-                }
-            }
-            // Permits are released only once the reply is on its way.
-            done.push(r);
-            next = rx.try_recv().ok();
-        }
-        if out.flush().await.is_err() {
-            return;
-        }
-        done.clear();
-    }
-    let _ = out.shutdown().await;
+    Reply { head, data: None, _budget: budget }
 }
