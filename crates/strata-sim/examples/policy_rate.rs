@@ -1,8 +1,8 @@
 //! Requests per second of each policy on one core, on a trace already in memory.
 //!
-//! `cargo run --release -p strata-sim --example policy_rate -- [REQUESTS] [BLOCKS] [THETA] [CACHE%]`
+//! `cargo run --release -p strata-sim --example policy_rate -- [REQUESTS] [BLOCKS] [THETA] [CACHE%] [POLICIES]`
 //! (defaults: 10,000,000 fio zipf:0.9 requests over 1,048,576 blocks, cache 10% of the
-//! footprint). Each policy replays the same accesses three times, single-threaded; the figure
+//! footprint, every policy and `opt`; POLICIES is a comma-separated subset). Each policy replays the same accesses three times, single-threaded; the figure
 //! is accesses divided by the fastest replay's wall time (trace generation excluded).
 
 use std::time::Instant;
@@ -47,6 +47,9 @@ fn main() {
     };
     let mut names: Vec<&str> = POLICY_NAMES.to_vec();
     names.push("opt");
+    if let Some(only) = args.get(4) {
+        names = only.split(',').collect();
+    }
     for name in names {
         let table = (name == "opt").then(|| {
             strata_policy::policies::opt::next_use(

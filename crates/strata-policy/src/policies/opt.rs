@@ -10,7 +10,7 @@
 
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use crate::hash::{block_map, BlockHasher, BlockMap};
+use crate::hash::{std_map_bytes, BlockHasher, StdBlockMap};
 use crate::{hints, Access, HintError, InsertError, Outcome, Policy};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ pub struct Opt {
     next_use: Arc<[u32]>,
     pos: usize,
     /// Cached block → position of its next access.
-    resident: BlockMap<u32>,
+    resident: StdBlockMap<u32>,
     /// Max-heap on next use; stale entries (not matching `resident`) are skipped lazily.
     heap: BinaryHeap<(u32, u64)>,
     dirty: HashSet<u64, BuildHasherDefault<BlockHasher>>,
@@ -43,7 +43,7 @@ impl Opt {
             capacity,
             next_use,
             pos: 0,
-            resident: block_map(capacity),
+            resident: HashMap::with_capacity_and_hasher(capacity, Default::default()),
             heap: BinaryHeap::with_capacity(2 * capacity + 1024),
             dirty: HashSet::default(),
             handed_out: HashSet::default(),
@@ -221,7 +221,7 @@ impl Policy for Opt {
     }
 
     fn bytes_per_entry(&self) -> f64 {
-        let bytes = crate::hash::map_bytes(&self.resident) + self.heap.capacity() * 16;
+        let bytes = std_map_bytes(&self.resident) + self.heap.capacity() * 16;
         bytes as f64 / self.capacity as f64
     }
 }
