@@ -199,6 +199,12 @@ impl BlockMap {
         Some(val)
     }
 
+    /// Start loading the slot where `key` would be found, without waiting for it.
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        prefetch(&self.slots[self.home(key)]);
+    }
+
     /// Every value, in slot order.
     pub fn values(&self) -> impl Iterator<Item = &u32> {
         self.slots.iter().map(|s| &s[2]).filter(|&&v| v != EMPTY)
@@ -211,6 +217,20 @@ impl BlockMap {
             self.insert(key_of(s), s[2]);
         }
     }
+}
+
+/// Ask the CPU to start loading `*p` into its caches. A hint: it changes no result.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint to the cache; it never faults and has no visible effect,
+    // and `p` is a valid reference anyway.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p as *const T as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// A 64-bit mix (splitmix64's finaliser), for seeded pseudo-random choices and sketches.

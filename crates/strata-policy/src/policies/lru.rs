@@ -9,7 +9,7 @@
 
 use super::dirty_methods;
 use crate::dirty::Dirty;
-use crate::hash::{block_map, map_bytes, BlockMap};
+use crate::hash::{block_map, map_bytes, prefetch, BlockMap};
 use crate::list::{Link, List};
 use crate::{hints, Access, HintError, InsertError, Outcome, Policy};
 
@@ -117,6 +117,11 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
 
     #[inline]
     fn access(&mut self, a: Access) -> Outcome {
+        // A miss needs the oldest entry's block and its map slot: start those loads now, so
+        // they overlap the lookup's own cache miss instead of following it.
+        if let Some(f) = self.queue.front() {
+            self.map.prefetch(self.blocks[f as usize]);
+        }
         if let Some(&i) = self.map.get(&a.block) {
             if MOVE_ON_HIT {
                 self.queue.move_to_back(&mut self.links, i);
@@ -141,6 +146,9 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
         self.map.remove(&old);
         self.queue.move_to_back(&mut self.links, v);
         self.map.insert(a.block, v);
+        if let Some(f) = self.queue.front() {
+            prefetch(&self.blocks[f as usize]);
+        }
         Outcome::Promote { evict: Some(old) }
     }
 
