@@ -210,6 +210,14 @@ pub trait Policy {
     /// Record one access and decide hit, miss or promotion.
     fn access(&mut self, access: Access) -> Outcome;
 
+    /// A hint that `block` will be accessed soon: the policy may start loading what the
+    /// access will look at (its map slot) into the CPU's caches. Changes no decision. The
+    /// simulator, which holds the whole trace, calls it a few accesses ahead.
+    #[inline]
+    fn prefetch(&self, block: u64) {
+        let _ = block;
+    }
+
     /// Drop `block` from the cache (a failed promotion, a discard, an IO error). Returns
     /// whether it was cached. The policy may remember it in its history.
     fn remove(&mut self, block: u64) -> bool;

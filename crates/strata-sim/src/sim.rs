@@ -179,6 +179,9 @@ pub fn replay(
     progress: Option<&AtomicU64>,
 ) -> Counts {
     const CHUNK: usize = 1 << 16;
+    // Far enough ahead that a map slot arrives from memory before its access, near enough
+    // that it is still cached then.
+    const PREFETCH_AHEAD: usize = 8;
     let mut c = Counts::default();
     let n = accesses.len();
     let nwin = windows.max(1);
@@ -189,8 +192,12 @@ pub fn replay(
         let mut hit_bytes = 0u64;
         let mut bytes = 0u64;
         let mut promotions = 0u64;
-        for chunk in accesses[start..end].chunks(CHUNK) {
-            for a in chunk {
+        for (c, chunk) in accesses[start..end].chunks(CHUNK).enumerate() {
+            let base = start + c * CHUNK;
+            for (j, a) in chunk.iter().enumerate() {
+                if let Some(next) = accesses.get(base + j + PREFETCH_AHEAD) {
+                    policy.prefetch(next.block);
+                }
                 bytes += a.bytes as u64;
                 match policy.access(a.to_access()) {
                     strata_policy::Outcome::Hit => {

@@ -14,10 +14,15 @@ pub mod twoq;
 
 /// The [`Policy`](crate::Policy) methods that only look up a resident entry and defer to the
 /// shared [`Dirty`](crate::dirty::Dirty) tracker. The policy type must provide
-/// `fn resident(&self, block: u64) -> Option<u32>`, `fn block_of(&self, i: u32) -> u64` and a
-/// `dirty: Dirty` field.
+/// `fn resident(&self, block: u64) -> Option<u32>`, `fn block_of(&self, i: u32) -> u64`, a
+/// `dirty: Dirty` field and a `map: BlockMap` field (for [`prefetch`](crate::Policy::prefetch)).
 macro_rules! dirty_methods {
     () => {
+        #[inline]
+        fn prefetch(&self, block: u64) {
+            self.map.prefetch(block)
+        }
+
         fn contains(&self, block: u64) -> bool {
             self.resident(block).is_some()
         }

@@ -512,6 +512,11 @@ impl Policy for Smq {
         self.map.len()
     }
 
+    #[inline]
+    fn prefetch(&self, block: u64) {
+        self.map.prefetch(block)
+    }
+
     fn contains(&self, block: u64) -> bool {
         self.map.contains_key(&block)
     }
