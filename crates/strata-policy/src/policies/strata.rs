@@ -6,20 +6,20 @@
 //!   soon: the cache still has free blocks, or blocks no access has touched since a restart
 //!   (smq's "promote readily"); or the block is in the *ghost history*, a FIFO of block
 //!   numbers (no data) recently missed or evicted, 40% of a cache long, so this is its
-//!   second reference within a short window; or
-//!   the access covered only part of the block, which means the rest of its stream is about
-//!   to touch the same block (on real traces, over half of partial accesses are followed by
-//!   another access to the block within a thousand accesses, against under 2% of whole-block
-//!   accesses). Every other miss is served from the origin and only remembered in the
-//!   ghost history. This is what cuts promotions to a fraction of LRU's.
+//!   second reference within a short window; or the access covered only part of the block,
+//!   which means the rest of its stream is about to touch the same block (on real traces,
+//!   over half of partial accesses are followed by another access to the block within a
+//!   thousand accesses, against under 2% of whole-block accesses). Every other miss is
+//!   served from the origin and only remembered in the ghost history. This is what cuts
+//!   promotions to a fraction of LRU's. A longer history admits more blocks on their
+//!   second reference, and measured that costs more than it gains: a history as long as the
+//!   cache loses four points of hit ratio at half the footprint of the CloudPhysics sample
+//!   and up to three on the scan mix, for under a point gained at the smallest sizes.
 //! * Ordering. Blocks admitted without a ghost hit wait in a *probation* FIFO of a fifth of
 //!   the cache; hit twice there, they move to the *main* queue, otherwise they leave into
 //!   the ghost history. Ghost hits enter main directly. Main is a FIFO with reinsertion and a
 //!   2-bit frequency (S3-FIFO's main queue): a block with credit goes round again with one
 //!   less. Scans and loops larger than the cache therefore neither get in nor flush it.
-//!   A longer history admits more blocks on their second reference, and on every trace
-//!   measured each of those admissions pushed out a block worth more: at half the footprint
-//!   of the CloudPhysics sample a whole-cache history loses five points of hit ratio.
 //! * Restored blocks. Blocks restored at start-up (from hints, or inserted from the mapping)
 //!   carry no credit: they wait on a *restored* queue, in their saved order (most valuable
 //!   last), and while any is left untouched the cache counts as having free space: every
@@ -34,7 +34,7 @@
 //! The constants were chosen on the CloudPhysics sample and on fio-style synthetic traces
 //! (zipf 0.8 and 1.2, pareto, zoned, scan + hot mix, loop) at 1 to 50% of the footprint:
 //! there strata stays within 2 points of the best of ARC, LIRS and S3-FIFO (often above
-//! it), above LRU, with 1 to 55% of LRU's promotions. On uniform traffic every policy gets
+//! it), above LRU, with at most 55% of LRU's promotions. On uniform traffic every policy gets
 //! the same expected hit ratio (cache / footprint) and strata is within noise of LRU.
 
 use super::{dirty_methods, Arena};
