@@ -1,6 +1,8 @@
 //! No policy beats Belady's optimum (with bypass) on any trace at any size, and OPT is exact
 //! on a case small enough to check by hand.
 
+mod common;
+
 use strata_policy::{Access, Opt, Outcome, Params, Policy, POLICY_NAMES};
 use strata_sim::sim::{run_matrix, split_requests, BlockAccess, MatrixOptions, Ops, Workload};
 use strata_sim::synthetic::{Generator, Pattern};
@@ -83,14 +85,9 @@ fn opt_is_never_beaten_on_synthetic_traces() {
 
 #[test]
 fn opt_is_never_beaten_on_the_cloudphysics_sample() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/testdata/cloudphysics-w.csv");
-    if !path.exists() {
-        eprintln!("skipping: {} not present", path.display());
+    let Some((reqs, _)) = common::cloudphysics_sample() else {
         return;
-    }
-    let reader = strata_sim::trace::open_reader(&path).unwrap();
-    let (reqs, _) = strata_sim::trace::Requests::new(reader, None).unwrap();
+    };
     // The first 30,000 requests keep this test quick in debug builds.
     let w = split_requests(reqs.take(30_000), 4096, Ops::All, 1_000_000).unwrap();
     check("cloudphysics", &w, false);

@@ -1,6 +1,8 @@
 //! Every trace format on hand-written lines, malformed lines (the error must name the line),
 //! format guessing, and compressed input.
 
+mod common;
+
 use std::io::Write;
 
 use strata_sim::trace::{self, Format, IoKind, Request, TraceError, NAMESPACE_SHIFT};
@@ -294,13 +296,9 @@ fn reads_gzip_and_zstd() {
 
 #[test]
 fn the_cloudphysics_sample_parses() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/testdata/cloudphysics-w.csv");
-    if !path.exists() {
-        eprintln!("skipping: {} not present", path.display());
+    let Some((reqs, format)) = common::cloudphysics_sample() else {
         return;
-    }
-    let (reqs, format) = trace::Requests::new(trace::open_reader(&path).unwrap(), None).unwrap();
+    };
     assert_eq!(format, Format::Cloudphysics);
     let reqs: Vec<_> = reqs.collect::<Result<_, _>>().unwrap();
     // 113,872 requests: 66,898 writes (0x2a) and 46,974 reads (0x28).

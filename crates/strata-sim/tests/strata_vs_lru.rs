@@ -8,24 +8,20 @@
 //! more than three standard deviations (the square root of LRU's hit count) below LRU, which
 //! still catches any systematic loss (a cache left partly empty, blocks dropped for nothing).
 
-use strata_policy::{build, Access, Outcome, Params};
+mod common;
+
+use strata_policy::{build, Op, Params};
+use strata_sim::sim::{replay, BlockAccess};
 use strata_sim::synthetic::{Generator, Pattern};
 
 const BLOCKS: u64 = 32_768;
 const REQUESTS: usize = 300_000;
 
 /// (hits, promotions) of `policy` with `size` blocks over `trace`.
-fn run(policy: &str, size: usize, trace: &[u64]) -> (u64, u64) {
+fn run(policy: &str, size: usize, trace: &[BlockAccess]) -> (u64, u64) {
     let mut p = build(policy, size, &Params::default()).unwrap();
-    let (mut hits, mut promotions) = (0, 0);
-    for (i, &b) in trace.iter().enumerate() {
-        match p.access(Access::read(b, i as u64 * 100_000)) {
-            Outcome::Hit => hits += 1,
-            Outcome::Promote { .. } => promotions += 1,
-            Outcome::Miss => {}
-        }
-    }
-    (hits, promotions)
+    let c = replay(p.as_mut(), trace, 0, None);
+    (c.hits, c.promotions)
 }
 
 #[test]
@@ -42,11 +38,18 @@ fn strata_gets_at_least_lru_hits() {
     let mut failures = Vec::new();
     for pattern in patterns {
         let pat: Pattern = pattern.parse().unwrap();
-        let trace: Vec<u64> = Generator::new(&pat, BLOCKS, 1).take(REQUESTS).collect();
-        let footprint = trace
-            .iter()
-            .collect::<std::collections::HashSet<_>>()
-            .len();
+        let trace: Vec<BlockAccess> = Generator::new(&pat, BLOCKS, 1)
+            .take(REQUESTS)
+            .enumerate()
+            .map(|(i, block)| BlockAccess {
+                block,
+                time_ns: i as u64 * 100_000,
+                bytes: 4096,
+                op: Op::Read,
+                full: true,
+            })
+            .collect();
+        let footprint = strata_sim::sim::count_distinct(trace.iter().map(|a| a.block)) as usize;
         for pct in [1, 5, 10, 25, 50] {
             let size = footprint * pct / 100;
             let (lh, lp) = run("lru", size, &trace);
@@ -60,8 +63,33 @@ fn strata_gets_at_least_lru_hits() {
                 failures.push(format!("{pattern} at {pct}%: strata {sh} hits, lru {lh}"));
             }
             if sp >= lp {
-                failures.push(format!("{pattern} at {pct}%: strata {sp} promotions, lru {lp}"));
+                failures.push(format!(
+                    "{pattern} at {pct}%: strata {sp} promotions, lru {lp}"
+                ));
             }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The shared CloudPhysics sample, whole, at the sizes the benchmarks publish and at half the
+/// footprint (where strata once fell below LRU).
+#[test]
+fn strata_gets_at_least_lru_hits_on_the_cloudphysics_sample() {
+    let Some((reqs, _)) = common::cloudphysics_sample() else {
+        return;
+    };
+    let w =
+        strata_sim::sim::split_requests(reqs, 4096, strata_sim::sim::Ops::All, 1_000_000).unwrap();
+    let mut failures = Vec::new();
+    for pct in [1, 5, 10, 25, 50] {
+        let size = w.footprint as usize * pct / 100;
+        let (lh, lp) = run("lru", size, &w.accesses);
+        let (sh, sp) = run("strata", size, &w.accesses);
+        if sh < lh || sp >= lp {
+            failures.push(format!(
+                "{pct}%: strata {sh} hits, {sp} promotions; lru {lh} hits, {lp} promotions"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

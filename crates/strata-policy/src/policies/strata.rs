@@ -285,11 +285,11 @@ impl Policy for Strata {
             // A second reference within the ghost window is admitted. Otherwise there is no
             // evidence of reuse yet: serve from the origin, remember the block.
             let i = self.arena.alloc(Node {
-                        block: a.block,
-                        link: Link::NONE,
-                        at: Where::Ghost,
-                        freq: 0,
-                    });
+                block: a.block,
+                link: Link::NONE,
+                at: Where::Ghost,
+                freq: 0,
+            });
             self.map.insert(a.block, i);
             self.move_to_ghost(i);
             return Outcome::Miss;
@@ -433,7 +433,10 @@ mod tests {
             b += 1;
         }
         for old in 0..CAP as u64 {
-            assert!(!p.contains(old), "restored block {old} outlived {CAP} admissions");
+            assert!(
+                !p.contains(old),
+                "restored block {old} outlived {CAP} admissions"
+            );
         }
         assert!(admitted.iter().all(|&n| p.contains(n)));
     }

@@ -1,0 +1,19 @@
+//! Helpers shared by the integration tests.
+
+use std::io::BufRead;
+use std::path::Path;
+
+use strata_sim::trace::{open_reader, Format, Requests};
+
+/// The shared CloudPhysics sample (`../shared/testdata` next to the repository) opened for
+/// parsing, with the format guessed from its content; or `None`, after saying the test is
+/// skipped, when it is not there.
+pub fn cloudphysics_sample() -> Option<(Requests<Box<dyn BufRead + Send>>, Format)> {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/cloudphysics-w.csv");
+    if !path.exists() {
+        eprintln!("skipping: {} not present", path.display());
+        return None;
+    }
+    Some(Requests::new(open_reader(&path).unwrap(), None).unwrap())
+}
