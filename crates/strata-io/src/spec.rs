@@ -7,10 +7,14 @@
 //!   `seek_max_ms`, `rpm`, `mib_s`, `seed`
 //! - `ssd:PATH[?opts]` — `PATH` behind the SSD model; extra options `read_us`, `write_us`,
 //!   `channels`, `mib_s`
+//! - `fault:RULE[,RULE]...@SPEC` — the device `SPEC` names, behind the fault-injection
+//!   device (`crate::fault`), with these rules in the text form `fault::parse_rule` reads,
+//!   e.g. `fault:read:eio:0-1MiB:once,flush:eio:after=10@/var/tmp/o.img`
 //!
 //! Targets that live in other crates (`cache:PATH`) are resolved by the caller before it
 //! falls back to `open`.
 
+use crate::fault::{parse_rule, FaultDev, Rule};
 use crate::file::{FileDev, FileOptions};
 use crate::latency::{HddParams, LatencyDev, SsdParams};
 use crate::mem::MemDev;
@@ -107,8 +111,34 @@ fn file_options(opts: &mut Options, read_only: bool) -> Result<FileOptions> {
     Ok(fo)
 }
 
+/// Splits `fault:RULES@SPEC` into its rules and the spec of the device they wrap; `None`
+/// for a spec without the `fault:` prefix. Callers that resolve other targets (`cache:`)
+/// open the inner spec themselves and wrap it with `with_faults`.
+pub fn split_fault(spec: &str) -> Result<Option<(Vec<Rule>, &str)>> {
+    let Some(rest) = spec.strip_prefix("fault:") else { return Ok(None) };
+    let invalid = |msg: String| Error::new(ErrorKind::Invalid, format!("device spec {spec:?}: {msg}"));
+    let (rules, inner) = rest.split_once('@').ok_or_else(|| invalid("expected fault:RULE[,RULE]...@SPEC".into()))?;
+    if inner.is_empty() {
+        return Err(invalid("no device after '@'".into()));
+    }
+    let rules = rules.split(',').map(parse_rule).collect::<std::result::Result<Vec<_>, _>>().map_err(invalid)?;
+    Ok(Some((rules, inner)))
+}
+
+/// Wraps `dev` in a fault-injection device that starts with `rules`.
+pub fn with_faults(dev: Arc<dyn BlockDev>, rules: Vec<Rule>) -> Arc<dyn BlockDev> {
+    let (dev, faults) = FaultDev::new(dev);
+    for r in rules {
+        faults.add(r);
+    }
+    Arc::new(dev)
+}
+
 /// Opens a plain device spec (see the module docs).
 pub fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+    if let Some((rules, inner)) = split_fault(spec)? {
+        return Ok(with_faults(open(inner, read_only)?, rules));
+    }
     if let Some(size) = spec.strip_prefix("mem:") {
         let bytes = parse_size(size)
             .map_err(|e| Error::new(ErrorKind::Invalid, format!("device spec {spec:?}: {e}")))?;
@@ -150,4 +180,23 @@ pub fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
         }
     };
     Ok(dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_specs_wrap_the_inner_device() {
+        let (rules, inner) = split_fault("fault:read:eio:0-1MiB:once,flush:eio@mem:4MiB?x").unwrap().unwrap();
+        assert_eq!(inner, "mem:4MiB?x");
+        assert_eq!(rules.iter().map(|r| r.to_string()).collect::<Vec<_>>(), ["read:eio:0-1048576:once", "flush:eio"]);
+        assert!(split_fault("mem:4MiB").unwrap().is_none());
+        let dev = open("fault:write:enospc@mem:1MiB", false).unwrap();
+        assert_eq!(dev.size(), 1 << 20);
+        assert_eq!(dev.describe(), "fault(mem)".replace("mem", &open("mem:1MiB", false).unwrap().describe()));
+        for bad in ["fault:read:eio", "fault:read:eio@", "fault:nope:eio@mem:1MiB", "fault:@mem:1MiB"] {
+            assert_eq!(open(bad, false).err().unwrap().kind, ErrorKind::Invalid, "{bad}");
+        }
+    }
 }

@@ -4,9 +4,15 @@ use anyhow::{Context, Result};
 use std::sync::Arc;
 use strata_io::BlockDev;
 
-/// Opens `spec`: `cache:PATH[?origin=SPEC]` for a cache made by `strata cache create`, or any
-/// plain device spec (see `strata serve --help`).
+/// Opens `spec`: `cache:PATH[?origin=SPEC]` for a cache made by `strata cache create`,
+/// `fault:RULES@SPEC` for any of these behind injected faults, or any plain device spec (see
+/// `strata serve --help`).
 pub async fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+    if let Some((rules, inner)) = strata_io::spec::split_fault(spec)? {
+        // Resolved here rather than in strata-io so that the inner spec may be a cache.
+        let dev = Box::pin(open(inner, read_only)).await?;
+        return Ok(strata_io::spec::with_faults(dev, rules));
+    }
     if let Some(rest) = spec.strip_prefix("cache:") {
         let dev = strata_cache::admin::open(rest, strata_cache::OpenOptions::default())
             .await

@@ -25,11 +25,19 @@ Volume specs:
   ssd:PATH[?opts]      PATH behind an emulated SSD (read_us, write_us, channels, mib_s)
   cache:PATH           a cache made by `strata cache create` (its superblock names the
                        origin; cache:PATH?origin=SPEC overrides it)
+  fault:RULE[,RULE]...@SPEC
+                       SPEC behind injected faults (tests and drills): each RULE is
+                       OPS:EFFECT[:FIELD]..., OPS read|write|flush|discard|zero|any joined
+                       by '+', EFFECT eio|enospc|delay=10ms, FIELDs START-END (bytes),
+                       once|always|times=N, after=N, p=PROB, seed=N
+                       e.g. fault:read:eio:0-1MiB:once@/var/tmp/vol0.img
+                       (an origin too: cache:PATH?origin=fault:write:enospc:after=100@PATH)
 
 Examples:
   strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
   strata serve --tcp 127.0.0.1:10809 --admin 127.0.0.1:9810 fast=mem:1GiB slow=hdd:/data/o.img
   strata serve --config /etc/strata/strata.toml
+  strata serve --unix /tmp/s.sock 'flaky=fault:write:eio:0-4KiB:once,any:delay=5ms:p=0.01@mem:64MiB'
   nbdinfo 'nbd+unix:///vol0?socket=/tmp/strata.sock'")]
 pub struct ServeArgs {
     /// Listen on this Unix socket.
