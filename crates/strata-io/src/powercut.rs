@@ -17,6 +17,11 @@
 //! write to it or a later write that happened to survive. Discards are recorded as writes of
 //! zeroes, one of the outcomes the contract allows for them.
 //!
+//! Several devices that lose power together (a cache and its origin) can share a `Clock`:
+//! every event any of them records takes the clock's next tick, so one moment of the whole
+//! system, a tick, maps to a cut point on each device (`point_at_tick`), and a crash image
+//! set cut at one tick is one the devices could really have been left in together.
+//!
 //! This module must never invent data (every byte of an image was written, or was in the
 //! starting image), never lose a durable write, and never decide an outcome from anything
 //! but the seed and the recorded history.
@@ -42,6 +47,25 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A tick counter shared by the `PowerCut` devices that lose power together. Ticks only grow,
+/// and an event that happened before another (on any of the devices) has a smaller tick.
+#[derive(Clone, Default)]
+pub struct Clock(Arc<AtomicU64>);
+
+impl Clock {
+    /// The tick the next event will take: cutting every device at `now()` (with
+    /// `point_at_tick`) keeps everything recorded so far.
+    pub fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn tick(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+}
 
 /// The granularity at which an in-flight write can tear.
 pub const SECTOR_BYTES: u64 = 512;
@@ -235,6 +259,9 @@ struct State {
     dead: bool,
     /// Power fails when the history reaches this point.
     die_at: Option<u64>,
+    clock: Option<Clock>,
+    /// With a clock: the tick of each event in `events`.
+    ticks: Vec<u64>,
 }
 
 impl State {
@@ -272,6 +299,9 @@ impl State {
         let settles = matches!(ev, Event::FlushDone { ok: true, .. });
         self.history_bytes += cost;
         self.events.push(ev);
+        if let Some(c) = &self.clock {
+            self.ticks.push(c.tick());
+        }
         let point = self.now() - 1;
         if settles && self.history_bytes > self.history_limit_bytes {
             // Flush events may have overshot the limit; the flush that just completed is
@@ -299,6 +329,9 @@ impl State {
         }
         for ev in self.events.drain(..fold) {
             self.history_bytes -= ev.cost_bytes();
+        }
+        if self.clock.is_some() {
+            self.ticks.drain(..fold);
         }
         self.start += fold as u64;
     }
@@ -442,6 +475,13 @@ impl<D: BlockDev> PowerCut<D> {
         Ok(PowerCut::with_base(inner, base))
     }
 
+    /// `new`, with events ticking `clock` (see the module docs).
+    pub fn with_clock(inner: D, clock: Clock) -> PowerCut<D> {
+        let pc = PowerCut::new(inner);
+        pc.state.lock().clock = Some(clock);
+        pc
+    }
+
     fn with_base(inner: D, base: MemDev) -> PowerCut<D> {
         let state = State {
             base,
@@ -451,6 +491,8 @@ impl<D: BlockDev> PowerCut<D> {
             history_limit_bytes: HISTORY_LIMIT_BYTES_DEFAULT,
             dead: false,
             die_at: None,
+            clock: None,
+            ticks: Vec::new(),
         };
         PowerCut { inner, state: Mutex::new(state) }
     }
@@ -477,6 +519,33 @@ impl<D: BlockDev> PowerCut<D> {
             .filter(|(_, ev)| matches!(ev, Event::FlushDone { ok: true, .. }))
             .map(|(pos, _)| st.start + pos as u64 + 1)
             .collect()
+    }
+
+    /// The ticks at which successful flushes completed, oldest first (empty without a clock).
+    pub fn flush_ticks(&self) -> Vec<u64> {
+        let st = self.state.lock();
+        (st.events.iter().zip(&st.ticks))
+            .filter(|(ev, _)| matches!(ev, Event::FlushDone { ok: true, .. }))
+            .map(|(_, t)| *t)
+            .collect()
+    }
+
+    /// The cut point matching a moment of the shared clock: every event that took a tick
+    /// before `tick` is kept, none after. Fails without a clock, or if the events just
+    /// before that moment were compacted away.
+    pub fn point_at_tick(&self, tick: u64) -> Result<u64> {
+        let st = self.state.lock();
+        if st.clock.is_none() {
+            return Err(Error::new(ErrorKind::Invalid, "powercut: point_at_tick on a device without a clock"));
+        }
+        let kept = st.ticks.partition_point(|&t| t < tick);
+        if kept == 0 && st.start > 0 {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("powercut: tick {tick} is in history compacted away (before point {})", st.start),
+            ));
+        }
+        Ok(st.start + kept as u64)
     }
 
     /// The image a power cut now would leave, as `seed` decides.
@@ -648,5 +717,29 @@ mod tests {
         assert_eq!(v, [(0, 12), (12, 524), (524, 1036), (1036, 1100)]);
         assert_eq!(sectors(0, 0).count(), 0);
         assert_eq!(sectors(1024, 512).collect::<Vec<_>>(), [(0, 512)]);
+    }
+
+    #[test]
+    fn a_shared_clock_cuts_devices_at_one_moment() {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+            let clock = Clock::default();
+            let a = PowerCut::with_clock(MemDev::new(4096), clock.clone());
+            let b = PowerCut::with_clock(MemDev::new(4096), clock.clone());
+            a.write(0, Buf::from_slice(&[1; 512]), false).await.unwrap(); // ticks 0, 1
+            a.flush().await.unwrap(); // ticks 2, 3
+            let t = clock.now();
+            b.write(0, Buf::from_slice(&[2; 512]), false).await.unwrap(); // ticks 4, 5
+            b.flush().await.unwrap(); // ticks 6, 7
+            a.write(512, Buf::from_slice(&[3; 512]), false).await.unwrap(); // ticks 8, 9
+            assert_eq!((t, clock.now()), (4, 10));
+            assert_eq!((a.flush_ticks(), b.flush_ticks()), (vec![3], vec![7]));
+            assert_eq!((a.point_at_tick(t).unwrap(), b.point_at_tick(t).unwrap()), (4, 0));
+            assert_eq!((a.point_at_tick(8).unwrap(), b.point_at_tick(8).unwrap()), (4, 4));
+            assert_eq!(a.point_at_tick(clock.now()).unwrap(), a.now());
+            let mut got = [0u8; 512];
+            b.crash_at(b.point_at_tick(t).unwrap(), 1).unwrap().read_into(0, &mut got).unwrap();
+            assert_eq!(got, [0; 512], "b had written nothing at tick {t}");
+            assert!(PowerCut::new(MemDev::new(4096)).point_at_tick(0).is_err(), "no clock, no ticks");
+        });
     }
 }
