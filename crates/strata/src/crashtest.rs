@@ -8,6 +8,11 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeSet;
+use std::path::Path;
+
+pub mod ext4;
+pub mod faults;
+pub mod soak;
 
 pub const SECTOR: u64 = 512;
 
@@ -137,6 +142,20 @@ impl Oracle {
         }
     }
 
+    /// Records that a step failed: it may have landed or not, sector by sector, so from now
+    /// on each sector it touched may hold anything it was allowed to hold before or what the
+    /// step wrote, whatever later flushes say, until a later write replaces it.
+    pub fn fail(&mut self, step: &Step) {
+        let (offset, len) = match *step {
+            Step::Write { offset, len, .. } | Step::Trim { offset, len } | Step::Zero { offset, len } => (offset, len),
+            Step::Flush => return,
+        };
+        for s in &mut self.sectors[Self::range(offset, len)] {
+            let since = std::mem::take(&mut s.since);
+            s.durable.extend(since);
+        }
+    }
+
     /// Checks a device image (or the part of it starting at sector 0) against the oracle.
     pub fn verify(&self, image: &[u8]) -> Verdict {
         let mut v = Verdict::default();
@@ -158,6 +177,27 @@ impl Oracle {
             }
         }
         v
+    }
+}
+
+impl Oracle {
+    /// An oracle whose durable content is what `image` holds: a run that goes on after a
+    /// verified crash starts from there. Sectors holding neither zeroes nor a write (already
+    /// counted as failures) are taken as zeroes.
+    pub fn from_image(image: &[u8]) -> Oracle {
+        let sectors = image
+            .chunks(SECTOR as usize)
+            .enumerate()
+            .map(|(i, data)| {
+                let val = decode(i as u64, data).unwrap_or(Val::Zero);
+                let ever = match val {
+                    Val::Id(id) => BTreeSet::from([id]),
+                    _ => BTreeSet::new(),
+                };
+                SectorState { durable: vec![val], since: Vec::new(), ever }
+            })
+            .collect();
+        Oracle { sectors }
     }
 }
 
@@ -241,18 +281,14 @@ pub struct PointOutcome {
     pub detail: String,
 }
 
-fn run_strata(setup: &KillSetup, args: &[&str]) -> anyhow::Result<std::process::Output> {
-    Ok(std::process::Command::new(&setup.strata).args(args).output()?)
-}
-
 struct ServerProc {
     child: std::process::Child,
 }
 
 impl ServerProc {
-    fn start(setup: &KillSetup, sock: &std::path::Path, cache: &std::path::Path, log: &std::path::Path) -> anyhow::Result<Self> {
+    fn start(strata: &Path, sock: &Path, cache: &Path, log: &Path) -> anyhow::Result<Self> {
         let _ = std::fs::remove_file(sock);
-        let child = std::process::Command::new(&setup.strata)
+        let child = std::process::Command::new(strata)
             .args(["serve", "--unix"])
             .arg(sock)
             .arg(format!("vol=cache:{}", cache.display()))
@@ -295,13 +331,55 @@ impl Drop for ServerProc {
     }
 }
 
-async fn apply(c: &mut strata_nbd::client::Client<tokio::net::UnixStream>, step: &Step) -> std::io::Result<()> {
+type UnixClient = strata_nbd::client::Client<tokio::net::UnixStream>;
+
+async fn apply(c: &mut UnixClient, step: &Step) -> std::io::Result<()> {
+    apply_at(c, step, 0).await
+}
+
+/// Applies a step of a workload over a region starting at `base` (sectors are numbered from
+/// the region's start, as the oracle numbers them).
+async fn apply_at(c: &mut UnixClient, step: &Step, base: u64) -> std::io::Result<()> {
     match *step {
-        Step::Write { id, offset, len, fua } => c.write(offset, &payload(id, offset / SECTOR, len / SECTOR), fua).await,
+        Step::Write { id, offset, len, fua } => {
+            c.write(base + offset, &payload(id, offset / SECTOR, len / SECTOR), fua).await
+        }
         Step::Flush => c.flush().await,
-        Step::Trim { offset, len } => c.trim(offset, len as u32).await,
-        Step::Zero { offset, len } => c.write_zeroes(offset, len as u32, false).await,
+        Step::Trim { offset, len } => c.trim(base + offset, len as u32).await,
+        Step::Zero { offset, len } => c.write_zeroes(base + offset, len as u32, false).await,
     }
+}
+
+/// Reads `len` bytes at `offset` over NBD, a MiB at a time.
+async fn read_region(c: &mut UnixClient, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut image = Vec::with_capacity(len as usize);
+    let mut pos = 0;
+    while pos < len {
+        let n = (len - pos).min(1 << 20);
+        image.extend_from_slice(&c.read(offset + pos, n as u32).await?);
+        pos += n;
+    }
+    Ok(image)
+}
+
+/// `strata cache create` of a writeback cache for the crash runs: no migration budget limit,
+/// no sequential cutoff, write-back above 30% dirty.
+fn create_cache(strata: &Path, origin: &Path, origin_bytes: u64, cache: &Path, cache_bytes: u64, block: &str) -> anyhow::Result<()> {
+    let out = std::process::Command::new(strata)
+        .args(["cache", "create", "--origin"])
+        .arg(format!("{}?size={origin_bytes}", origin.display()))
+        .arg("--cache")
+        .arg(format!("{}?size={cache_bytes}", cache.display()))
+        .args(["--block-size", block, "--migration-budget", "0", "--sequential-cutoff", "0", "--writeback-percent", "30"])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "cache create: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+/// `strata cache check CACHE`: `None` when it passes, its report when it does not.
+fn cache_check(strata: &Path, cache: &Path) -> anyhow::Result<Option<String>> {
+    let out = std::process::Command::new(strata).args(["cache", "check"]).arg(cache).output()?;
+    Ok((!out.status.success()).then(|| String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
 /// One kill -9 crash point: a writeback cache over a file origin is driven by a random
@@ -313,32 +391,13 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let (origin, cache, sock, log) = (dir.join("origin.img"), dir.join("cache.img"), dir.join("s.sock"), dir.join("server.log"));
-    let out = run_strata(
-        setup,
-        &[
-            "cache",
-            "create",
-            "--origin",
-            &format!("{}?size={}", origin.display(), setup.origin_bytes),
-            "--cache",
-            &format!("{}?size={}", cache.display(), setup.cache_bytes),
-            "--block-size",
-            "32KiB",
-            "--migration-budget",
-            "0",
-            "--sequential-cutoff",
-            "0",
-            "--writeback-percent",
-            "30",
-        ],
-    )?;
-    anyhow::ensure!(out.status.success(), "cache create: {}", String::from_utf8_lossy(&out.stderr));
+    create_cache(&setup.strata, &origin, setup.origin_bytes, &cache, setup.cache_bytes, "32KiB")?;
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let steps = workload(seed, setup.steps, setup.origin_bytes);
     let kill_at = rng.gen_range(setup.steps / 4..setup.steps);
     let mut oracle = Oracle::new(setup.origin_bytes);
-    let mut server = ServerProc::start(setup, &sock, &cache, &log)?;
+    let mut server = ServerProc::start(&setup.strata, &sock, &cache, &log)?;
     {
         let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
         for step in &steps[..kill_at] {
@@ -360,28 +419,21 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
 
     let mut check_failures = 0;
     let mut detail = String::new();
-    let check = run_strata(setup, &["cache", "check", &cache.display().to_string()])?;
-    if !check.status.success() {
+    if let Some(report) = cache_check(&setup.strata, &cache)? {
         check_failures += 1;
-        detail.push_str(&format!("check after crash: {}\n", String::from_utf8_lossy(&check.stdout)));
+        detail.push_str(&format!("check after crash: {report}\n"));
     }
-    let server = ServerProc::start(setup, &sock, &cache, &log)?;
-    let mut image = Vec::with_capacity(setup.origin_bytes as usize);
-    {
+    let server = ServerProc::start(&setup.strata, &sock, &cache, &log)?;
+    let image = {
         let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
-        let mut pos = 0;
-        while pos < setup.origin_bytes {
-            let n = (setup.origin_bytes - pos).min(1 << 20);
-            image.extend_from_slice(&c.read(pos, n as u32).await?);
-            pos += n;
-        }
+        let image = read_region(&mut c, 0, setup.origin_bytes).await?;
         c.disconnect().await?;
-    }
+        image
+    };
     server.stop()?;
-    let check = run_strata(setup, &["cache", "check", &cache.display().to_string()])?;
-    if !check.status.success() {
+    if let Some(report) = cache_check(&setup.strata, &cache)? {
         check_failures += 1;
-        detail.push_str(&format!("check after recovery: {}\n", String::from_utf8_lossy(&check.stdout)));
+        detail.push_str(&format!("check after recovery: {report}\n"));
     }
     let verdict = oracle.verify(&image);
     if verdict.lost == 0 && verdict.garbage == 0 && check_failures == 0 {
@@ -392,21 +444,17 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
     Ok(PointOutcome { seed, verdict, check_failures, detail })
 }
 
-/// One power-cut point, in process: a writeback cache whose origin and cache device both
-/// record their writes; the workload runs, power fails on both at a seeded step (with the
-/// last request in flight), each device keeps only what its durability rules allow (torn
-/// sectors included), and the cache is recovered from those images and verified.
-pub async fn powercut_point(origin_bytes: u64, cache_bytes: u64, steps_n: usize, seed: u64) -> anyhow::Result<PointOutcome> {
-    use std::sync::Arc;
+/// Formats and opens the writeback cache of the in-process crash runs over `cache` and
+/// `origin`: 32 KiB blocks, no migration budget limit, no sequential cutoff, write-back above
+/// 30% dirty, the policy seeded by `seed`.
+pub async fn writeback_cache(
+    cache: std::sync::Arc<dyn strata_io::BlockDev>,
+    origin: std::sync::Arc<dyn strata_io::BlockDev>,
+    seed: u64,
+) -> anyhow::Result<strata_cache::CacheDev> {
     use strata_cache::admin::{create, CreateOptions};
     use strata_cache::meta::Meta;
     use strata_cache::{CacheDev, OpenOptions};
-    use strata_io::mem::MemDev;
-    use strata_io::powercut::PowerCut;
-    use strata_io::{BlockDev, Buf, ZeroFlags};
-
-    let origin = Arc::new(PowerCut::new(MemDev::new(origin_bytes)));
-    let cache = Arc::new(PowerCut::new(MemDev::new(cache_bytes)));
     let opts = CreateOptions {
         block_bytes: 32 << 10,
         migration_budget_bytes_per_s: 0,
@@ -417,7 +465,57 @@ pub async fn powercut_point(origin_bytes: u64, cache_bytes: u64, steps_n: usize,
     };
     create(&*cache, &*origin, &opts).await?;
     let (meta, _) = Meta::load(&*cache).await?;
-    let dev = Arc::new(CacheDev::open(cache.clone(), origin.clone(), meta, OpenOptions { seed, ..OpenOptions::default() }).await?);
+    Ok(CacheDev::open(cache, origin, meta, OpenOptions { seed, ..OpenOptions::default() }).await?)
+}
+
+/// Restarts a cache from the images a power cut left of its cache device and origin: checks
+/// the metadata, opens the cache (recovering it), reads the whole volume, shuts it down and
+/// checks the metadata again. Returns the volume's content, the number of failed checks and
+/// what they found.
+pub async fn recover_cache(
+    cache_img: strata_io::mem::MemDev,
+    origin_img: strata_io::mem::MemDev,
+) -> anyhow::Result<(strata_io::Buf, u32, String)> {
+    use std::sync::Arc;
+    use strata_cache::meta::Meta;
+    use strata_cache::{CacheDev, OpenOptions};
+    use strata_io::{BlockDev, Buf};
+
+    let (cache_img, origin_img) = (Arc::new(cache_img), Arc::new(origin_img));
+    let mut check_failures = 0;
+    let mut detail = String::new();
+    let (meta, findings) = Meta::load(&*cache_img).await?;
+    if !findings.errors.is_empty() {
+        check_failures += 1;
+        detail.push_str(&format!("check after the cut: {:?}\n", findings.errors));
+    }
+    let size = origin_img.size();
+    let dev = CacheDev::open(cache_img.clone(), origin_img, meta, OpenOptions::default()).await?;
+    let image = dev.read(0, Buf::zeroed(size as usize)).await?;
+    dev.shutdown().await?;
+    drop(dev);
+    let (_, findings) = Meta::load(&*cache_img).await?;
+    if !findings.errors.is_empty() || !findings.repaired.is_empty() {
+        check_failures += 1;
+        detail.push_str(&format!("check after recovery: {:?} {:?}\n", findings.errors, findings.repaired));
+    }
+    Ok((image, check_failures, detail))
+}
+
+/// One power-cut point, in process: a writeback cache whose origin and cache device both
+/// record their writes; the workload runs, power fails on both at a seeded step (with the
+/// last request in flight), each device keeps only what its durability rules allow (torn
+/// sectors included), and the cache is recovered from those images and verified.
+pub async fn powercut_point(origin_bytes: u64, cache_bytes: u64, steps_n: usize, seed: u64) -> anyhow::Result<PointOutcome> {
+    use std::sync::Arc;
+    use strata_cache::CacheDev;
+    use strata_io::mem::MemDev;
+    use strata_io::powercut::PowerCut;
+    use strata_io::{BlockDev, Buf, ZeroFlags};
+
+    let origin = Arc::new(PowerCut::new(MemDev::new(origin_bytes)));
+    let cache = Arc::new(PowerCut::new(MemDev::new(cache_bytes)));
+    let dev = Arc::new(writeback_cache(cache.clone(), origin.clone(), seed).await?);
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc0ffee);
     let steps = workload(seed, steps_n, origin_bytes);
@@ -451,24 +549,9 @@ pub async fn powercut_point(origin_bytes: u64, cache_bytes: u64, steps_n: usize,
     cache.power_off();
     let _ = inflight.await;
     drop(dev);
-    let (origin_img, cache_img) = (Arc::new(origin.crash(seed)), Arc::new(cache.crash(seed.wrapping_add(1))));
+    let (origin_img, cache_img) = (origin.crash(seed), cache.crash(seed.wrapping_add(1)));
 
-    let mut check_failures = 0;
-    let mut detail = String::new();
-    let (meta, findings) = Meta::load(&*cache_img).await?;
-    if !findings.errors.is_empty() {
-        check_failures += 1;
-        detail.push_str(&format!("check after the cut: {:?}\n", findings.errors));
-    }
-    let dev = CacheDev::open(cache_img.clone(), origin_img.clone(), meta, OpenOptions::default()).await?;
-    let image = dev.read(0, Buf::zeroed(origin_bytes as usize)).await?;
-    dev.shutdown().await?;
-    drop(dev);
-    let (_, findings) = Meta::load(&*cache_img).await?;
-    if !findings.errors.is_empty() || !findings.repaired.is_empty() {
-        check_failures += 1;
-        detail.push_str(&format!("check after recovery: {:?} {:?}\n", findings.errors, findings.repaired));
-    }
+    let (image, check_failures, mut detail) = recover_cache(cache_img, origin_img).await?;
     let verdict = oracle.verify(&image);
     if verdict.lost + verdict.garbage > 0 {
         detail.push_str(&format!("cut at step {cut_at}\n"));

@@ -4,6 +4,8 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
+use crate::crashtest::{ext4, faults};
+use crate::crashtest::soak::{soak, SoakSetup};
 use crate::crashtest::{kill_point, powercut_point, KillSetup};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -13,6 +15,22 @@ pub enum CrashMode {
     Powercut,
     /// Kill -9 the server mid-request, restart it, verify.
     Kill,
+    /// A long run (--minutes) of rate-limited mixed fio load plus the oracle's workload on a
+    /// served writeback cache, killed with SIGKILL at random moments and restarted; each
+    /// restart is checked (cache check, oracle, fio --verify_only). A point is one kill.
+    Soak,
+    /// Record an ext4 workload (mkfs, files written and fsynced, renames, deletes) through
+    /// nbdfuse + loop on devices that record every write, then cut it at its flush points
+    /// (--points of them, every one for 0) on a plain volume and on a writeback cache: after
+    /// the journal replay `e2fsck -fn` must be clean and every fsynced file intact. Needs
+    /// root, FUSE, loop devices, nbdfuse and e2fsprogs.
+    Ext4,
+    /// The fault matrix: EIO, ENOSPC and latency spikes, once and persistent, on the origin,
+    /// the cache data area and the metadata area of a served writeback cache, under the
+    /// oracle's workload with reads checked as they go. Counts server crashes (requests
+    /// without a reply) and silent data losses (wrong content read without an error).
+    /// A point is one cell of the matrix (18 in all; --points is ignored).
+    Faults,
 }
 
 #[derive(Args, Debug)]
@@ -25,7 +43,9 @@ The last line reads: N points, L lost writes, C check failures.
 
 Example:
   strata crashtest --points 1000 --seed 1 --mode powercut
-  strata crashtest --points 200 --seed 1 --mode kill")]
+  strata crashtest --points 200 --seed 1 --mode kill
+  strata crashtest --mode ext4 --points 0 --seed 1
+  nice -n 19 strata crashtest --mode soak --minutes 30 --rate-iops 1500")]
 pub struct CrashtestArgs {
     #[arg(long, default_value_t = 20)]
     pub points: u64,
@@ -39,6 +59,12 @@ pub struct CrashtestArgs {
     /// Workload steps per point.
     #[arg(long, default_value_t = 400)]
     pub steps: usize,
+    /// How long the soak runs.
+    #[arg(long, default_value_t = 30)]
+    pub minutes: u64,
+    /// The soak's fio IOPS cap (reads and writes together).
+    #[arg(long, default_value_t = 1500)]
+    pub rate_iops: u32,
 }
 
 pub fn run(a: CrashtestArgs) -> Result<()> {
@@ -50,12 +76,31 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         steps: a.steps,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    if let CrashMode::Ext4 = a.mode {
+        return run_ext4(&a, &rt);
+    }
+    if let CrashMode::Faults = a.mode {
+        return run_faults(&a, &rt);
+    }
+    if let CrashMode::Soak = a.mode {
+        let s = SoakSetup {
+            strata: setup.strata,
+            dir: a.dir.join("soak"),
+            duration: std::time::Duration::from_secs(a.minutes * 60),
+            rate_iops: a.rate_iops,
+            seed: a.seed,
+        };
+        let r = rt.block_on(soak(&s))?;
+        eprintln!("{r:?}");
+        return finish(r.kills, r.lost, r.check_failures);
+    }
     let (mut lost, mut failures) = (0u64, 0u64);
     for i in 0..a.points {
         let seed = a.seed + i;
         let out = match a.mode {
             CrashMode::Kill => rt.block_on(kill_point(&setup, seed))?,
             CrashMode::Powercut => rt.block_on(powercut_point(setup.origin_bytes, setup.cache_bytes, a.steps, seed))?,
+            CrashMode::Soak | CrashMode::Ext4 | CrashMode::Faults => unreachable!("handled above"),
         };
         let bad = out.verdict.lost + out.verdict.garbage;
         lost += out.verdict.lost;
@@ -66,7 +111,64 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
             eprintln!("seed {seed}: ok ({} sectors verified)", out.verdict.sectors);
         }
     }
-    println!("{} points, {lost} lost writes, {failures} check failures", a.points);
+    finish(a.points, lost, failures)
+}
+
+fn run_faults(a: &CrashtestArgs, rt: &tokio::runtime::Runtime) -> Result<()> {
+    let (mut points, mut silent, mut failures, mut crashes) = (0, 0, 0, 0);
+    let (mut requests, mut errors, mut injected) = (0, 0, 0);
+    for (i, case) in faults::matrix().into_iter().enumerate() {
+        let out = rt.block_on(faults::run_case(case, a.seed + i as u64, &a.dir))?;
+        eprintln!(
+            "{case:?}: {} requests, {} faults injected, {} error replies, {} server crashes, {} silent data losses, {} check failures",
+            out.requests, out.injected, out.errors, out.server_crashes, out.silent_losses, out.check_failures
+        );
+        if !out.detail.is_empty() {
+            eprintln!("{}", out.detail);
+        }
+        points += 1;
+        requests += out.requests;
+        errors += out.errors;
+        injected += out.injected;
+        crashes += out.server_crashes;
+        silent += out.silent_losses;
+        failures += out.check_failures;
+    }
+    eprintln!("{requests} requests, {injected} faults injected, {errors} error replies, {crashes} server crashes, {silent} silent data losses");
+    finish(points, silent, failures + crashes)
+}
+
+fn run_ext4(a: &CrashtestArgs, rt: &tokio::runtime::Runtime) -> Result<()> {
+    if let Some(why) = ext4::unavailable() {
+        anyhow::bail!("--mode ext4 cannot run here: {why}");
+    }
+    let (mut points, mut lost, mut failures) = (0, 0, 0);
+    for cache in [false, true] {
+        let s = ext4::Ext4Setup {
+            dir: a.dir.join(if cache { "ext4-cache" } else { "ext4-plain" }),
+            volume_bytes: 64 << 20,
+            ops: 60,
+            seed: a.seed,
+            cache,
+        };
+        let sum = rt.block_on(ext4::replay(&s, a.points as usize))?;
+        eprintln!(
+            "{} volume: {} flush points, {} cut, {} fsynced paths checked",
+            if cache { "cache" } else { "plain" },
+            sum.flush_points,
+            sum.points,
+            sum.paths
+        );
+        points += sum.points;
+        lost += sum.lost;
+        failures += sum.check_failures;
+    }
+    finish(points, lost, failures)
+}
+
+/// Prints the last line and fails the command if anything was lost or failed.
+fn finish(points: u64, lost: u64, failures: u64) -> Result<()> {
+    println!("{points} points, {lost} lost writes, {failures} check failures");
     if lost > 0 || failures > 0 {
         std::process::exit(1);
     }

@@ -1,0 +1,273 @@
+//! The fault matrix behind `strata crashtest --mode faults`: every fault class (EIO, ENOSPC,
+//! latency spike; once or persistent) injected on each device under a writeback cache (the
+//! origin, the cache device's data area, its metadata area), while the crash oracle's
+//! workload runs through the NBD server with reads checked as they go.
+//!
+//! Each case serves a fresh cache over RAM devices wrapped in `strata_io::fault` (in this
+//! process, so the rules can be steered), runs 120 workload steps, adds the fault, runs 200
+//! more (a persistent fault is removed after them: the device answers again), runs 80 more,
+//! flushes, then reads the whole volume, shuts the cache down and checks its metadata.
+//! Counted:
+//! - a **server crash**: a request that got no reply (the connection broke), or a server
+//!   that no longer accepts a connection;
+//! - a **silent data loss**: a read that succeeded with content other than the sector's
+//!   latest value (or, after a failed write, its value before or the failed write's), or a
+//!   sector whose final content is not its last durable value or later (the crash oracle);
+//! - a check failure: metadata errors after the shutdown, or a flush still failing once the
+//!   devices answer again.
+//!
+//! A request that fails is fine when it is the fault's doing: it is counted, and the sectors
+//! it touched may hold the old or the new content from then on.
+
+use super::{decode, payload, workload, Oracle, Step, Val, SECTOR};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_io::fault::{Effect, FaultDev, Faults, Ops, Rule};
+use strata_io::mem::MemDev;
+use strata_io::{BlockDev, ErrorKind};
+
+const ORIGIN_BYTES: u64 = 16 << 20;
+const CACHE_BYTES: u64 = 4 << 20;
+const STEPS_BEFORE: usize = 120;
+const STEPS_FAULTY: usize = 200;
+const STEPS_AFTER: usize = 80;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Origin,
+    CacheData,
+    Metadata,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Eio,
+    Enospc,
+    Latency,
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub target: Target,
+    pub class: Class,
+    pub persistent: bool,
+}
+
+/// Every cell: 3 devices x 3 classes x once/persistent.
+pub fn matrix() -> Vec<Case> {
+    let mut v = Vec::new();
+    for target in [Target::Origin, Target::CacheData, Target::Metadata] {
+        for class in [Class::Eio, Class::Enospc, Class::Latency] {
+            for persistent in [false, true] {
+                v.push(Case { target, class, persistent });
+            }
+        }
+    }
+    v
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct CaseOutcome {
+    pub requests: u64,
+    /// Requests that got an error reply.
+    pub errors: u64,
+    /// Faults the device injected (errors and delays).
+    pub injected: u64,
+    pub server_crashes: u64,
+    /// Sectors read back (during the run and at the end) with content they may not hold.
+    pub silent_losses: u64,
+    pub check_failures: u64,
+    pub detail: String,
+}
+
+/// What a read of each sector may return now.
+struct Current(Vec<Vec<Val>>);
+
+impl Current {
+    fn range(offset: u64, len: u64) -> std::ops::Range<usize> {
+        (offset / SECTOR) as usize..((offset + len) / SECTOR) as usize
+    }
+
+    /// Records a step's outcome: done, it replaces what the sectors hold; failed, it may
+    /// have landed or not, sector by sector.
+    fn apply(&mut self, step: &Step, ok: bool) {
+        let (val, offset, len) = match *step {
+            Step::Write { id, offset, len, .. } => (Val::Id(id), offset, len),
+            Step::Trim { offset, len } => (Val::Trimmed, offset, len),
+            Step::Zero { offset, len } => (Val::Zero, offset, len),
+            Step::Flush => return,
+        };
+        for s in &mut self.0[Self::range(offset, len)] {
+            if ok {
+                // A trimmed sector reads as zeroes or as what it held.
+                if val == Val::Trimmed {
+                    s.push(Val::Zero);
+                } else {
+                    s.clear();
+                    s.push(val);
+                }
+            } else {
+                s.push(val);
+                if val == Val::Trimmed {
+                    s.push(Val::Zero);
+                }
+            }
+        }
+    }
+
+    /// Sectors of a successful read holding something they may not.
+    fn wrong(&self, offset: u64, data: &[u8]) -> u64 {
+        let first = offset / SECTOR;
+        data.chunks(SECTOR as usize)
+            .enumerate()
+            .filter(|(i, d)| {
+                let sector = first + *i as u64;
+                !matches!(decode(sector, d), Some(v) if self.0[sector as usize].contains(&v))
+            })
+            .count() as u64
+    }
+}
+
+fn rule(case: Case, data_offset: u64) -> Rule {
+    let range = match case.target {
+        Target::Origin => None,
+        Target::CacheData => Some(data_offset..CACHE_BYTES),
+        Target::Metadata => Some(0..data_offset),
+    };
+    let ops = Ops::READ | Ops::WRITE | Ops::FLUSH;
+    let mut r = match case.class {
+        Class::Eio => Rule::new(ops, Effect::Fail(ErrorKind::Io)),
+        Class::Enospc => Rule::new(ops, Effect::Fail(ErrorKind::NoSpace)),
+        Class::Latency if case.persistent => Rule::delay(Ops::ANY, Duration::from_millis(20)).probability(0.2, 7),
+        Class::Latency => Rule::delay(Ops::ANY, Duration::from_millis(300)),
+    };
+    if let Some(range) = range {
+        r = r.range(range);
+    }
+    if case.persistent {
+        r
+    } else {
+        r.once()
+    }
+}
+
+type UnixClient = strata_nbd::client::Client<tokio::net::UnixStream>;
+
+fn server_errno(e: &std::io::Error) -> Option<u32> {
+    e.get_ref()?.downcast_ref::<strata_nbd::client::ServerError>().map(|s| s.0)
+}
+
+/// Runs one cell of the matrix, serving in `dir`.
+pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseOutcome> {
+    let (origin, origin_faults) = FaultDev::new(MemDev::new(ORIGIN_BYTES));
+    let (cache, cache_faults) = FaultDev::new(MemDev::new(CACHE_BYTES));
+    let (origin, cache) = (Arc::new(origin), Arc::new(cache));
+    let dev = Arc::new(super::writeback_cache(cache.clone(), origin.clone(), seed).await?);
+    let data_offset = strata_cache::meta::Meta::load(&*cache).await?.0.sb.data_offset;
+    let faults: &Faults = if case.target == Target::Origin { &origin_faults } else { &cache_faults };
+
+    std::fs::create_dir_all(dir)?;
+    let sock = dir.join(format!("f{seed}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let export = strata_nbd::Export { name: "vol".into(), description: dev.describe(), dev: dev.clone(), read_only: false };
+    let server = strata_nbd::Server::new(vec![export], strata_nbd::Limits::default()).map_err(anyhow::Error::msg)?;
+    let serving = {
+        let (server, listener) = (server.clone(), tokio::net::UnixListener::bind(&sock)?);
+        tokio::spawn(async move { server.serve_unix(listener).await })
+    };
+
+    let mut out = CaseOutcome::default();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
+    let steps = workload(seed, STEPS_BEFORE + STEPS_FAULTY + STEPS_AFTER, ORIGIN_BYTES);
+    let mut oracle = Oracle::new(ORIGIN_BYTES);
+    let mut current = Current(vec![vec![Val::Zero]; (ORIGIN_BYTES / SECTOR) as usize]);
+    let mut c = UnixClient::connect_unix(&sock, "vol").await?;
+    for (i, step) in steps.iter().enumerate() {
+        if i == STEPS_BEFORE {
+            faults.add(rule(case, data_offset));
+        }
+        if i == STEPS_BEFORE + STEPS_FAULTY {
+            faults.clear();
+        }
+        oracle.issue(step);
+        out.requests += 1;
+        let r = match *step {
+            Step::Write { id, offset, len, fua } => c.write(offset, &payload(id, offset / SECTOR, len / SECTOR), fua).await,
+            Step::Flush => c.flush().await,
+            Step::Trim { offset, len } => c.trim(offset, len as u32).await,
+            Step::Zero { offset, len } => c.write_zeroes(offset, len as u32, false).await,
+        };
+        let ok = r.is_ok();
+        match r {
+            Ok(()) => oracle.complete(step),
+            Err(e) if server_errno(&e).is_some() => {
+                out.errors += 1;
+                oracle.fail(step);
+            }
+            Err(e) => {
+                out.server_crashes += 1;
+                out.detail.push_str(&format!("step {i}: no reply: {e}\n"));
+                oracle.fail(step);
+                c = UnixClient::connect_unix(&sock, "vol").await?;
+            }
+        }
+        current.apply(step, ok);
+        // A read after most steps, checked against what the sectors may hold now.
+        if rng.gen_bool(0.5) {
+            let sectors = rng.gen_range(1..=256);
+            let offset = rng.gen_range(0..=ORIGIN_BYTES / SECTOR - sectors) * SECTOR;
+            out.requests += 1;
+            match c.read(offset, (sectors * SECTOR) as u32).await {
+                Ok(d) => {
+                    let wrong = current.wrong(offset, &d);
+                    if wrong > 0 {
+                        out.silent_losses += wrong;
+                        out.detail.push_str(&format!("step {i}: read at {offset}: {wrong} sectors wrong\n"));
+                    }
+                }
+                Err(e) if server_errno(&e).is_some() => out.errors += 1,
+                Err(e) => {
+                    out.server_crashes += 1;
+                    out.detail.push_str(&format!("step {i}: read got no reply: {e}\n"));
+                    c = UnixClient::connect_unix(&sock, "vol").await?;
+                }
+            }
+        }
+    }
+    // The devices answer again: a flush must now succeed, and everything reads back.
+    oracle.issue(&Step::Flush);
+    match c.flush().await {
+        Ok(()) => oracle.complete(&Step::Flush),
+        Err(e) => {
+            out.check_failures += 1;
+            out.detail.push_str(&format!("flush after the fault was gone: {e}\n"));
+        }
+    }
+    let image = super::read_region(&mut c, 0, ORIGIN_BYTES).await?;
+    c.disconnect().await?;
+    let v = oracle.verify(&image);
+    out.silent_losses += v.lost + v.garbage + current.wrong(0, &image);
+    if v.lost + v.garbage > 0 {
+        out.detail.push_str(&format!("final read: {v:?}\n"));
+    }
+    server.shutdown();
+    let _ = serving.await;
+    server.wait_idle().await;
+    if let Err(e) = dev.shutdown().await {
+        out.check_failures += 1;
+        out.detail.push_str(&format!("shutdown: {e}\n"));
+    }
+    let (_, findings) = strata_cache::meta::Meta::load(&*cache).await?;
+    if !findings.errors.is_empty() {
+        out.check_failures += 1;
+        out.detail.push_str(&format!("metadata after shutdown: {:?}\n", findings.errors));
+    }
+    let counters = faults.counters();
+    out.injected = counters.errors() + counters.delayed;
+    let _ = std::fs::remove_file(&sock);
+    Ok(out)
+}
