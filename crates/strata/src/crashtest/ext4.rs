@@ -8,7 +8,7 @@
 //! writes never synced, then `umount`. Two volumes: a plain RAM device, and a writeback cache
 //! whose cache device and origin both record.
 //!
-//! Replay: for each volume-level flush k, a cut at a seeded moment after flush k completed
+//! Replay: for each volume-level flush k from mkfs's last one on, a cut at a seeded moment after flush k completed
 //! and before flush k+1 completed (or the end): every device keeps what the power-cut rules
 //! allow at that moment (writes after the last completed flush kept, dropped or torn, as the
 //! seed decides); a cache is recovered from its two images and read back. On a copy of the
@@ -101,13 +101,18 @@ pub struct Recording {
     devices: Devices,
     /// Operations per path, in order.
     ops: BTreeMap<String, Vec<PathOp>>,
+    /// Clock reading when mkfs.ext4 had returned.
+    mkfs_done: u64,
     end: u64,
 }
 
 impl Recording {
-    /// Moments just after each volume flush completed: the flush points.
+    /// The moments at which volume flushes completed, from mkfs's last flush on: the flush
+    /// points. (A cut while mkfs is still writing leaves no file system to check.)
     pub fn flush_ticks(&self) -> Vec<u64> {
-        self.volume.flush_ticks()
+        let all = self.volume.flush_ticks();
+        let first = all.iter().rposition(|&t| t < self.mkfs_done).unwrap_or(0);
+        all[first..].to_vec()
     }
 
     /// Paths checked at a cut at `tick`, with what each must hold.
@@ -345,12 +350,13 @@ pub async fn record(s: &Ext4Setup) -> anyhow::Result<Recording> {
     server.shutdown();
     let _ = serving.await;
     server.wait_idle().await;
-    let ops = ops?;
-    Ok(Recording { volume, devices, ops, end: clock.now() })
+    let (ops, mkfs_done) = ops?;
+    Ok(Recording { volume, devices, ops, mkfs_done, end: clock.now() })
 }
 
 /// nbdfuse, losetup, mkfs.ext4, mount, the workload, umount; everything undone on the way out.
-fn attach_and_run(dir: &Path, uri: &str, clock: &Clock, ops_n: usize, seed: u64) -> anyhow::Result<BTreeMap<String, Vec<PathOp>>> {
+/// Returns the operations per path and the clock reading once mkfs had returned.
+fn attach_and_run(dir: &Path, uri: &str, clock: &Clock, ops_n: usize, seed: u64) -> anyhow::Result<(BTreeMap<String, Vec<PathOp>>, u64)> {
     let (fuse_dir, mnt) = (dir.join("fuse"), dir.join("mnt"));
     std::fs::create_dir_all(&fuse_dir)?;
     std::fs::create_dir_all(&mnt)?;
@@ -371,11 +377,12 @@ fn attach_and_run(dir: &Path, uri: &str, clock: &Clock, ops_n: usize, seed: u64)
     let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
     a.loopdev = Some(dev.clone());
     run(tool("mkfs.ext4").args(["-q", "-F", &dev]))?;
+    let mkfs_done = clock.now();
     run(tool("mount").args(["-t", "ext4", &dev]).arg(&mnt))?;
     a.mounted = Some(mnt.clone());
     let ops = file_workload(&mnt, clock, ops_n, seed)?;
     a.release()?;
-    Ok(ops)
+    Ok((ops, mkfs_done))
 }
 
 /// The outcome of one cut.
