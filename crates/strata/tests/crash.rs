@@ -66,3 +66,20 @@ async fn ext4_cut_at_flush_points_is_clean_and_keeps_fsynced_files() {
         assert_eq!((sum.lost, sum.check_failures), (0, 0), "cache={cache}:\n{}", sum.failures.join("\n"));
     }
 }
+
+/// The persistent EIO and ENOSPC cells of the fault matrix (origin, cache data, metadata):
+/// every request gets a reply, no read returns wrong data, nothing acknowledged and flushed
+/// is lost, and the metadata is sound once the device answers again (see
+/// `strata::crashtest::faults`; `strata crashtest --mode faults` runs all 18 cells).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_device_errors_crash_nothing_and_lose_nothing() {
+    use strata::crashtest::faults::{matrix, run_case, Class};
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let cells: Vec<_> = matrix().into_iter().filter(|c| c.persistent && c.class != Class::Latency).collect();
+    assert_eq!(cells.len(), 6);
+    for (i, case) in cells.into_iter().enumerate() {
+        let out = run_case(case, 50 + i as u64, dir.path()).await.unwrap();
+        assert!(out.errors > 0, "{case:?}: the fault never reached the client: {out:?}");
+        assert_eq!((out.server_crashes, out.silent_losses, out.check_failures), (0, 0, 0), "{case:?}: {out:?}");
+    }
+}
