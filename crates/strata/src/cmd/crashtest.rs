@@ -35,10 +35,11 @@ pub enum CrashMode {
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
-Each point formats a small writeback cache over a file origin, drives it with a random mix of
+In the powercut and kill modes, each point formats a small writeback cache, drives it with a mix of
 writes (some FUA), flushes, trims and write-zeroes, crashes it, checks the metadata, restarts,
 and verifies every sector: it must hold its last flushed (or FUA) value or something written
 later, never an older value (a lost write) and never bytes no write produced.
+The modes ext4, faults and soak are described above.
 The last line reads: N points, L lost writes, C check failures.
 
 Example:
