@@ -15,6 +15,7 @@ pub struct CreateOptions {
     pub sequential_cutoff_bytes: u64,
     pub migration_budget_bytes_per_s: u64,
     pub writeback_percent: u32,
+    pub readahead_bytes: u32,
     /// How to open the origin again (recorded in the superblock).
     pub origin_spec: String,
     pub force: bool,
@@ -29,10 +30,24 @@ impl Default for CreateOptions {
             sequential_cutoff_bytes: 4 << 20,
             migration_budget_bytes_per_s: 32 << 20,
             writeback_percent: 10,
+            readahead_bytes: DEFAULT_READAHEAD_BYTES,
             origin_spec: String::new(),
             force: false,
         }
     }
+}
+
+/// Read misses round out to this while the cache has unused blocks (see `Inner::fill_ahead`).
+pub const DEFAULT_READAHEAD_BYTES: u32 = 1 << 20;
+
+/// The largest readahead: one origin read of this size is still short next to a seek train.
+pub const MAX_READAHEAD_BYTES: u64 = 16 << 20;
+
+pub fn check_readahead(bytes: u64) -> Result<()> {
+    if bytes > MAX_READAHEAD_BYTES {
+        return Err(invalid(format!("readahead {bytes} bytes is over the maximum {MAX_READAHEAD_BYTES}")));
+    }
+    Ok(())
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -79,6 +94,7 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
     if o.writeback_percent > 100 {
         return Err(invalid("writeback percent must be 0..100"));
     }
+    check_readahead(o.readahead_bytes as u64)?;
     let head_len = cache.size().min(128 << 10) as usize;
     let head = cache.read(0, Buf::zeroed(head_len)).await?;
     if let Some(what) = recognise(&head) {
@@ -119,6 +135,7 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
         sequential_cutoff_bytes: o.sequential_cutoff_bytes,
         migration_budget_bytes_per_s: o.migration_budget_bytes_per_s,
         writeback_percent: o.writeback_percent,
+        readahead_bytes: o.readahead_bytes,
         policy: o.policy.clone(),
         origin_spec: o.origin_spec.clone(),
         origin_id: origin_identity(&o.origin_spec),
@@ -219,6 +236,7 @@ pub async fn dump(dev: &dyn BlockDev) -> Result<serde_json::Value> {
             "sequential_cutoff_bytes": sb.sequential_cutoff_bytes,
             "migration_budget_bytes_per_s": sb.migration_budget_bytes_per_s,
             "writeback_percent": sb.writeback_percent,
+            "readahead_bytes": sb.readahead_bytes,
             "page_bytes": PAGE,
         },
         "cached_blocks": mappings.len(),

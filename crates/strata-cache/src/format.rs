@@ -85,6 +85,9 @@ pub struct Superblock {
     pub sequential_cutoff_bytes: u64,
     pub migration_budget_bytes_per_s: u64,
     pub writeback_percent: u32,
+    /// Read misses are rounded out to this many bytes while the cache has unused blocks
+    /// (0: off; caches made before the field existed read 0).
+    pub readahead_bytes: u32,
     pub policy: String,
     pub origin_spec: String,
     /// Identity of the origin when formatted (device and inode of a file), to refuse a
@@ -146,6 +149,7 @@ impl Superblock {
         put_u64(&mut b, 120, self.sequential_cutoff_bytes);
         put_u64(&mut b, 128, self.migration_budget_bytes_per_s);
         put_u32(&mut b, 136, self.writeback_percent);
+        put_u32(&mut b, 140, self.readahead_bytes);
         let p = self.policy.as_bytes();
         b[144..144 + p.len().min(16)].copy_from_slice(&p[..p.len().min(16)]);
         let o = self.origin_spec.as_bytes();
@@ -199,6 +203,7 @@ impl Superblock {
             sequential_cutoff_bytes: get_u64(b, 120),
             migration_budget_bytes_per_s: get_u64(b, 128),
             writeback_percent: get_u32(b, 136),
+            readahead_bytes: get_u32(b, 140),
             policy: cstr(&b[144..160]),
             origin_spec: String::from_utf8_lossy(&b[162..162 + spec_len]).into_owned(),
             origin_id: String::from_utf8_lossy(&b[2304..2304 + id_len]).into_owned(),
@@ -410,6 +415,7 @@ mod tests {
             sequential_cutoff_bytes: 4 << 20,
             migration_budget_bytes_per_s: 32 << 20,
             writeback_percent: 10,
+            readahead_bytes: 1 << 20,
             policy: "strata".into(),
             origin_spec: "hdd:/tmp/o.img".into(),
             origin_id: "2049:1234".into(),

@@ -14,6 +14,8 @@ pub struct Counters {
     pub write_hits: AtomicU64,
     pub write_misses: AtomicU64,
     pub promotions: AtomicU64,
+    /// Promotions that came along with a missed neighbour (readahead).
+    pub readahead_blocks: AtomicU64,
     pub demotions: AtomicU64,
     pub writebacks: AtomicU64,
     pub bypassed: AtomicU64,

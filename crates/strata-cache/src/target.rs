@@ -312,8 +312,9 @@ impl Inner {
         st.meta.slots() - st.map.len() - st.free.len() - st.freed.len()
     }
 
-    /// A read miss the policy promotes: read the whole block from the origin once, answer
-    /// from it, and fill the cache slot in the background while still holding the block.
+    /// A read miss the policy promotes: read the whole block from the origin once (with
+    /// its readahead neighbours, see `fill_ahead`), answer from it, and fill the cache slots
+    /// in the background while still holding the blocks.
     async fn promote_on_read(
         self: &Arc<Self>,
         b: u64,
@@ -332,45 +333,109 @@ impl Inner {
             drop(exclusive);
             return self.read_piece(b, within, n, bypass).await;
         }
-        let len = self.block_len(b);
         let known_zero = self.state.lock().discarded.contains(&b);
+        let mut fills = vec![(b, s, exclusive)];
+        if !known_zero {
+            fills.extend(self.fill_ahead(b));
+        }
+        let first = fills.iter().map(|f| f.0).min().expect("b is there");
+        let end = fills.iter().map(|f| f.0 * self.block + self.block_len(f.0)).max().expect("b is there");
         let data = if known_zero {
-            Buf::zeroed(len as usize)
+            Buf::zeroed(self.block_len(b) as usize)
         } else {
-            match self.origin_read(b * self.block, Buf::zeroed(len as usize), Kind::Foreground).await {
+            match self.origin_read(first * self.block, Buf::zeroed((end - first * self.block) as usize), Kind::Foreground).await {
                 Ok(d) => d,
                 Err(e) => {
                     let mut st = self.state.lock();
-                    st.policy.remove(b);
-                    st.free.push(s);
+                    for &(fb, fs, _) in &fills {
+                        st.policy.remove(fb);
+                        st.free.push(fs);
+                    }
                     return Err(e);
                 }
             }
         };
-        let answer = Buf::from_slice(&data[within as usize..(within + n) as usize]);
+        let range = |fb: u64| {
+            let at = ((fb - first) * self.block) as usize;
+            at..at + self.block_len(fb) as usize
+        };
+        let at_b = range(b).start;
+        let answer = Buf::from_slice(&data[at_b + within as usize..at_b + (within + n) as usize]);
+        let writes: Vec<(u64, u32, OwnedRwLockWriteGuard<()>, Buf)> = if fills.len() == 1 {
+            let (fb, fs, g) = fills.pop().expect("b is there");
+            vec![(fb, fs, g, data)]
+        } else {
+            fills.into_iter().map(|(fb, fs, g)| (fb, fs, g, Buf::from_slice(&data[range(fb)]))).collect()
+        };
         let me = self.clone();
         tokio::spawn(async move {
-            let r = me.cache.write(me.slot_offset(s), data, false).await;
+            let done = futures_collect(writes.into_iter().map(|(fb, fs, g, d)| {
+                let me = &me;
+                async move { (fb, fs, g, me.cache.write(me.slot_offset(fs), d, false).await) }
+            }))
+            .await;
             let mut st = me.state.lock();
-            match r {
-                Ok(_) if st.policy.contains(b) && !st.map.contains_key(&b) => {
-                    st.map.insert(b, s);
-                    st.meta.set(s, b, true, false);
-                    st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
-                    Counters::bump(&me.counters.promotions);
-                    me.counters.migration_bytes.fetch_add(len, Relaxed);
+            for (fb, fs, guard, r) in done {
+                match r {
+                    Ok(_) if st.policy.contains(fb) && !st.map.contains_key(&fb) => {
+                        st.map.insert(fb, fs);
+                        st.meta.set(fs, fb, true, false);
+                        st.write_gen[fs as usize] = st.write_gen[fs as usize].wrapping_add(1);
+                        Counters::bump(&me.counters.promotions);
+                        if fb != b {
+                            Counters::bump(&me.counters.readahead_blocks);
+                        }
+                        me.counters.migration_bytes.fetch_add(me.block_len(fb), Relaxed);
+                    }
+                    Ok(_) => st.free.push(fs),
+                    Err(e) => {
+                        st.policy.remove(fb);
+                        st.free.push(fs);
+                        st.fault(format!("promotion of block {fb} into slot {fs} failed: {e}"));
+                    }
                 }
-                Ok(_) => st.free.push(s),
-                Err(e) => {
-                    st.policy.remove(b);
-                    st.free.push(s);
-                    st.fault(format!("promotion of block {b} into slot {s} failed: {e}"));
-                }
+                drop(guard);
             }
-            drop(st);
-            drop(exclusive);
         });
         Ok(answer)
+    }
+
+    /// While the cache has unused blocks, a promoted read miss brings its neighbours along:
+    /// the origin read is rounded out to the aligned `readahead` window around the block (as
+    /// bcache's `readahead` does), and each neighbour that is not cached, not being promoted
+    /// and not in use by other IO takes a free slot, within the migration budget. For a disk
+    /// one longer read costs little more than the seek it needed anyway, so an empty cache
+    /// fills at the origin's streaming rate rather than its seek rate. Neighbours never evict
+    /// anything and leave the slot reserve alone: a full cache promotes the missed block only.
+    fn fill_ahead(&self, b: u64) -> Vec<(u64, u32, OwnedRwLockWriteGuard<()>)> {
+        let mut st = self.state.lock();
+        let per = st.meta.sb.readahead_bytes as u64 / self.block;
+        let mut got = Vec::new();
+        if per <= 1 {
+            return got;
+        }
+        let keep_free = slot_reserve(st.meta.slots());
+        let first = b / per * per;
+        for nb in first..(first + per).min(self.origin_bytes.div_ceil(self.block)) {
+            if nb == b || st.map.contains_key(&nb) || st.policy.contains(nb) {
+                continue;
+            }
+            if st.policy.len() >= st.policy.capacity() || st.free.len() <= keep_free {
+                break;
+            }
+            // Only a neighbour nobody is using: its shard is taken without waiting.
+            let Ok(guard) = self.shard(nb).clone().try_write_owned() else { continue };
+            if !self.budget.try_take(self.block) {
+                break;
+            }
+            let Some(s) = st.reserve(&self.refs) else { break };
+            if st.policy.insert(nb, false).is_err() {
+                st.free.push(s);
+                break;
+            }
+            got.push((nb, s, guard));
+        }
+        got
     }
 
     /// A cached block could not be read from the cache device. A clean one is dropped and
@@ -1014,6 +1079,8 @@ impl Inner {
             "migration_budget_bytes_per_s": self.budget.rate(),
             "sequential_cutoff_bytes": sb.sequential_cutoff_bytes,
             "writeback_percent": sb.writeback_percent,
+            "readahead_bytes": sb.readahead_bytes,
+            "readahead_blocks": c.readahead_blocks.load(R),
             "bypassed": c.bypassed.load(R),
             "promotions_skipped": c.promotions_skipped.load(R),
             "commits": c.commits.load(R),
@@ -1064,6 +1131,12 @@ impl Inner {
                     st.meta.sb.sequential_cutoff_bytes = c;
                     format!("sequential cutoff {c} bytes")
                 }
+                "readahead" => {
+                    let r = strata_io::units::parse_size(value).map_err(invalid)?;
+                    crate::admin::check_readahead(r)?;
+                    st.meta.sb.readahead_bytes = r as u32;
+                    format!("readahead {r} bytes")
+                }
                 "writeback_percent" | "writeback-percent" => {
                     let p: u32 = value.parse().ok().filter(|p| *p <= 100).ok_or_else(|| invalid(format!("bad percent {value:?}")))?;
                     st.meta.sb.writeback_percent = p;
@@ -1082,7 +1155,7 @@ impl Inner {
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "unknown message {key:?} (mode, policy, migration_budget, sequential_cutoff, writeback_percent, flush, detach)"
+                        "unknown message {key:?} (mode, policy, migration_budget, sequential_cutoff, readahead, writeback_percent, flush, detach)"
                     )))
                 }
             }

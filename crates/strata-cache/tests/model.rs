@@ -9,6 +9,7 @@ use std::sync::Arc;
 use strata_cache::admin::{create, CreateOptions};
 use strata_cache::meta::Meta;
 use strata_cache::{CacheDev, Mode, OpenOptions};
+use strata_io::latency::{LatencyDev, SsdParams};
 use strata_io::mem::MemDev;
 use strata_io::testing::{check_model, random_ops, Slice, Workload};
 use strata_io::{BlockDev, Buf};
@@ -19,10 +20,12 @@ const BLOCK: u32 = 32 << 10;
 struct Rig {
     origin: Arc<MemDev>,
     cache_dev: Arc<MemDev>,
+    /// Served through an SSD latency model, so background cache writes overlap foreground IO.
+    slow_cache: bool,
 }
 
 fn rig(cache_bytes: u64) -> Rig {
-    Rig { origin: Arc::new(MemDev::new(ORIGIN)), cache_dev: Arc::new(MemDev::new(cache_bytes)) }
+    Rig { origin: Arc::new(MemDev::new(ORIGIN)), cache_dev: Arc::new(MemDev::new(cache_bytes)), slow_cache: false }
 }
 
 async fn format(r: &Rig, mode: Mode, policy: &str) {
@@ -42,7 +45,13 @@ async fn format(r: &Rig, mode: Mode, policy: &str) {
 async fn open(r: &Rig) -> Arc<CacheDev> {
     let (meta, findings) = Meta::load(&*r.cache_dev).await.unwrap();
     assert!(findings.errors.is_empty(), "{:?}", findings.errors);
-    Arc::new(CacheDev::open(r.cache_dev.clone(), r.origin.clone(), meta, OpenOptions::default()).await.unwrap())
+    let cache: Arc<dyn BlockDev> = if r.slow_cache {
+        let p = SsdParams { read_us: 50.0, write_us: 300.0, ..SsdParams::default() };
+        Arc::new(LatencyDev::ssd(r.cache_dev.clone(), p))
+    } else {
+        r.cache_dev.clone()
+    };
+    Arc::new(CacheDev::open(cache, r.origin.clone(), meta, OpenOptions::default()).await.unwrap())
 }
 
 /// Runs `clients` model checkers concurrently plus a disturber that changes modes, asks for
@@ -88,10 +97,15 @@ async fn exercise(dev: Arc<CacheDev>, seed: u64, clients: u64, modes: &[Mode]) {
     disturber.await.unwrap();
 }
 
-async fn run_mode(mode: Mode, also: &[Mode]) {
+/// A cache of ~24 slots over 256 origin blocks: constant eviction.
+const SMALL_CACHE: u64 = 2 << 20;
+
+/// Runs three seeds; returns the status of each volume after its workload.
+async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<serde_json::Value> {
+    let mut seen = Vec::new();
     for seed in 1..=3u64 {
-        // A cache of ~24 slots over 256 origin blocks: constant eviction.
-        let r = rig(2 << 20);
+        // Free slots (readahead) are what a big cache is for: give its writes time to race.
+        let r = Rig { slow_cache: cache_bytes > SMALL_CACHE, ..rig(cache_bytes) };
         format(&r, mode, "strata").await;
         let dev = open(&r).await;
         let mut modes = vec![mode];
@@ -99,6 +113,7 @@ async fn run_mode(mode: Mode, also: &[Mode]) {
         exercise(dev.clone(), seed, 4, &modes).await;
         let s = dev.status().unwrap();
         assert!(s["promotions"].as_u64().unwrap() > 0, "no promotions happened: {s}");
+        seen.push(s);
         // Clean shutdown, reopen: the contents seen through the cache are the same.
         let before = dev.read(0, Buf::zeroed(ORIGIN as usize)).await.unwrap();
         dev.shutdown().await.unwrap();
@@ -113,6 +128,7 @@ async fn run_mode(mode: Mode, also: &[Mode]) {
         r.origin.read_into(0, &mut origin_view).unwrap();
         assert!(origin_view[..] == after[..], "seed {seed}: origin incomplete after detach");
     }
+    seen
 }
 
 async fn wait_clean(dev: &CacheDev) {
@@ -127,28 +143,37 @@ async fn wait_clean(dev: &CacheDev) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writeback_matches_reference() {
-    run_mode(Mode::Writeback, &[]).await;
+    run_mode(Mode::Writeback, &[], SMALL_CACHE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writethrough_matches_reference() {
-    run_mode(Mode::Writethrough, &[]).await;
+    run_mode(Mode::Writethrough, &[], SMALL_CACHE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writearound_and_passthrough_match_reference() {
-    run_mode(Mode::Writearound, &[Mode::Passthrough]).await;
+    run_mode(Mode::Writearound, &[Mode::Passthrough], SMALL_CACHE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mode_switches_under_load_match_reference() {
-    run_mode(Mode::Writeback, &[Mode::Writethrough, Mode::Writearound, Mode::Passthrough, Mode::Cleaner]).await;
+    run_mode(Mode::Writeback, &[Mode::Writethrough, Mode::Writearound, Mode::Passthrough, Mode::Cleaner], SMALL_CACHE).await;
+}
+
+/// A cache larger than the data keeps free slots, so read misses bring their readahead
+/// neighbours along while the same clients write to those neighbours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readahead_neighbours_stay_coherent() {
+    let seen = run_mode(Mode::Writeback, &[Mode::Writethrough], 12 << 20).await;
+    let ahead: u64 = seen.iter().map(|s| s["readahead_blocks"].as_u64().unwrap()).sum();
+    assert!(ahead > 0, "no readahead happened: {seen:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_policy_serves_correct_data() {
     for policy in strata_policy::POLICY_NAMES {
-        let r = rig(2 << 20);
+        let r = rig(SMALL_CACHE);
         format(&r, Mode::Writeback, policy).await;
         let dev = open(&r).await;
         exercise(dev, 9, 2, &[Mode::Writeback]).await;
@@ -157,7 +182,7 @@ async fn every_policy_serves_correct_data() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writethrough_leaves_nothing_dirty() {
-    let r = rig(2 << 20);
+    let r = rig(SMALL_CACHE);
     format(&r, Mode::Writethrough, "strata").await;
     let dev = open(&r).await;
     let slice = Slice { inner: dev.clone(), offset: 0, len: ORIGIN };

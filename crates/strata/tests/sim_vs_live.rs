@@ -24,6 +24,8 @@ async fn live_hits(policy: &str, trace: &[u64]) -> (u64, usize, u64) {
         policy: policy.into(),
         migration_budget_bytes_per_s: 0,
         sequential_cutoff_bytes: 0,
+        // The simulator replays single-block promotions: no readahead neighbours.
+        readahead_bytes: 0,
         origin_spec: "mem:sim".into(),
         ..CreateOptions::default()
     };

@@ -20,7 +20,7 @@ pub struct CacheArgs {
 pub enum CacheCommand {
     /// Format a cache device in front of an origin.
     Create(CreateArgs),
-    /// Change a running cache: mode=, policy=, migration-budget=, sequential-cutoff=, writeback-percent=.
+    /// Change a running cache: mode=, policy=, migration-budget=, sequential-cutoff=, readahead=, writeback-percent=.
     Set(SetArgs),
     /// Write back every dirty block of a running cache and wait, with progress.
     Flush(ControlArgs),
@@ -56,6 +56,11 @@ pub struct CreateArgs {
     /// Streams that run contiguously beyond this bypass the cache (0 disables).
     #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s))]
     pub sequential_cutoff: u64,
+    /// While the cache has unused blocks, read misses are rounded out to this aligned window
+    /// and the neighbours fill free blocks, so an empty cache warms at the origin's streaming
+    /// rate (0 disables; at most 16MiB).
+    #[arg(long, default_value = "1MiB", value_parser = |s: &str| parse_size(s))]
+    pub readahead: u64,
     /// Bytes per second that promotions and write-backs may move (0 = unlimited).
     #[arg(long, default_value = "32MiB/s", value_parser = |s: &str| parse_rate(s))]
     pub migration_budget: u64,
@@ -146,6 +151,7 @@ async fn run_create(a: CreateArgs) -> Result<()> {
         sequential_cutoff_bytes: a.sequential_cutoff,
         migration_budget_bytes_per_s: a.migration_budget,
         writeback_percent: a.writeback_percent,
+        readahead_bytes: u32::try_from(a.readahead).unwrap_or(u32::MAX),
         origin_spec: recordable_spec(&a.origin),
         force: a.force,
     };
