@@ -23,24 +23,10 @@ fn have(prog: &str) -> bool {
         .any(|d| d.join(prog).is_file())
 }
 
-/// Why the git experiment cannot run here (it must then report itself skipped).
+/// Why the git experiment cannot run here (it must then report itself skipped): what ext4
+/// through nbdfuse and loop needs, and git.
 fn git_unavailable() -> Option<String> {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (losetup, mount)".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse is missing".into());
-    }
-    if !Path::new("/dev/loop-control").exists() {
-        return Some("no loop devices".into());
-    }
-    for t in ["nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "fusermount3", "git"] {
-        if !have(t) {
-            return Some(format!("{t} is not installed"));
-        }
-    }
-    None
+    strata::crashtest::ext4::unavailable().or_else(|| (!have("git")).then(|| "git is not installed".into()))
 }
 
 fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
