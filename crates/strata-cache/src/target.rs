@@ -416,7 +416,7 @@ impl Inner {
         }
         let keep_free = slot_reserve(st.meta.slots());
         let first = b / per * per;
-        for nb in first..(first + per).min(self.origin_bytes.div_ceil(self.block)) {
+        for nb in first..(first + per).min(st.meta.sb.origin_blocks()) {
             if nb == b || st.map.contains_key(&nb) || st.policy.contains(nb) {
                 continue;
             }
