@@ -8,6 +8,7 @@ server CPU per request comes from /proc.
 Scale 1: a 1 GiB file, 10 s per run, 3 rounds (about 8 minutes).
 """
 
+import os
 import subprocess
 
 import benchlib as b
@@ -42,7 +43,9 @@ def run(ctx):
     b.fill_random(img, size_mib * b.MIB)
 
     def warm():
-        # Same page-cache state for every buffered run: the whole file cached.
+        # Same page-cache state for every run: the whole file cached, and no dirty pages left
+        # by the run before for the kernel to write back during this one.
+        os.sync()
         subprocess.run(["cat", str(img)], stdout=subprocess.DEVNULL, check=True)
 
     common = ["--name=job", "--bs=4k", f"--iodepth={iodepth}", f"--runtime={int(runtime * 1000)}ms", "--time_based",

@@ -1,14 +1,15 @@
 //! IO engines: how file and block-device IO is carried out, behind one interface. `uring`
-//! owns an io_uring on a dedicated thread; `pool` runs blocking pread/pwrite on a pool of
-//! threads. Both take owned buffers and hand them back with the completion, so an operation
-//! the caller stopped waiting for still owns its memory until the kernel is done with it.
+//! shares one io_uring: submitters enter the kernel themselves and a reaper thread collects
+//! completions; `pool` runs blocking pread/pwrite on a pool of threads. Both take owned
+//! buffers and hand them back with the completion, so an operation the caller stopped waiting
+//! for still owns its memory until the kernel is done with it.
 //! Which one is faster depends on the machine; `docs/BENCHMARKS.md` has the measurements.
 
 use crate::{BoxFut, Buf};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use tokio::sync::oneshot;
 
@@ -186,66 +187,27 @@ impl IoEngine for PoolEngine {
 }
 
 // ---------------------------------------------------------------------------------------
-// io_uring engine: one ring on one thread. Submitters queue jobs and wake the thread through
-// an eventfd only when it sleeps; the thread keeps a read armed on the eventfd, so a wake-up
-// is just another completion.
+// io_uring engine: one ring shared by every submitter. A submitter puts its operation in the
+// ring and enters the kernel itself, so starting an IO costs no hop to another thread; one
+// reaper thread waits for completions, resubmits short transfers and hands results back.
+// Operations beyond the ring's capacity wait in a queue the reaper feeds in as room frees.
 
 pub struct UringEngine {
-    tx: crossbeam_channel::Sender<Job>,
-    shared: Arc<UringShared>,
+    ring: Arc<Ring>,
 }
 
-struct UringShared {
-    eventfd: std::os::fd::OwnedFd,
-    sleeping: AtomicBool,
+struct Ring {
+    uring: io_uring::IoUring,
+    state: parking_lot::Mutex<RingState>,
 }
 
-impl UringShared {
-    fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to an eventfd we own.
-        unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    }
-}
-
-impl UringEngine {
-    pub fn new(entries: u32) -> io::Result<UringEngine> {
-        let ring = io_uring::IoUring::new(entries)?;
-        // SAFETY: plain syscall; the fd is owned below.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: efd is a fresh fd we own.
-        let eventfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
-        let shared = Arc::new(UringShared { eventfd, sleeping: AtomicBool::new(false) });
-        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let thread_shared = shared.clone();
-        std::thread::Builder::new()
-            .name("strata-uring".into())
-            .spawn(move || uring_loop(ring, rx, thread_shared))?;
-        Ok(UringEngine { tx, shared })
-    }
-}
-
-impl IoEngine for UringEngine {
-    fn name(&self) -> &'static str {
-        "uring"
-    }
-
-    fn submit(&self, file: Arc<File>, op: Op) -> BoxFut<'static, Completion> {
-        let (done, wait) = oneshot::channel();
-        let sent = self.tx.send((file, op, done)).is_ok();
-        if sent && self.shared.sleeping.swap(false, Ordering::AcqRel) {
-            self.shared.wake();
-        }
-        Box::pin(async move {
-            if !sent {
-                return engine_gone();
-            }
-            wait.await.unwrap_or_else(|_| engine_gone())
-        })
-    }
+/// Operations in flight, by the token their ring entries carry.
+struct RingState {
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    inflight: usize,
+    capacity: usize,
+    waiting: VecDeque<InFlight>,
 }
 
 /// An operation in flight in the ring, with how much of it is done (short reads and writes
@@ -257,158 +219,157 @@ struct InFlight {
     reply: oneshot::Sender<Completion>,
 }
 
-const WAKE_TOKEN: u64 = u64::MAX;
+impl UringEngine {
+    fn new(entries: u32) -> io::Result<UringEngine> {
+        let uring = io_uring::IoUring::new(entries)?;
+        let capacity = uring.params().sq_entries() as usize;
+        let state = RingState { slots: Vec::new(), free: Vec::new(), inflight: 0, capacity, waiting: VecDeque::new() };
+        let ring = Arc::new(Ring { uring, state: parking_lot::Mutex::new(state) });
+        let reaper = ring.clone();
+        std::thread::Builder::new().name("strata-uring".into()).spawn(move || reaper.reap())?;
+        Ok(UringEngine { ring })
+    }
+}
 
-fn uring_loop(mut ring: io_uring::IoUring, rx: crossbeam_channel::Receiver<Job>, shared: Arc<UringShared>) {
+impl IoEngine for UringEngine {
+    fn name(&self) -> &'static str {
+        "uring"
+    }
+
+    fn submit(&self, file: Arc<File>, op: Op) -> BoxFut<'static, Completion> {
+        let (reply, wait) = oneshot::channel();
+        let queued = self.ring.state.lock().queue(&self.ring.uring, InFlight { file, op, done_bytes: 0, reply });
+        if queued {
+            if let Err(e) = self.ring.uring.submit() {
+                // The entry stays in the ring; the reaper's next enter submits it.
+                if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                    panic!("io_uring submit failed: {e}");
+                }
+            }
+        }
+        Box::pin(async move { wait.await.unwrap_or_else(|_| engine_gone()) })
+    }
+}
+
+impl RingState {
+    /// Puts `f` in the ring (true) or, when the ring is at capacity, in the waiting queue.
+    fn queue(&mut self, uring: &io_uring::IoUring, f: InFlight) -> bool {
+        if self.inflight >= self.capacity {
+            self.waiting.push_back(f);
+            return false;
+        }
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        self.inflight += 1;
+        self.push(uring, slot, f);
+        true
+    }
+
+    /// Writes the ring entry for `f` (whole or the rest of it) and parks `f` in its slot.
+    fn push(&mut self, uring: &io_uring::IoUring, slot: usize, f: InFlight) {
+        let sqe = sqe_for(&f, slot as u64);
+        self.slots[slot] = Some(f);
+        // SAFETY: this lock is the only way to the submission queue, and at most `capacity`
+        // entries are in flight, so there is room. The buffers the entry points into live in
+        // `slots` until its completion is reaped.
+        unsafe { uring.submission_shared().push(&sqe).expect("ring has room") };
+    }
+}
+
+fn sqe_for(f: &InFlight, token: u64) -> io_uring::squeue::Entry {
     use io_uring::{opcode, types};
-    let mut slots: Vec<Option<InFlight>> = Vec::new();
-    let mut free: Vec<usize> = Vec::new();
-    let mut inflight = 0usize;
-    let mut wake_buf = Box::new(0u64);
-    let capacity = ring.params().sq_entries() as usize - 1;
-    let mut wake_armed = false;
-    let mut disconnected = false;
-
-    let sqe_for = |f: &InFlight, token: u64| {
-        let fd = types::Fd(f.file.as_raw_fd());
-        match &f.op {
-            Op::Read { offset, buf } => {
-                let rest = buf.len() - f.done_bytes;
-                // SAFETY (for the pointer): buf lives in `slots` until its completion arrives.
-                opcode::Read::new(fd, unsafe { buf.as_ptr().add(f.done_bytes) as *mut u8 }, rest as u32)
-                    .offset(offset + f.done_bytes as u64)
-                    .build()
-            }
-            Op::Write { offset, buf, dsync } => {
-                let rest = buf.len() - f.done_bytes;
-                opcode::Write::new(fd, unsafe { buf.as_ptr().add(f.done_bytes) }, rest as u32)
-                    .offset(offset + f.done_bytes as u64)
-                    .rw_flags(if *dsync { libc::RWF_DSYNC } else { 0 })
-                    .build()
-            }
-            Op::Fdatasync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
-            Op::Fallocate { mode, offset, len } => {
-                opcode::Fallocate::new(fd, *len).offset(*offset).mode(*mode).build()
-            }
-        }
-        .user_data(token)
-    };
-
-    loop {
-        // Queue new work while the ring has room.
-        let mut queued = 0;
-        while inflight < capacity {
-            let job = match rx.try_recv() {
-                Ok(job) => job,
-                Err(crossbeam_channel::TryRecvError::Empty) => break,
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                    disconnected = true;
-                    break;
-                }
-            };
-            let (file, op, reply) = job;
-            let slot = free.pop().unwrap_or_else(|| {
-                slots.push(None);
-                slots.len() - 1
-            });
-            let f = InFlight { file, op, done_bytes: 0, reply };
-            let sqe = sqe_for(&f, slot as u64);
-            slots[slot] = Some(f);
-            // SAFETY: the buffers referenced by the entry live in `slots` until completion.
-            unsafe { ring.submission().push(&sqe).expect("ring has room") };
-            inflight += 1;
-            queued += 1;
-        }
-        if disconnected && inflight == 0 {
-            return;
-        }
-        let mut wait_for = 0;
-        if queued == 0 && inflight < capacity {
-            // Nothing new: sleep until a completion or a wake-up. Announce the sleep first,
-            // then look once more so a job queued in between is not missed.
-            if !wake_armed {
-                let sqe = opcode::Read::new(
-                    types::Fd(shared.eventfd.as_raw_fd()),
-                    (&mut *wake_buf as *mut u64).cast(),
-                    8,
-                )
+    let fd = types::Fd(f.file.as_raw_fd());
+    match &f.op {
+        Op::Read { offset, buf } => {
+            let rest = buf.len() - f.done_bytes;
+            // SAFETY (for the pointer): buf lives in its slot until its completion arrives.
+            opcode::Read::new(fd, unsafe { buf.as_ptr().add(f.done_bytes) as *mut u8 }, rest as u32)
+                .offset(offset + f.done_bytes as u64)
                 .build()
-                .user_data(WAKE_TOKEN);
-                // SAFETY: wake_buf outlives the ring loop.
-                unsafe { ring.submission().push(&sqe).expect("ring has room") };
-                wake_armed = true;
-            }
-            shared.sleeping.store(true, Ordering::Release);
-            if !rx.is_empty() {
-                shared.sleeping.store(false, Ordering::Release);
-            } else {
-                wait_for = 1;
-            }
-        } else if queued == 0 {
-            wait_for = 1; // ring full: wait for room
         }
-        match ring.submit_and_wait(wait_for) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY) => {}
-            Err(e) => panic!("io_uring submit failed: {e}"),
+        Op::Write { offset, buf, dsync } => {
+            let rest = buf.len() - f.done_bytes;
+            opcode::Write::new(fd, unsafe { buf.as_ptr().add(f.done_bytes) }, rest as u32)
+                .offset(offset + f.done_bytes as u64)
+                .rw_flags(if *dsync { libc::RWF_DSYNC } else { 0 })
+                .build()
         }
-        shared.sleeping.store(false, Ordering::Release);
+        Op::Fdatasync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+        Op::Fallocate { mode, offset, len } => opcode::Fallocate::new(fd, *len).offset(*offset).mode(*mode).build(),
+    }
+    .user_data(token)
+}
 
-        let cqes: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (token, res) in cqes {
-            if token == WAKE_TOKEN {
-                wake_armed = false;
-                continue;
+impl Ring {
+    /// The reaper thread: waits for completions and finishes what they complete.
+    fn reap(&self) {
+        let mut done: Vec<(oneshot::Sender<Completion>, Completion)> = Vec::new();
+        loop {
+            // Submits whatever a resubmission below left in the ring, and waits for one
+            // completion.
+            match self.uring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
+                Err(e) => panic!("io_uring wait failed: {e}"),
             }
-            let slot = token as usize;
-            let mut f = slots[slot].take().expect("completion for a live slot");
-            let total = match &f.op {
-                Op::Read { buf, .. } | Op::Write { buf, .. } => buf.len(),
-                _ => 0,
-            };
-            let outcome: Option<io::Result<usize>> = if res < 0 {
-                if -res == libc::EINTR || -res == libc::EAGAIN {
-                    None // retry as is
-                } else {
-                    Some(Err(io::Error::from_raw_os_error(-res)))
-                }
-            } else {
-                let n = res as usize;
-                match &mut f.op {
-                    Op::Read { buf, .. } if n == 0 && f.done_bytes < total => {
-                        buf[f.done_bytes..].fill(0); // past end of file reads as zeroes
-                        Some(Ok(total))
+            let mut st = self.state.lock();
+            // SAFETY: only this thread takes completions.
+            let cqes: Vec<(u64, i32)> =
+                unsafe { self.uring.completion_shared() }.map(|c| (c.user_data(), c.result())).collect();
+            for (token, res) in cqes {
+                let slot = token as usize;
+                let mut f = st.slots[slot].take().expect("completion for a live slot");
+                match outcome(&mut f, res) {
+                    None => st.push(&self.uring, slot, f),
+                    Some(result) => {
+                        st.inflight -= 1;
+                        st.free.push(slot);
+                        let buf = match f.op {
+                            Op::Read { buf, .. } | Op::Write { buf, .. } => Some(buf),
+                            _ => None,
+                        };
+                        done.push((f.reply, (buf, result)));
                     }
-                    Op::Write { .. } if n == 0 && f.done_bytes < total => {
-                        Some(Err(io::Error::from_raw_os_error(libc::ENOSPC)))
-                    }
-                    Op::Read { .. } | Op::Write { .. } => {
-                        f.done_bytes += n;
-                        if f.done_bytes < total { None } else { Some(Ok(total)) }
-                    }
-                    _ => Some(Ok(n)),
-                }
-            };
-            match outcome {
-                None => {
-                    let sqe = sqe_for(&f, token);
-                    slots[slot] = Some(f);
-                    // SAFETY: as above. Completions were drained, so there is room.
-                    unsafe { ring.submission().push(&sqe).expect("ring has room") };
-                }
-                Some(result) => {
-                    inflight -= 1;
-                    free.push(slot);
-                    let buf = match f.op {
-                        Op::Read { buf, .. } | Op::Write { buf, .. } => Some(buf),
-                        _ => None,
-                    };
-                    let _ = f.reply.send((buf, result));
                 }
             }
+            while st.inflight < st.capacity {
+                let Some(f) = st.waiting.pop_front() else { break };
+                st.queue(&self.uring, f);
+            }
+            drop(st);
+            for (reply, completion) in done.drain(..) {
+                let _ = reply.send(completion);
+            }
         }
-        if disconnected && inflight == 0 {
-            return;
+    }
+}
+
+/// What a completion means for its operation: finished (with its result) or to be
+/// resubmitted for the rest (None).
+fn outcome(f: &mut InFlight, res: i32) -> Option<io::Result<usize>> {
+    let total = match &f.op {
+        Op::Read { buf, .. } | Op::Write { buf, .. } => buf.len(),
+        _ => 0,
+    };
+    if res < 0 {
+        if -res == libc::EINTR || -res == libc::EAGAIN {
+            return None; // retry as is
         }
+        return Some(Err(io::Error::from_raw_os_error(-res)));
+    }
+    let n = res as usize;
+    match &mut f.op {
+        Op::Read { buf, .. } if n == 0 && f.done_bytes < total => {
+            buf[f.done_bytes..].fill(0); // past end of file reads as zeroes
+            Some(Ok(total))
+        }
+        Op::Write { .. } if n == 0 && f.done_bytes < total => Some(Err(io::Error::from_raw_os_error(libc::ENOSPC))),
+        Op::Read { .. } | Op::Write { .. } => {
+            f.done_bytes += n;
+            if f.done_bytes < total { None } else { Some(Ok(total)) }
+        }
+        _ => Some(Ok(n)),
     }
 }

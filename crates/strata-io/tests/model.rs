@@ -129,3 +129,23 @@ async fn block_status_reports_holes_of_sparse_files() {
     let mem = MemDev::new(SIZE);
     assert_eq!(mem.block_status(0, SIZE).await.unwrap(), vec![strata_io::Extent::hole(SIZE)]);
 }
+
+/// More requests at once than the io_uring holds (256): the rest wait and still complete,
+/// each with its own data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_requests_in_flight_than_the_ring_holds() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for (i, engine) in [EngineKind::Uring, EngineKind::Pool].into_iter().enumerate() {
+        let dev = std::sync::Arc::new(file(&dir, &format!("wide{i}"), true, engine));
+        let blocks = SIZE / 4096;
+        let pattern = |b: u64| Buf::from_slice(&[(b * 7 + i as u64) as u8; 4096]);
+        let writes: Vec<_> = (0..blocks).map(|b| dev.write(b * 4096, pattern(b), false)).collect();
+        for w in futures::future::join_all(writes).await {
+            w.expect("write");
+        }
+        let reads: Vec<_> = (0..blocks).map(|b| dev.read(b * 4096, Buf::zeroed(4096))).collect();
+        for (b, r) in futures::future::join_all(reads).await.into_iter().enumerate() {
+            assert_eq!(&r.expect("read")[..], &pattern(b as u64)[..], "{} block {b}", dev.describe());
+        }
+    }
+}
