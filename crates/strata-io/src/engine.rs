@@ -219,6 +219,17 @@ struct InFlight {
     reply: oneshot::Sender<Completion>,
 }
 
+/// The runtime whose reactor collects io_uring completions, if the process chose one.
+static REAP_ON: OnceLock<tokio::runtime::Handle> = OnceLock::new();
+
+/// Lets the current tokio runtime (it must have IO enabled and live as long as the process)
+/// collect the io_uring engine's completions, instead of a thread of its own: a completion
+/// then wakes the task waiting for it on the worker that is already awake, with no hop
+/// between threads. Call it before the first file device is opened; later calls do nothing.
+pub fn reap_on_current_runtime() {
+    let _ = REAP_ON.set(tokio::runtime::Handle::current());
+}
+
 impl UringEngine {
     fn new(entries: u32) -> io::Result<UringEngine> {
         let uring = io_uring::IoUring::new(entries)?;
@@ -226,7 +237,26 @@ impl UringEngine {
         let state = RingState { slots: Vec::new(), free: Vec::new(), inflight: 0, capacity, waiting: VecDeque::new() };
         let ring = Arc::new(Ring { uring, state: parking_lot::Mutex::new(state) });
         let reaper = ring.clone();
-        std::thread::Builder::new().name("strata-uring".into()).spawn(move || reaper.reap())?;
+        match REAP_ON.get() {
+            Some(rt) => {
+                // SAFETY: plain syscall; the fd is owned below.
+                let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+                if efd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: efd is a fresh fd we own.
+                let efd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
+                ring.uring.submitter().register_eventfd(efd.as_raw_fd())?;
+                let _guard = rt.enter();
+                // SAFETY: the AsyncFd owns the fd, which stays open as long as it does.
+                let efd =
+                    unsafe { tokio::io::unix::AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) }?;
+                rt.spawn(async move { reaper.reap_task(efd).await });
+            }
+            None => {
+                std::thread::Builder::new().name("strata-uring".into()).spawn(move || reaper.reap_thread())?;
+            }
+        }
         Ok(UringEngine { ring })
     }
 }
@@ -304,45 +334,76 @@ fn sqe_for(f: &InFlight, token: u64) -> io_uring::squeue::Entry {
 
 impl Ring {
     /// The reaper thread: waits for completions and finishes what they complete.
-    fn reap(&self) {
-        let mut done: Vec<(oneshot::Sender<Completion>, Completion)> = Vec::new();
+    fn reap_thread(&self) {
         loop {
-            // Submits whatever a resubmission below left in the ring, and waits for one
-            // completion.
+            // Also submits whatever a resubmission left in the ring.
             match self.uring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
                 Err(e) => panic!("io_uring wait failed: {e}"),
             }
-            let mut st = self.state.lock();
-            // SAFETY: only this thread takes completions.
-            let cqes: Vec<(u64, i32)> =
-                unsafe { self.uring.completion_shared() }.map(|c| (c.user_data(), c.result())).collect();
-            for (token, res) in cqes {
-                let slot = token as usize;
-                let mut f = st.slots[slot].take().expect("completion for a live slot");
-                match outcome(&mut f, res) {
-                    None => st.push(&self.uring, slot, f),
-                    Some(result) => {
-                        st.inflight -= 1;
-                        st.free.push(slot);
-                        let buf = match f.op {
-                            Op::Read { buf, .. } | Op::Write { buf, .. } => Some(buf),
-                            _ => None,
-                        };
-                        done.push((f.reply, (buf, result)));
+            self.reap();
+        }
+    }
+
+    /// The reaper task: the ring signals `efd` for every completion.
+    async fn reap_task(&self, efd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>) {
+        loop {
+            let mut ready = efd.readable().await.expect("eventfd registered with the reactor");
+            let mut count = 0u64;
+            // SAFETY: reading the 8-byte counter of an eventfd we own.
+            let n = unsafe { libc::read(efd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+            if n < 0 {
+                ready.clear_ready();
+            }
+            if self.reap() {
+                if let Err(e) = self.uring.submit() {
+                    if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                        panic!("io_uring submit failed: {e}");
                     }
                 }
             }
-            while st.inflight < st.capacity {
-                let Some(f) = st.waiting.pop_front() else { break };
-                st.queue(&self.uring, f);
-            }
-            drop(st);
-            for (reply, completion) in done.drain(..) {
-                let _ = reply.send(completion);
+        }
+    }
+
+    /// Finishes what the completions in the ring complete, resubmits short transfers and
+    /// moves waiting operations into the room freed. True if it put entries in the ring.
+    fn reap(&self) -> bool {
+        let mut done: Vec<(oneshot::Sender<Completion>, Completion)> = Vec::new();
+        let mut pushed = false;
+        let mut st = self.state.lock();
+        // SAFETY: only the reaper takes completions.
+        let cqes: Vec<(u64, i32)> =
+            unsafe { self.uring.completion_shared() }.map(|c| (c.user_data(), c.result())).collect();
+        for (token, res) in cqes {
+            let slot = token as usize;
+            let mut f = st.slots[slot].take().expect("completion for a live slot");
+            match outcome(&mut f, res) {
+                None => {
+                    st.push(&self.uring, slot, f);
+                    pushed = true;
+                }
+                Some(result) => {
+                    st.inflight -= 1;
+                    st.free.push(slot);
+                    let buf = match f.op {
+                        Op::Read { buf, .. } | Op::Write { buf, .. } => Some(buf),
+                        _ => None,
+                    };
+                    done.push((f.reply, (buf, result)));
+                }
             }
         }
+        while st.inflight < st.capacity {
+            let Some(f) = st.waiting.pop_front() else { break };
+            st.queue(&self.uring, f);
+            pushed = true;
+        }
+        drop(st);
+        for (reply, completion) in done {
+            let _ = reply.send(completion);
+        }
+        pushed
     }
 }
 

@@ -142,6 +142,24 @@ pub async fn check_model(dev: &dyn BlockDev, ops: &[ModelOp]) -> Result<(), Stri
     reference.compare(0, &all).map_err(|e| format!("final read-back: {e}"))
 }
 
+/// Writes every 4 KiB block of `dev` at once, each with its own pattern, then reads them all
+/// back at once: more requests in flight than any queue of the device holds.
+pub async fn check_all_blocks_at_once(dev: &dyn BlockDev) -> Result<(), String> {
+    let blocks = dev.size() / 4096;
+    let writes = (0..blocks).map(|b| dev.write(b * 4096, pattern(b, b * 4096, 4096), false));
+    for (b, w) in futures::future::join_all(writes).await.into_iter().enumerate() {
+        w.map_err(|e| format!("write of block {b}: {e}"))?;
+    }
+    let reads = (0..blocks).map(|b| dev.read(b * 4096, Buf::zeroed(4096)));
+    for (b, r) in futures::future::join_all(reads).await.into_iter().enumerate() {
+        let got = r.map_err(|e| format!("read of block {b}: {e}"))?;
+        if got[..] != pattern(b as u64, b as u64 * 4096, 4096)[..] {
+            return Err(format!("block {b} reads back other data"));
+        }
+    }
+    Ok(())
+}
+
 /// A window `[offset, offset+len)` of another device, as a device of its own: lets several
 /// model checkers run concurrently on disjoint regions of one shared target.
 pub struct Slice<D> {

@@ -5,7 +5,7 @@ use strata_io::file::{FileDev, FileOptions};
 use strata_io::latency::{HddParams, LatencyDev, SsdParams};
 use strata_io::engine::EngineKind;
 use strata_io::mem::MemDev;
-use strata_io::testing::{check_model, random_ops, Workload};
+use strata_io::testing::{check_all_blocks_at_once, check_model, random_ops, Workload};
 use strata_io::{spec, BlockDev, Buf};
 
 const SIZE: u64 = 4 << 20;
@@ -136,16 +136,7 @@ async fn block_status_reports_holes_of_sparse_files() {
 async fn more_requests_in_flight_than_the_ring_holds() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     for (i, engine) in [EngineKind::Uring, EngineKind::Pool].into_iter().enumerate() {
-        let dev = std::sync::Arc::new(file(&dir, &format!("wide{i}"), true, engine));
-        let blocks = SIZE / 4096;
-        let pattern = |b: u64| Buf::from_slice(&[(b * 7 + i as u64) as u8; 4096]);
-        let writes: Vec<_> = (0..blocks).map(|b| dev.write(b * 4096, pattern(b), false)).collect();
-        for w in futures::future::join_all(writes).await {
-            w.expect("write");
-        }
-        let reads: Vec<_> = (0..blocks).map(|b| dev.read(b * 4096, Buf::zeroed(4096))).collect();
-        for (b, r) in futures::future::join_all(reads).await.into_iter().enumerate() {
-            assert_eq!(&r.expect("read")[..], &pattern(b as u64)[..], "{} block {b}", dev.describe());
-        }
+        let dev = file(&dir, &format!("wide{i}"), true, engine);
+        check_all_blocks_at_once(&dev).await.unwrap_or_else(|e| panic!("{}: {e}", dev.describe()));
     }
 }

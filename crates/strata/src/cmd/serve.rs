@@ -98,6 +98,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata").build()?;
     runtime.block_on(async move {
+        strata_io::engine::reap_on_current_runtime();
         let mut volumes = Vec::new();
         let mut exports = Vec::new();
         for (name, spec, ro) in wanted {
