@@ -1,17 +1,19 @@
-//! `mem:SIZE` — a RAM device. Memory is allocated in chunks on first write, so a large
+//! `mem:SIZE` — a RAM device. Memory is mapped in 2 MiB chunks on first write, so a large
 //! `mem:` volume costs only what is written; discarding a whole chunk frees it, and
-//! `block_status` reports unallocated chunks as holes. It is also the reference device the
+//! `block_status` reports unmapped chunks as holes. A chunk is aligned to its size and asks
+//! for a transparent huge page, so random requests over a large volume do not miss the TLB
+//! on every page; when the kernel refuses a chunk, the write fails with ENOSPC. It is also the reference device the
 //! model-based tests compare every other device and target against.
 
-use crate::{check_range, ready, BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
+use crate::{check_range, ready, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use std::ptr::NonNull;
 use parking_lot::RwLock;
 
-const CHUNK_BYTES: u64 = 256 << 10;
+const CHUNK_BYTES: u64 = 2 << 20;
 
 pub struct MemDev {
     size: u64,
-    /// Page-aligned, so copies in and out run at full speed whatever the request's alignment.
-    chunks: Vec<RwLock<Option<Buf>>>,
+    chunks: Vec<RwLock<Option<Chunk>>>,
 }
 
 impl MemDev {
@@ -57,7 +59,12 @@ impl MemDev {
         let mut done = 0;
         for (idx, within, span) in Self::spans(offset, data.len() as u64) {
             let mut slot = self.chunks[idx].write();
-            let chunk = slot.get_or_insert_with(|| Buf::zeroed(CHUNK_BYTES as usize));
+            if slot.is_none() {
+                *slot = Some(Chunk::map().ok_or_else(|| {
+                    Error::new(ErrorKind::NoSpace, format!("mem: no memory for the chunk at offset {}", offset + done as u64))
+                })?);
+            }
+            let chunk = slot.as_mut().expect("mapped above");
             chunk[within..within + span].copy_from_slice(&data[done..done + span]);
             done += span;
         }
@@ -96,6 +103,63 @@ impl MemDev {
             }
         }
         Ok(out)
+    }
+}
+
+/// `CHUNK_BYTES` of anonymous memory aligned to its size: zero-filled by the kernel, backed
+/// by a huge page where transparent huge pages are allowed, unmapped on drop.
+struct Chunk(NonNull<u8>);
+
+// SAFETY: a Chunk exclusively owns its mapping, like a Box<[u8]>.
+unsafe impl Send for Chunk {}
+unsafe impl Sync for Chunk {}
+
+impl Chunk {
+    fn map() -> Option<Chunk> {
+        let len = CHUNK_BYTES as usize;
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh private anonymous mapping of twice the size, of which the aligned
+        // middle is kept and the rest unmapped; nothing else refers to it.
+        unsafe {
+            let raw = libc::mmap(std::ptr::null_mut(), 2 * len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            if raw == libc::MAP_FAILED {
+                return None;
+            }
+            let start = raw as usize;
+            let aligned = start.next_multiple_of(len);
+            if aligned > start {
+                libc::munmap(raw, aligned - start);
+            }
+            let tail = start + 2 * len - (aligned + len);
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+            // Advice only: without huge pages the chunk is still ordinary zeroed memory.
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+            NonNull::new(aligned as *mut u8).map(Chunk)
+        }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.0.as_ptr().cast(), CHUNK_BYTES as usize) };
+    }
+}
+
+impl std::ops::Deref for Chunk {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the mapping is CHUNK_BYTES long, readable and ours.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr(), CHUNK_BYTES as usize) }
+    }
+}
+
+impl std::ops::DerefMut for Chunk {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and writable.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), CHUNK_BYTES as usize) }
     }
 }
 

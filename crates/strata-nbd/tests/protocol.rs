@@ -10,7 +10,7 @@ use strata_nbd::{Export, Limits, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-const SIZE: u64 = 1 << 20;
+const SIZE: u64 = 8 << 20;
 
 /// A RAM device whose reads at offset 0 are slow, to show replies leave out of order.
 struct SlowAtZero(MemDev);
@@ -443,12 +443,13 @@ async fn structured_replies_and_block_status() {
     let flags = c.go("mem", &[]).await;
     assert_ne!(flags & TFLAG_SEND_DF, 0);
 
-    c.request(CMD_WRITE, 0, 1, 65536 * 4, 65536, &vec![9u8; 65536]).await;
+    // In the middle, away from both ends (the RAM device allocates 2 MiB at a time).
+    c.request(CMD_WRITE, 0, 1, SIZE / 2, 65536, &vec![9u8; 65536]).await;
     assert_eq!(c.any_reply().await.1, u16::MAX, "writes may use simple replies");
-    c.request(CMD_READ, CMD_FLAG_DF, 2, 65536 * 4, 4096, &[]).await;
+    c.request(CMD_READ, CMD_FLAG_DF, 2, SIZE / 2, 4096, &[]).await;
     let (f, kind, cookie, data) = c.any_reply().await;
     assert_eq!((f & REPLY_FLAG_DONE, kind, cookie), (REPLY_FLAG_DONE, CHUNK_OFFSET_DATA, 2));
-    assert_eq!(u64::from_be_bytes(data[..8].try_into().unwrap()), 65536 * 4);
+    assert_eq!(u64::from_be_bytes(data[..8].try_into().unwrap()), SIZE / 2);
     assert!(data[8..].iter().all(|&b| b == 9) && data.len() == 8 + 4096);
 
     // Read errors are structured error chunks.
