@@ -1,8 +1,8 @@
 //! `mem:SIZE` — a RAM device. Memory is mapped in 2 MiB chunks on first write, so a large
 //! `mem:` volume costs only what is written; discarding a whole chunk frees it, and
-//! `block_status` reports unmapped chunks as holes. A chunk is aligned to its size and asks
-//! for a transparent huge page, so random requests over a large volume do not miss the TLB
-//! on every page; when the kernel refuses a chunk, the write fails with ENOSPC. It is also the reference device the
+//! `block_status` reports unmapped chunks as holes. When the kernel refuses a chunk, the
+//! write fails with ENOSPC. (Asking for transparent huge pages made steady random IO faster
+//! but stalled the first write to each chunk for milliseconds of compaction, so it does not.) It is also the reference device the
 //! model-based tests compare every other device and target against.
 
 use crate::{check_range, ready, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
@@ -106,8 +106,8 @@ impl MemDev {
     }
 }
 
-/// `CHUNK_BYTES` of anonymous memory aligned to its size: zero-filled by the kernel, backed
-/// by a huge page where transparent huge pages are allowed, unmapped on drop.
+/// `CHUNK_BYTES` of anonymous memory aligned to its size: zero-filled by the kernel, its
+/// pages faulted in as they are written, unmapped on drop.
 struct Chunk(NonNull<u8>);
 
 // SAFETY: a Chunk exclusively owns its mapping, like a Box<[u8]>.
@@ -134,8 +134,6 @@ impl Chunk {
             if tail > 0 {
                 libc::munmap((aligned + len) as *mut libc::c_void, tail);
             }
-            // Advice only: without huge pages the chunk is still ordinary zeroed memory.
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
             NonNull::new(aligned as *mut u8).map(Chunk)
         }
     }
