@@ -1,6 +1,6 @@
 //! IO engines: how file and block-device IO is carried out, behind one interface. `uring`
-//! shares one io_uring: submitters enter the kernel themselves and a reaper thread collects
-//! completions; `pool` runs blocking pread/pwrite on a pool of threads. Both take owned
+//! shares one io_uring: submitters enter the kernel themselves and a reaper (a thread, or a
+//! task on the server's runtime) collects completions; `pool` runs blocking pread/pwrite on a pool of threads. Both take owned
 //! buffers and hand them back with the completion, so an operation the caller stopped waiting
 //! for still owns its memory until the kernel is done with it.
 //! Which one is faster depends on the machine; `docs/BENCHMARKS.md` has the measurements.
@@ -189,7 +189,7 @@ impl IoEngine for PoolEngine {
 // ---------------------------------------------------------------------------------------
 // io_uring engine: one ring shared by every submitter. A submitter puts its operation in the
 // ring and enters the kernel itself, so starting an IO costs no hop to another thread; one
-// reaper thread waits for completions, resubmits short transfers and hands results back.
+// reaper waits for completions, resubmits short transfers and hands results back.
 // Operations beyond the ring's capacity wait in a queue the reaper feeds in as room frees.
 
 pub struct UringEngine {
@@ -271,7 +271,7 @@ impl IoEngine for UringEngine {
         let queued = self.ring.state.lock().queue(&self.ring.uring, InFlight { file, op, done_bytes: 0, reply });
         if queued {
             if let Err(e) = self.ring.uring.submit() {
-                // The entry stays in the ring; the reaper's next enter submits it.
+                // The entry stays in the ring; the next enter (a submitter's or the reaper's) takes it.
                 if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
                     panic!("io_uring submit failed: {e}");
                 }
