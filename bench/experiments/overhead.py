@@ -75,9 +75,10 @@ def run(ctx):
     log = ctx.scratch / "overhead-servers.log"
     for rnd in range(rounds):
         for rw in RWS:
-            with b.Strata(ctx, work / "s.sock", f"buffered={img}?direct=off", f"direct={img}",
-                          f"mem=mem:{size_mib}MiB", admin=False) as s:
+            # A server claims each file it opens: the buffered volume gets a server of its own.
+            with b.Strata(ctx, work / "s.sock", f"buffered={img}?direct=off", admin=False) as s:
                 run_nbd(s, "strata file (page cache)", "buffered", rw)
+            with b.Strata(ctx, work / "s.sock", f"direct={img}", f"mem=mem:{size_mib}MiB", admin=False) as s:
                 run_nbd(s, "strata file (O_DIRECT)", "direct", rw)
                 # Fill the RAM volume first so reads hit real memory, as nbdkit's do below.
                 if rw == "randread":

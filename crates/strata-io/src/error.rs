@@ -25,13 +25,15 @@ pub enum ErrorKind {
     Shutdown,
     /// Out of memory or another resource limit (ENOMEM).
     NoMemory,
+    /// The device is claimed by another open of it (EBUSY; EIO on the wire, NBD has no EBUSY).
+    Busy,
 }
 
 impl ErrorKind {
     /// The NBD error number for this kind (NBD uses Linux errno values on the wire).
     pub fn nbd_errno(self) -> u32 {
         match self {
-            ErrorKind::Io | ErrorKind::Checksum => 5,
+            ErrorKind::Io | ErrorKind::Checksum | ErrorKind::Busy => 5,
             ErrorKind::NoSpace => 28,
             ErrorKind::OutOfRange | ErrorKind::Invalid => 22,
             ErrorKind::ReadOnly => 1,
@@ -68,6 +70,7 @@ impl Error {
             Some(libc::EINVAL) => ErrorKind::Invalid,
             Some(libc::EOPNOTSUPP) => ErrorKind::Unsupported,
             Some(libc::ENOMEM) => ErrorKind::NoMemory,
+            Some(libc::EBUSY) => ErrorKind::Busy,
             _ => ErrorKind::Io,
         };
         Error { kind, context: format!("{}: {err}", context.into()) }

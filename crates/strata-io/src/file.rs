@@ -3,6 +3,11 @@
 //! memory used), falling back to buffered IO with a message where it does not. Requests the
 //! direct path cannot take as they are (not aligned to the device's direct-IO alignment) go
 //! through an aligned bounce buffer; a read-modify-write holds off other writes meanwhile.
+//!
+//! Every open claims its file for the life of the device: `flock(LOCK_EX)` when writable,
+//! `flock(LOCK_SH)` when read-only, and O_EXCL on a writable block device. The lock belongs to
+//! the open file description, so a second open of the same file is refused within one process
+//! as well as from another. `Claim::Unclaimed` (a spec's `?ro&shared`) reads without a lock.
 
 use crate::engine::{self, EngineKind, IoEngine, Op};
 use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
@@ -29,6 +34,16 @@ impl Default for FileOptions {
     }
 }
 
+/// How an open claims its file against other opens of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Claim {
+    /// `LOCK_EX` (and O_EXCL on a block device) when writable, `LOCK_SH` when read-only.
+    #[default]
+    Default,
+    /// No lock: a read-only open beside a writer. Refused for a writable open.
+    Unclaimed,
+}
+
 pub struct FileDev {
     file: Arc<File>,
     path: PathBuf,
@@ -50,8 +65,16 @@ const BLKDISCARD: libc::c_ulong = 0x1277;
 const BLKZEROOUT: libc::c_ulong = 0x127f;
 
 impl FileDev {
+    /// Opens and claims `path` (see `Claim::Default`).
     pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDev> {
+        FileDev::open_claimed(path, opts, Claim::Default)
+    }
+
+    pub fn open_claimed(path: &Path, opts: &FileOptions, claim: Claim) -> Result<FileDev> {
         let ctx = |what: &str| format!("{}: {what}", path.display());
+        if claim == Claim::Unclaimed && !opts.read_only {
+            return Err(Error::new(ErrorKind::Invalid, ctx("only a read-only open may go unclaimed")));
+        }
         if let Some(size) = opts.create_size {
             match std::fs::metadata(path) {
                 Ok(meta) if meta.is_file() && meta.len() != size => {
@@ -76,23 +99,40 @@ impl FileDev {
                 Err(e) => return Err(Error::from_os(e, ctx("cannot stat"))),
             }
         }
+        // A writable block device is opened O_EXCL: EBUSY while mounted or held by the kernel
+        // (md, dm, bcache) or by another exclusive opener.
+        let node = std::fs::metadata(path).ok();
+        let excl = claim == Claim::Default
+            && !opts.read_only
+            && node.as_ref().is_some_and(|m| m.file_type().is_block_device());
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
             o.read(true).write(!opts.read_only);
+            let mut flags = if excl { libc::O_EXCL } else { 0 };
             if direct {
-                o.custom_flags(libc::O_DIRECT);
+                flags |= libc::O_DIRECT;
             }
+            o.custom_flags(flags);
             o.open(path)
         };
+        let busy = |e: &std::io::Error| excl && e.raw_os_error() == Some(libc::EBUSY);
         let (file, direct) = match open(opts.direct) {
             Ok(f) => (f, opts.direct),
+            Err(e) if busy(&e) => return Err(device_busy(path, node.as_ref())),
             Err(e) if opts.direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 eprintln!("strata: {}: the file system refuses O_DIRECT; using buffered IO", path.display());
-                (open(false).map_err(|e| Error::from_os(e, ctx("cannot open")))?, false)
+                match open(false) {
+                    Ok(f) => (f, false),
+                    Err(e) if busy(&e) => return Err(device_busy(path, node.as_ref())),
+                    Err(e) => return Err(Error::from_os(e, ctx("cannot open"))),
+                }
             }
             Err(e) => return Err(Error::from_os(e, ctx("cannot open"))),
         };
         let meta = file.metadata().map_err(|e| Error::from_os(e, ctx("cannot stat")))?;
+        if claim == Claim::Default {
+            lock(&file, path, &meta, opts.read_only)?;
+        }
         let block_device = meta.file_type().is_block_device();
         let fd = file.as_raw_fd();
         let (size, sector) = if block_device {
@@ -345,6 +385,126 @@ impl FileDev {
         }
         Ok(out)
     }
+}
+
+/// Takes the advisory lock of a claim on `file`: shared when read-only, exclusive otherwise.
+fn lock(file: &File, path: &Path, meta: &std::fs::Metadata, read_only: bool) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let op = if read_only { libc::LOCK_SH } else { libc::LOCK_EX };
+    // SAFETY: flock on our own fd.
+    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        let who = describe_holders(&flock_holders(meta.dev(), meta.ino()))
+            .unwrap_or_else(|| "in use by another open of it (no holder found in /proc/locks)".to_string());
+        return Err(Error::new(ErrorKind::Busy, format!("cannot claim {}: {who}", path.display())));
+    }
+    // A file system without locks (some FUSE ones) must not make the file unusable.
+    eprintln!("strata: {}: cannot lock it ({e}); nothing stops a second writer", path.display());
+    Ok(())
+}
+
+/// A process holding a `flock` on a file, from /proc/locks.
+struct Holder {
+    /// 0 when the holder is outside this pid namespace.
+    pid: u32,
+    write: bool,
+}
+
+/// The holders of `flock` locks on the file with this device and inode.
+fn flock_holders(dev: u64, ino: u64) -> Vec<Holder> {
+    let want = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    let text = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    let mut out: Vec<Holder> = Vec::new();
+    for line in text.lines() {
+        // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; waiters have "->" after the number.
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[1] != "FLOCK" || f[5] != want {
+            continue;
+        }
+        let pid = f[4].parse::<i64>().ok().filter(|p| *p > 0).unwrap_or(0) as u32;
+        if !out.iter().any(|h| h.pid == pid) {
+            out.push(Holder { pid, write: f[3] == "WRITE" });
+        }
+    }
+    out
+}
+
+/// "in use by pid 1234 (strata serve ...)", or that this process holds it; None if no holder.
+fn describe_holders(holders: &[Holder]) -> Option<String> {
+    let me = std::process::id();
+    if holders.iter().any(|h| h.pid == me) {
+        return Some(format!(
+            "already open in this process (pid {me}) as another volume or as a cache's origin or cache device"
+        ));
+    }
+    if holders.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = holders
+        .iter()
+        .map(|h| {
+            let role = if h.write { "" } else { ", reading" };
+            match h.pid {
+                0 => format!("a process outside this pid namespace{role}"),
+                pid => format!("pid {pid} ({}){role}", cmdline(pid)),
+            }
+        })
+        .collect();
+    Some(format!("in use by {}", each.join(", ")))
+}
+
+/// The command line of `pid`, its program without the directory, shortened.
+fn cmdline(pid: u32) -> String {
+    const MAX: usize = 80;
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut args: Vec<String> =
+        raw.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    if let Some(prog) = args.first_mut() {
+        if let Some((_, base)) = prog.rsplit_once('/') {
+            *prog = base.to_string();
+        }
+    }
+    let mut s = args.join(" ");
+    if s.is_empty() {
+        return "command unknown".to_string();
+    }
+    if s.chars().count() > MAX {
+        s = s.chars().take(MAX).collect::<String>() + " ...";
+    }
+    s
+}
+
+/// Why a block device refused O_EXCL: a strata holder from /proc/locks, else a mount or a
+/// kernel holder (dm, md, bcache) from /proc/self/mountinfo and sysfs.
+fn device_busy(path: &Path, node: Option<&std::fs::Metadata>) -> Error {
+    use std::os::unix::fs::MetadataExt;
+    let mut who = node.and_then(|m| describe_holders(&flock_holders(m.dev(), m.ino())));
+    if who.is_none() {
+        if let Some(m) = node {
+            let id = format!("{}:{}", libc::major(m.rdev()), libc::minor(m.rdev()));
+            let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.len() > 4 && f[2] == id).then(|| f[4].to_string())
+                })
+                .collect();
+            let held: Vec<String> = std::fs::read_dir(format!("/sys/dev/block/{id}/holders"))
+                .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
+            if !mounts.is_empty() {
+                who = Some(format!("mounted at {}", mounts.join(", ")));
+            } else if !held.is_empty() {
+                who = Some(format!("held by {}", held.join(", ")));
+            }
+        }
+    }
+    let who = who.unwrap_or_else(|| "busy: mounted, or held open exclusively by another program".to_string());
+    Error::new(ErrorKind::Busy, format!("cannot claim {}: {who}", path.display()))
 }
 
 /// Reads from the page cache without blocking (RWF_NOWAIT): the filled buffer when it was

@@ -1,7 +1,8 @@
 //! Device specs: how a device is named on the command line and in config files.
 //!
 //! - `PATH` — file or block device; options after `?`: `size=4GiB` (create a sparse file of
-//!   that size if missing), `direct=on|off`, `engine=uring|pool`, `ro`
+//!   that size if missing), `direct=on|off`, `engine=uring|pool`, `ro`, `shared` (with `ro`
+//!   only: no claim on the file, to read beside a writer; see `crate::file`)
 //! - `mem:SIZE` — RAM
 //! - `hdd:PATH[?opts]` — `PATH` behind the HDD latency model; extra options `seek_min_ms`,
 //!   `seek_max_ms`, `rpm`, `mib_s`, `seed`
@@ -15,7 +16,7 @@
 //! falls back to `open`.
 
 use crate::fault::{parse_rule, FaultDev, Rule};
-use crate::file::{FileDev, FileOptions};
+use crate::file::{Claim, FileDev, FileOptions};
 use crate::latency::{HddParams, LatencyDev, SsdParams};
 use crate::mem::MemDev;
 use crate::units::parse_size;
@@ -96,7 +97,7 @@ pub fn split_query(s: &str) -> (&str, Option<&str>) {
     }
 }
 
-fn file_options(opts: &mut Options, read_only: bool) -> Result<FileOptions> {
+fn file_options(opts: &mut Options, read_only: bool) -> Result<(FileOptions, Claim)> {
     let mut fo = FileOptions { read_only, ..FileOptions::default() };
     fo.create_size = opts.take_size("size")?;
     if let Some(d) = opts.take_bool("direct")? {
@@ -105,10 +106,30 @@ fn file_options(opts: &mut Options, read_only: bool) -> Result<FileOptions> {
     if let Some(e) = opts.take_parsed("engine")? {
         fo.engine = e;
     }
-    if opts.take_bool("ro")? == Some(true) {
+    let ro = opts.take_bool("ro")? == Some(true);
+    if ro {
         fo.read_only = true;
     }
-    Ok(fo)
+    let claim = if opts.take_bool("shared")? == Some(true) {
+        if !ro {
+            return Err(opts.invalid(
+                "shared is only allowed with ro (?ro&shared): an open that takes no claim must not write".into(),
+            ));
+        }
+        Claim::Unclaimed
+    } else {
+        Claim::Default
+    };
+    Ok((fo, claim))
+}
+
+/// Adds to a refused claim how to read beside the holder.
+fn claim_hint(e: Error, read_only: bool) -> Error {
+    if e.kind != ErrorKind::Busy {
+        return e;
+    }
+    let hint = if read_only { "add shared (?ro&shared)" } else { "open it read-only with ?ro&shared" };
+    Error::new(ErrorKind::Busy, format!("{}; {hint} to read beside it", e.context))
 }
 
 /// Splits `fault:RULES@SPEC` into its rules and the spec of the device they wrap; `None`
@@ -153,7 +174,8 @@ pub fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
         return Err(Error::new(ErrorKind::Invalid, format!("device spec {spec:?}: no path")));
     }
     let mut opts = Options::parse(spec, query);
-    let fo = file_options(&mut opts, read_only)?;
+    let (fo, claim) = file_options(&mut opts, read_only)?;
+    let open_file = || FileDev::open_claimed(Path::new(path), &fo, claim).map_err(|e| claim_hint(e, fo.read_only));
     let dev: Arc<dyn BlockDev> = match kind {
         "hdd" => {
             let mut p = HddParams::default();
@@ -163,7 +185,7 @@ pub fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
             p.mib_s = opts.take_parsed("mib_s")?.unwrap_or(p.mib_s);
             p.seed = opts.take_parsed("seed")?.unwrap_or(p.seed);
             opts.finish()?;
-            Arc::new(LatencyDev::hdd(FileDev::open(Path::new(path), &fo)?, p))
+            Arc::new(LatencyDev::hdd(open_file()?, p))
         }
         "ssd" => {
             let mut p = SsdParams::default();
@@ -172,11 +194,11 @@ pub fn open(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
             p.channels = opts.take_parsed("channels")?.unwrap_or(p.channels);
             p.mib_s = opts.take_parsed("mib_s")?.unwrap_or(p.mib_s);
             opts.finish()?;
-            Arc::new(LatencyDev::ssd(FileDev::open(Path::new(path), &fo)?, p))
+            Arc::new(LatencyDev::ssd(open_file()?, p))
         }
         _ => {
             opts.finish()?;
-            Arc::new(FileDev::open(Path::new(path), &fo)?)
+            Arc::new(open_file()?)
         }
     };
     Ok(dev)

@@ -95,6 +95,7 @@ fn specs_parse_and_reject() {
     // Reopening with a different size must not resize existing data.
     let err = spec::open(&format!("{}?size=2MiB", p.display()), false).err().unwrap();
     assert!(err.to_string().contains("refusing to resize"), "{err}");
+    drop(dev); // the file's claim goes with it; a second writer would be refused
     assert!(spec::open(&format!("hdd:{}?rpm=5400&seek_max_ms=12", p.display()), false).is_ok());
     let err = spec::open(&format!("{}?bogus=1", p.display()), false).err().unwrap();
     assert!(err.to_string().contains("unknown option(s): bogus"), "{err}");

@@ -206,3 +206,83 @@ fn every_cache_command_has_help_with_an_example() {
     let o = strata(&["serve", "--bogus"]);
     assert!(!o.status.success());
 }
+
+mod common;
+
+/// `strata serve --unix DIR/s.sock ARGS...`, which must fail at startup; returns its stderr.
+fn serve_args_fail(dir: &Path, args: &[String]) -> String {
+    let sock = dir.join("s.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+    cmd.args(["serve", "--unix", sock.to_str().unwrap()]).args(args);
+    let out = common::output(&mut cmd, common::START_TIMEOUT);
+    assert!(!out.status.success(), "serving {args:?} should fail: {}", stderr(&out));
+    stderr(&out)
+}
+
+/// Writes and reads back one block through the first server, proving it still serves.
+fn still_serves(sock: &Path) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = strata_nbd::client::Client::connect_unix(sock, "vol").await.unwrap();
+        c.write(65536, &[0x5a; 4096], true).await.unwrap();
+        assert_eq!(c.read(65536, 4096).await.unwrap(), vec![0x5a; 4096]);
+        c.disconnect().await.unwrap();
+    });
+}
+
+#[test]
+fn create_refuses_one_file_as_both_origin_and_cache() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let f = d.path().join("both.img");
+    let img: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8 | 1).collect();
+    std::fs::write(&f, &img).unwrap();
+    let o = strata(&["cache", "create", "--origin", f.to_str().unwrap(), "--cache", f.to_str().unwrap()]);
+    assert!(!o.status.success(), "a file became its own cache");
+    let e = stderr(&o);
+    assert!(e.contains(&format!("cannot claim {}", f.display())), "{e}");
+    assert!(e.contains("already open in this process"), "{e}");
+    assert!(std::fs::read(&f).unwrap() == img, "the file was changed");
+}
+
+#[test]
+fn a_second_server_on_a_served_cache_is_refused_naming_the_first() {
+    let d = common::tempdir();
+    assert!(create(d.path(), &[]).status.success());
+    let cache = d.path().join("cache.img");
+    let first = common::Server::start_opts(
+        d,
+        common::ServerOpts { args: vec!["vol=cache:{dir}/cache.img".into()], ..Default::default() },
+    );
+    let other = common::tempdir();
+    let e = serve_args_fail(other.path(), &[format!("vol=cache:{}", cache.display())]);
+    assert!(e.contains(&format!("cannot claim {}", cache.display())), "{e}");
+    assert!(e.contains(&format!("in use by pid {} (", first.pid())), "{e}");
+    assert!(e.contains("serve"), "the holder's command line is named: {e}");
+    still_serves(first.sock.as_ref().unwrap());
+    // The same goes for its origin, served raw by a second server.
+    let origin = first.path().join("origin.img");
+    let e = serve_args_fail(other.path(), &[format!("vol={}", origin.display())]);
+    assert!(e.contains(&format!("in use by pid {} (", first.pid())), "{e}");
+    still_serves(first.sock.as_ref().unwrap());
+    first.stop();
+}
+
+#[test]
+fn one_server_refuses_a_cache_beside_its_origin_raw() {
+    let d = common::tempdir();
+    assert!(create(d.path(), &[]).status.success());
+    let cache = format!("vol=cache:{}", d.path().join("cache.img").display());
+    let origin = d.path().join("origin.img");
+    let raw = format!("raw={}", origin.display());
+    for args in [[cache.clone(), raw.clone()], [raw.clone(), cache.clone()]] {
+        let e = serve_args_fail(d.path(), &args);
+        assert!(e.contains(&format!("cannot claim {}", origin.display())), "{args:?}: {e}");
+        assert!(e.contains("already open in this process"), "{args:?}: {e}");
+    }
+    // Reading the origin beside its cache is an explicit opt-out.
+    let srv = common::Server::start_opts(
+        d,
+        common::ServerOpts { args: vec![cache, "raw={dir}/origin.img?ro&shared".into()], ..Default::default() },
+    );
+    srv.stop();
+}

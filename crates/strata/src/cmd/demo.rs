@@ -56,7 +56,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
 
     let open = |spec: String| -> Result<Vol> { Ok(Arc::new(StatsDev::new(rt.block_on(volume::open(&spec, false))?))) };
     let cached = open(format!("cache:{}", cache_path.display()))?;
-    let plain = open(origin_spec)?;
+    // The cache holds the origin's claim; the origin phase only reads, beside it.
+    let plain = open(format!("{origin_spec}?ro&shared"))?;
     let exports = [("cached", &cached), ("origin", &plain)]
         .map(|(n, d)| Export { name: n.into(), description: d.describe(), dev: d.clone() as Arc<dyn BlockDev>, read_only: false });
     let server = Server::new(exports.into(), Limits::default()).map_err(anyhow::Error::msg)?;

@@ -19,6 +19,11 @@ Volume specs:
   PATH                 a file or block device (O_DIRECT where possible)
   PATH?size=4GiB       ... created as a sparse file of that size if missing
                        (other options: direct=on|off, engine=uring|pool, ro)
+  PATH?ro&shared       read-only and unclaimed, to read beside a writer. Otherwise every
+                       file or block device is claimed while open (flock: one writer or
+                       many ro readers; O_EXCL on a writable block device): a second
+                       claim, from another process or in this server (two volumes, or a
+                       cache's origin also served raw), is refused naming its holder
   mem:SIZE             RAM, e.g. mem:1GiB
   hdd:PATH[?opts]      PATH behind an emulated 7200 rpm disk
                        (seek_min_ms, seek_max_ms, rpm, mib_s, seed)
