@@ -17,11 +17,18 @@ pub struct Meta {
     page_copy: Vec<u8>,
     next_generation: u64,
     commit_seq: u64,
+    /// Counts changes to the table; a commit makes every change up to its batch's `upto`
+    /// durable.
+    changes: u64,
+    /// Per slot: the number of its last change.
+    slot_changed: Vec<u64>,
 }
 
 /// Pages to write for one commit, prepared under the state lock and written outside it.
 pub struct CommitBatch {
     pub pages: Vec<(u64, u64, u8, Vec<u8>)>, // (page, offset, copy written, bytes)
+    /// Every change up to this number is in the batch.
+    pub upto: u64,
 }
 
 /// What reading the metadata found, for `cache check` and for the log at open.
@@ -45,6 +52,8 @@ impl Meta {
             page_copy: vec![1; pages], // the first commit writes copy 0
             next_generation: 1,
             commit_seq: 1,
+            changes: 0,
+            slot_changed: vec![0; sb.slots as usize],
             layout,
             sb,
         }
@@ -70,7 +79,19 @@ impl Meta {
         }
     }
 
+    /// The number of the latest change to the table.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The number of the latest change to `slot`'s entry.
+    pub fn slot_changed(&self, slot: u32) -> u64 {
+        self.slot_changed[slot as usize]
+    }
+
     fn mark(&mut self, slot: u32) {
+        self.changes += 1;
+        self.slot_changed[slot as usize] = self.changes;
         let page = slot as usize / ENTRIES_PER_PAGE;
         if !self.dirty_pages[page] {
             self.dirty_pages[page] = true;
@@ -106,7 +127,7 @@ impl Meta {
             let bytes = encode_page(page, seq, &self.entries[start..end]);
             pages.push((page, self.layout.page_offset(page, copy), copy, bytes));
         }
-        CommitBatch { pages }
+        CommitBatch { pages, upto: self.changes }
     }
 
     pub fn commit_done(&mut self, batch: &CommitBatch) {
@@ -190,6 +211,8 @@ impl Meta {
             page_copy,
             next_generation: entries.iter().map(|e| e.generation).max().unwrap_or(0) + 1,
             commit_seq,
+            changes: 0,
+            slot_changed: vec![0; slots],
             entries,
             layout,
             sb,

@@ -39,12 +39,23 @@ pub struct State {
     /// Per slot: bumped by every write, so a write-back knows whether it is still current.
     write_gen: Vec<u32>,
     streams: Streams,
-    /// Origin blocks discarded whole since start: promoting them needs no copy.
-    discarded: FxHashSet<u64>,
+    /// Origin blocks zeroed whole (by a write-zeroes the origin carried out) since start:
+    /// promoting them needs no copy. A discard does not count: it need not zero anything.
+    zeroed: FxHashSet<u64>,
+    /// Blocks unmapped in memory whose old mapping may still be durable, with the number of
+    /// the table change that unmapped them. Nothing may write such a block on the origin
+    /// until that change is durable: after a crash the old mapping would come back over it
+    /// (see `Inner::settle`).
+    pending: FxHashMap<u64, u64>,
+    /// Table changes up to this number are durable.
+    durable_changes: u64,
     /// Write back everything dirty (cache flush, detach).
     flush_all: bool,
     /// Faults that put the volume in a degraded state.
     pub faults: Vec<String>,
+    /// Why the volume stopped acknowledging writes: a flush or commit failed, so data it
+    /// covered may be gone from a device however later flushes fare. Latched until restart.
+    failed: Option<String>,
 }
 
 pub struct Inner {
@@ -83,18 +94,31 @@ enum ReadPlan {
 }
 
 enum WritePlan {
-    /// Write into the cached slot (dirty).
+    /// Write a dirty block's slot in place (no durable clean mapping names that slot).
     Cache(u32),
-    /// Write the origin and the cached slot (writethrough of a cached block).
-    Both(u32, bool),
+    /// Writethrough of a dirty block: the origin and its slot.
+    Both(u32),
     Origin,
     /// Promote by writing the whole block into a new slot.
     Promote(u32),
+    /// A clean cached block is written: it moves to a new slot (see `Inner::replace`).
+    Replace(u32),
     /// As `ReadPlan::NeedSlot`.
     NeedSlot,
 }
 
 impl State {
+    /// Latches a failed flush or commit: data it covered may be gone from a device however
+    /// later flushes fare (a buffered file drops pages whose write-back failed), so the
+    /// volume stops acknowledging writes and flushes until an operator restarts it, which
+    /// recovers from what is durable.
+    fn fail(&mut self, why: String) {
+        if self.failed.is_none() {
+            self.failed = Some(why.clone());
+        }
+        self.fault(format!("stopped: {why}"));
+    }
+
     /// Records a fault and goes to the safe mode: no new dirty data (writeback becomes
     /// writethrough), while dirty data stays readable where it is and keeps being written
     /// back. The mode change is in memory; an operator sets it for good with `cache set`.
@@ -108,14 +132,50 @@ impl State {
         }
     }
 
-    /// Removes `b` from the mapping (the policy already forgot it); its slot is reusable
-    /// after the next commit.
-    fn unmap(&mut self, b: u64, counters: &Counters) -> Option<u32> {
+    /// Removes `b` from the mapping; its slot is reusable after the next commit, and the
+    /// origin copy of `b` is not written before then (`pending`).
+    fn unmap(&mut self, b: u64) -> Option<u32> {
         let s = self.map.remove(&b)?;
         self.meta.set(s, 0, false, false);
         self.freed.push(s);
+        self.pending.insert(b, self.meta.changes());
+        Some(s)
+    }
+
+    /// `unmap`, counted as a demotion (the policy already forgot `b`).
+    fn demote(&mut self, b: u64, counters: &Counters) -> Option<u32> {
+        let s = self.unmap(b)?;
         Counters::bump(&counters.demotions);
         Some(s)
+    }
+
+    /// Maps `b` to `s`, with the dirty bit, as one table change.
+    fn map_to(&mut self, b: u64, s: u32, dirty: bool) {
+        self.map.insert(b, s);
+        self.meta.set(s, b, true, dirty);
+        self.write_gen[s as usize] = self.write_gen[s as usize].wrapping_add(1);
+    }
+
+    /// Unmaps every clean block (dm-cache's `invalidate_cblocks` for the whole cache):
+    /// the next reads go to the origin. Returns how many were dropped.
+    fn invalidate_clean(&mut self, counters: &Counters) -> usize {
+        let clean: Vec<u64> =
+            self.map.iter().filter(|&(_, &s)| !self.meta.entries[s as usize].dirty).map(|(&b, _)| b).collect();
+        for &b in &clean {
+            self.policy.remove(b);
+            self.demote(b, counters);
+        }
+        clean.len()
+    }
+
+    fn stopped(&self) -> Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(why) => Err(Error::new(
+                ErrorKind::Io,
+                format!("cache stopped after a failed flush ({why}); it accepts no writes or flushes until restarted"),
+            )),
+        }
     }
 
     /// A free slot that no IO still uses.
@@ -134,7 +194,7 @@ impl State {
                 return false;
             }
         }
-        self.unmap(v, counters);
+        self.demote(v, counters);
         true
     }
 }
@@ -287,6 +347,21 @@ impl Inner {
     /// flight to hand theirs back if need be; if none comes (every slot still in use), the
     /// promotion of `b` is given up.
     async fn slot_after_commit(&self, b: u64) -> Option<u32> {
+        if let Some(s) = self.free_slot().await {
+            return Some(s);
+        }
+        let mut st = self.state.lock();
+        st.policy.remove(b);
+        Counters::bump(&self.counters.promotions_skipped);
+        None
+    }
+
+    /// A free slot, committing to make freed slots reusable and waiting for promotions in
+    /// flight to hand theirs back if need be; `None` if every slot stays in use.
+    async fn free_slot(&self) -> Option<u32> {
+        if let Some(s) = self.state.lock().reserve(&self.refs) {
+            return Some(s);
+        }
         for _ in 0..200 {
             let _ = self.commit().await;
             let waiting = {
@@ -301,9 +376,6 @@ impl Inner {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let mut st = self.state.lock();
-        st.policy.remove(b);
-        Counters::bump(&self.counters.promotions_skipped);
         None
     }
 
@@ -333,7 +405,7 @@ impl Inner {
             drop(exclusive);
             return self.read_piece(b, within, n, bypass).await;
         }
-        let known_zero = self.state.lock().discarded.contains(&b);
+        let known_zero = self.state.lock().zeroed.contains(&b);
         let mut fills = vec![(b, s, exclusive)];
         if !known_zero {
             fills.extend(self.fill_ahead(b));
@@ -378,9 +450,7 @@ impl Inner {
             for (fb, fs, guard, r) in done {
                 match r {
                     Ok(_) if st.policy.contains(fb) && !st.map.contains_key(&fb) => {
-                        st.map.insert(fb, fs);
-                        st.meta.set(fs, fb, true, false);
-                        st.write_gen[fs as usize] = st.write_gen[fs as usize].wrapping_add(1);
+                        st.map_to(fb, fs, false);
                         Counters::bump(&me.counters.promotions);
                         if fb != b {
                             Counters::bump(&me.counters.readahead_blocks);
@@ -453,7 +523,7 @@ impl Inner {
             return Err(Error::new(ErrorKind::Io, format!("cache block {b} (dirty, slot {s}) unreadable: {e}")));
         }
         st.policy.remove(b);
-        st.unmap(b, &self.counters);
+        st.demote(b, &self.counters);
         Ok(true)
     }
 
@@ -464,29 +534,27 @@ impl Inner {
             .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
         let bypass = {
             let mut st = self.state.lock();
+            st.stopped()?;
             let cutoff = st.meta.sb.sequential_cutoff_bytes;
             st.streams.observe(offset, buf.len() as u64, cutoff)
         };
         let pieces = self.pieces(offset, buf.len() as u64);
-        let mut cache_fua = false;
-        let results = futures_join(pieces.iter().map(|&(b, within, n)| {
+        let needs = futures_join(pieces.iter().map(|&(b, within, n)| {
             let start = (b * self.block + within - offset) as usize;
             let data = Buf::from_slice(&buf[start..start + n as usize]);
             self.write_piece(b, within, data, fua, bypass)
         }))
         .await?;
-        for needs_commit in results {
-            cache_fua |= needs_commit;
-        }
-        if cache_fua {
-            self.commit().await?;
+        // A FUA write is durable only together with the mapping that finds its data.
+        if let Some(n) = needs.into_iter().flatten().max() {
+            self.commit_upto(n).await?;
         }
         Ok(buf)
     }
 
-    /// Writes one piece; returns whether the mapping must be committed before acknowledging
-    /// (a FUA write that left dirty data in the cache).
-    fn write_piece(self: &Arc<Self>, b: u64, within: u64, data: Buf, fua: bool, bypass: bool) -> BoxFut<'_, Result<bool>> {
+    /// Writes one piece. With `fua`, returns the table change that must be durable before
+    /// the write is acknowledged (the mapping of the slot that holds its data), if any.
+    fn write_piece(self: &Arc<Self>, b: u64, within: u64, data: Buf, fua: bool, bypass: bool) -> BoxFut<'_, Result<Option<u64>>> {
         Box::pin(async move {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;
@@ -498,35 +566,33 @@ impl Inner {
                 },
                 plan => plan,
             };
-            let origin_off = b * self.block + within;
+            let slot_change = |s: u32| fua.then(|| self.state.lock().meta.slot_changed(s));
             match plan {
                 WritePlan::Cache(s) => {
                     let r = self.cache.write(self.slot_offset(s) + within, data, fua).await;
                     self.refs[s as usize].fetch_sub(1, Relaxed);
-                    r.map(|_| fua)
+                    r?;
+                    Ok(slot_change(s))
                 }
-                WritePlan::Both(s, dirty) => {
+                WritePlan::Both(s) => {
+                    // The slot stays the block's current copy: with FUA it must be durable too.
                     let copy = Buf::from_slice(&data);
                     let (a, c) = tokio::join!(
-                        self.origin_write(origin_off, data, fua, Kind::Foreground),
-                        self.cache.write(self.slot_offset(s) + within, copy, false)
+                        self.write_origin(b, within, data, fua),
+                        self.cache.write(self.slot_offset(s) + within, copy, fua)
                     );
                     self.refs[s as usize].fetch_sub(1, Relaxed);
                     a?;
-                    if c.is_err() {
-                        // The origin has the data; drop the now stale cached copy.
-                        let mut st = self.state.lock();
-                        if st.map.get(&b) == Some(&s) && !dirty {
-                            st.policy.remove(b);
-                            st.unmap(b, &self.counters);
-                        } else {
-                            c?;
-                        }
-                    }
-                    Ok(dirty && fua)
+                    c?;
+                    Ok(slot_change(s))
                 }
-                WritePlan::Origin => self.origin_write(origin_off, data, fua, Kind::Foreground).await.map(|_| false),
+                WritePlan::Origin => self.write_origin(b, within, data, fua).await.map(|_| None),
                 WritePlan::NeedSlot => unreachable!("resolved above"),
+                WritePlan::Replace(old) => {
+                    drop(guard);
+                    let exclusive = shard.write_owned().await;
+                    self.replace(b, within, data, fua, bypass, old, exclusive).await
+                }
                 WritePlan::Promote(s) => {
                     drop(guard);
                     let _exclusive = shard.write_owned().await;
@@ -545,7 +611,7 @@ impl Inner {
                     let (block_data, partial) = if within == 0 && n == len {
                         (data, None)
                     } else {
-                        let known_zero = self.state.lock().discarded.contains(&b);
+                        let known_zero = self.state.lock().zeroed.contains(&b);
                         let read = if known_zero {
                             Ok(Buf::zeroed(len as usize))
                         } else {
@@ -568,11 +634,11 @@ impl Inner {
                         self.cache.write(self.slot_offset(s), block_data, fua).await.map(Some)
                     } else {
                         let (to_origin, at) = match partial {
-                            Some(d) => (d, origin_off),
-                            None => (Buf::from_slice(&block_data), origin_off),
+                            Some(d) => (d, within),
+                            None => (Buf::from_slice(&block_data), 0),
                         };
                         let (a, c) = tokio::join!(
-                            self.origin_write(at, to_origin, fua, Kind::Foreground),
+                            self.write_origin(b, at, to_origin, fua),
                             self.cache.write(self.slot_offset(s), block_data, false)
                         );
                         a.and(c).map(|_| None)
@@ -581,15 +647,13 @@ impl Inner {
                         let mut st = self.state.lock();
                         match r {
                             Ok(_) if st.policy.contains(b) => {
-                                st.map.insert(b, s);
-                                st.meta.set(s, b, true, writeback);
-                                st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
+                                st.map_to(b, s, writeback);
                                 if writeback {
                                     st.policy.set_dirty(b);
                                 }
-                                st.discarded.remove(&b);
+                                st.zeroed.remove(&b);
                                 Counters::bump(&self.counters.promotions);
-                                return Ok(writeback && fua);
+                                return Ok((writeback && fua).then(|| st.meta.changes()));
                             }
                             // The policy dropped the block while its data was on the way (it
                             // was chosen as another promotion's victim): the slot goes back,
@@ -600,7 +664,7 @@ impl Inner {
                             }
                             Ok(None) => {
                                 st.free.push(s);
-                                return Ok(false);
+                                return Ok(None);
                             }
                             Err(e) => {
                                 st.policy.remove(b);
@@ -610,10 +674,120 @@ impl Inner {
                         }
                     };
                     // `homeless` is the whole block (merged if the write was partial).
-                    self.origin_write(b * self.block, homeless, fua, Kind::Foreground).await.map(|_| false)
+                    self.write_origin(b, 0, homeless, fua).await.map(|_| None)
                 }
             }
         })
+    }
+
+    /// A write to clean cached block `b` in slot `old`. A clean slot is never overwritten in
+    /// place: its mapping may be durable, and after a crash a clean slot that differs from
+    /// the origin reads one way until it is evicted and another way after. So the block
+    /// moves to a new slot with the write merged in. In writeback the new slot is dirty; in
+    /// writethrough the old mapping's removal is made durable first, then the origin and the
+    /// new slot are written, and the new slot is mapped clean once both hold the data.
+    #[allow(clippy::too_many_arguments)]
+    async fn replace(
+        self: &Arc<Self>,
+        b: u64,
+        within: u64,
+        data: Buf,
+        fua: bool,
+        bypass: bool,
+        old: u32,
+        exclusive: OwnedRwLockWriteGuard<()>,
+    ) -> Result<Option<u64>> {
+        let release_old = || self.refs[old as usize].fetch_sub(1, Relaxed);
+        let (current, writeback) = {
+            let st = self.state.lock();
+            (st.map.get(&b) == Some(&old) && !st.meta.entries[old as usize].dirty, st.meta.sb.mode == Mode::Writeback)
+        };
+        let new = match current {
+            true => self.free_slot().await,
+            false => None,
+        };
+        let Some(new) = new else {
+            release_old();
+            if current {
+                // No slot to move to: drop the cached copy and write the origin only.
+                let mut st = self.state.lock();
+                if st.map.get(&b) == Some(&old) {
+                    st.policy.remove(b);
+                    st.demote(b, &self.counters);
+                }
+            }
+            drop(exclusive);
+            return self.write_piece(b, within, data, fua, bypass).await;
+        };
+        let len = self.block_len(b);
+        let n = data.len() as u64;
+        let block_data = if within == 0 && n == len {
+            Buf::from_slice(&data)
+        } else {
+            let mut full = match self.cache.read(self.slot_offset(old), Buf::zeroed(len as usize)).await {
+                Ok(d) => Ok(d),
+                Err(_) => {
+                    // A clean block: the origin holds the same data.
+                    Counters::bump(&self.counters.cache_read_errors);
+                    self.origin_read(b * self.block, Buf::zeroed(len as usize), Kind::Foreground).await
+                }
+            };
+            if let Ok(full) = &mut full {
+                full[within as usize..(within + n) as usize].copy_from_slice(&data);
+            }
+            full.inspect_err(|_| {
+                release_old();
+                self.state.lock().free.push(new);
+            })?
+        };
+        release_old();
+        if writeback {
+            let r = self.cache.write(self.slot_offset(new), block_data, fua).await;
+            let homeless = {
+                let mut st = self.state.lock();
+                match r {
+                    Err(e) => {
+                        st.free.push(new);
+                        return Err(e);
+                    }
+                    Ok(d) if st.map.get(&b) != Some(&old) => {
+                        // Evicted or invalidated meanwhile: the data lives only in `new`.
+                        st.free.push(new);
+                        d
+                    }
+                    Ok(_) => {
+                        st.unmap(b);
+                        st.map_to(b, new, true);
+                        st.policy.set_dirty(b);
+                        return Ok(fua.then(|| st.meta.changes()));
+                    }
+                }
+            };
+            return self.write_origin(b, 0, homeless, fua).await.map(|_| None);
+        }
+        self.state.lock().unmap(b);
+        let (a, c) = tokio::join!(
+            self.write_origin(b, within, data, fua),
+            self.cache.write(self.slot_offset(new), block_data, false)
+        );
+        let mut st = self.state.lock();
+        let keep = a.is_ok() && c.is_ok() && st.policy.contains(b) && !st.map.contains_key(&b);
+        if keep {
+            st.map_to(b, new, false);
+        } else {
+            st.free.push(new);
+            if !st.map.contains_key(&b) {
+                st.policy.remove(b);
+            }
+        }
+        a.map(|_| None)
+    }
+
+    /// Writes part of block `b` on the origin, once no mapping of `b` that was removed in
+    /// memory can come back over it after a crash (see `settle`).
+    async fn write_origin(&self, b: u64, within: u64, data: Buf, fua: bool) -> Result<Buf> {
+        self.settle(b).await?;
+        self.origin_write(b * self.block + within, data, fua, Kind::Foreground).await
     }
 
     fn plan_write(&self, b: u64, within: u64, n: u64, bypass: bool) -> WritePlan {
@@ -621,35 +795,27 @@ impl Inner {
         let now = self.now_ns();
         let full = within == 0 && n == self.block_len(b);
         let mode = st.meta.sb.mode;
-        st.discarded.remove(&b);
+        st.zeroed.remove(&b);
         if let Some(&s) = st.map.get(&b) {
             Counters::bump(&self.counters.write_hits);
             let dirty = st.meta.entries[s as usize].dirty;
             if !bypass {
                 st.policy.access(Access::new(b, Op::Write, full, now));
             }
-            let plan = match mode {
-                Mode::Writeback => WritePlan::Cache(s),
-                // A dirty block's newest data is in the cache: keep writing it there.
-                _ if dirty => {
-                    if mode == Mode::Writethrough {
-                        WritePlan::Both(s, true)
-                    } else {
-                        WritePlan::Cache(s)
-                    }
-                }
-                Mode::Writethrough => WritePlan::Both(s, false),
-                Mode::Writearound | Mode::Passthrough | Mode::Cleaner => {
+            let plan = match (mode, dirty) {
+                // A dirty block's newest data is in its slot: keep writing it there.
+                (Mode::Writethrough, true) => WritePlan::Both(s),
+                (_, true) => WritePlan::Cache(s),
+                (Mode::Writeback | Mode::Writethrough, false) => WritePlan::Replace(s),
+                (Mode::Writearound | Mode::Passthrough | Mode::Cleaner, false) => {
                     st.policy.remove(b);
-                    st.unmap(b, &self.counters);
+                    st.demote(b, &self.counters);
                     return WritePlan::Origin;
                 }
             };
-            if let WritePlan::Cache(_) = plan {
-                st.policy.set_dirty(b);
-                st.meta.set_dirty(s, true);
+            if dirty {
+                st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
             }
-            st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
             self.refs[s as usize].fetch_add(1, Relaxed);
             return plan;
         }
@@ -681,65 +847,92 @@ impl Inner {
 
     // ------------------------------------------------------------- discard and zeroes
 
+    /// Drops the cached copy of `b` before part of it is discarded; false if the origin is
+    /// to be left alone (part of a dirty block: the cache holds the only good copy of the
+    /// rest, and will write it all back).
+    fn uncache_for_discard(&self, b: u64, whole: bool) -> bool {
+        let mut st = self.state.lock();
+        st.zeroed.remove(&b);
+        match st.map.get(&b).copied() {
+            Some(s) if !whole && st.meta.entries[s as usize].dirty => false,
+            Some(_) => {
+                st.policy.remove(b);
+                st.demote(b, &self.counters);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Drops the cached copies a request is about to replace on the origin, and makes that
+    /// durable with one commit for the whole range rather than one per block (`settle`).
+    async fn uncache_range(&self, pieces: &[(u64, u64, u64)], drop_block: impl Fn(&Self, u64, bool) -> bool) -> Result<()> {
+        for &(b, within, n) in pieces {
+            let _x = self.shard(b).clone().write_owned().await;
+            drop_block(self, b, within == 0 && n == self.block_len(b));
+        }
+        let upto = {
+            let st = self.state.lock();
+            pieces.iter().filter_map(|(b, _, _)| st.pending.get(b).copied()).max()
+        };
+        match upto {
+            Some(n) => self.commit_upto(n).await,
+            None => Ok(()),
+        }
+    }
+
     async fn discard(self: &Arc<Self>, offset: u64, len: u64) -> Result<()> {
         strata_io::check_range("cache discard", offset, len, self.origin_bytes)?;
-        for (b, within, n) in self.pieces(offset, len) {
-            let whole = within == 0 && n == self.block_len(b);
+        self.state.lock().stopped()?;
+        let pieces = self.pieces(offset, len);
+        self.uncache_range(&pieces, |me, b, whole| me.uncache_for_discard(b, whole)).await?;
+        for (b, within, n) in pieces {
             let _x = self.shard(b).clone().write_owned().await;
-            let keep = {
-                let mut st = self.state.lock();
-                match st.map.get(&b).copied() {
-                    // Part of a dirty block: the cache holds the block's only good copy of the
-                    // rest, and will write it all back; the origin is left alone.
-                    Some(s) if !whole && st.meta.entries[s as usize].dirty => true,
-                    Some(_) => {
-                        // A whole block (dirty or not) or part of a clean one: drop the cached
-                        // copy so cache and origin never disagree about a clean block.
-                        st.policy.remove(b);
-                        st.unmap(b, &self.counters);
-                        false
-                    }
-                    None => false,
-                }
-            };
-            if whole {
-                self.state.lock().discarded.insert(b);
-            }
-            if !keep {
+            if self.uncache_for_discard(b, within == 0 && n == self.block_len(b)) {
+                self.settle(b).await?;
                 self.origin.discard(b * self.block + within, n).await?;
             }
         }
         Ok(())
     }
 
+    /// Drops the cached copy of `b` if it is clean and about to be zeroed whole on the origin;
+    /// true if the zeroes go to the origin, false if they are written like data (a dirty
+    /// block, whose slot is its only current copy, or part of a clean one).
+    fn uncache_for_zeroes(&self, b: u64, whole: bool) -> bool {
+        let mut st = self.state.lock();
+        match st.map.get(&b).copied() {
+            Some(s) if st.meta.entries[s as usize].dirty || !whole => false,
+            Some(_) => {
+                st.policy.remove(b);
+                st.demote(b, &self.counters);
+                true
+            }
+            None => true,
+        }
+    }
+
     async fn write_zeroes(self: &Arc<Self>, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         strata_io::check_range("cache write_zeroes", offset, len, self.origin_bytes)
             .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
-        for (b, within, n) in self.pieces(offset, len) {
-            let _x = self.shard(b).clone().write_owned().await;
-            let mapped = {
-                let mut st = self.state.lock();
-                match st.map.get(&b).copied() {
-                    Some(s) if within == 0 && n == self.block_len(b) => {
-                        // Whole block: forget the cached copy; the origin gets the zeroes.
-                        st.policy.remove(b);
-                        st.unmap(b, &self.counters);
-                        let _ = s;
-                        false
-                    }
-                    Some(_) => true,
-                    None => false,
-                }
-            };
-            if mapped {
-                if flags.fast_only {
-                    return Err(Error::new(ErrorKind::Unsupported, "zeroing part of a cached block is not fast"));
-                }
-                drop(_x);
-                let zeros = Buf::zeroed(n as usize);
-                self.write_piece(b, within, zeros, false, false).await?;
-            } else {
+        self.state.lock().stopped()?;
+        let pieces = self.pieces(offset, len);
+        self.uncache_range(&pieces, |me, b, whole| me.uncache_for_zeroes(b, whole)).await?;
+        for (b, within, n) in pieces {
+            let x = self.shard(b).clone().write_owned().await;
+            let whole = within == 0 && n == self.block_len(b);
+            if self.uncache_for_zeroes(b, whole) {
+                self.settle(b).await?;
                 self.origin.write_zeroes(b * self.block + within, n, flags).await?;
+                if whole {
+                    self.state.lock().zeroed.insert(b);
+                }
+            } else {
+                if flags.fast_only {
+                    return Err(Error::new(ErrorKind::Unsupported, "zeroing a cached block is not fast"));
+                }
+                drop(x);
+                self.write_piece(b, within, Buf::zeroed(n as usize), false, false).await?;
             }
         }
         Ok(())
@@ -750,9 +943,43 @@ impl Inner {
     /// Makes every completed write durable: origin flush, cache data flush, then the
     /// changed table pages and another cache flush.
     pub async fn commit(&self) -> Result<()> {
-        let _g = self.commit_lock.lock().await;
+        self.state.lock().stopped()?;
+        let guard = self.commit_lock.lock().await;
+        self.commit_locked(&guard).await
+    }
+
+    /// Makes table changes up to number `n` durable, sharing a commit with everyone who
+    /// waits for one meanwhile.
+    async fn commit_upto(&self, n: u64) -> Result<()> {
+        let done = |me: &Self| {
+            let st = me.state.lock();
+            st.stopped().map(|_| st.durable_changes >= n)
+        };
+        if done(self)? {
+            return Ok(());
+        }
+        let guard = self.commit_lock.lock().await;
+        if done(self)? {
+            return Ok(());
+        }
+        self.commit_locked(&guard).await
+    }
+
+    /// Waits until no durable mapping of `b` can outlive a crash, if it was unmapped lately:
+    /// the origin copy of `b` may be written from then on. (A clean mapping that came back
+    /// after a crash would hide the new origin data, and read differently once evicted.)
+    async fn settle(&self, b: u64) -> Result<()> {
+        let pending = self.state.lock().pending.get(&b).copied();
+        match pending {
+            Some(n) => self.commit_upto(n).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn commit_locked(&self, _guard: &tokio::sync::MutexGuard<'_, ()>) -> Result<()> {
         let (batch, freed) = {
             let mut st = self.state.lock();
+            st.stopped()?;
             if st.meta.has_changes() {
                 let freed = std::mem::take(&mut st.freed);
                 (Some(st.meta.prepare_commit()), freed)
@@ -762,12 +989,12 @@ impl Inner {
         };
         let (o, c) = tokio::join!(self.origin.flush(), self.cache.flush());
         let result = async {
-            o?;
-            c?;
+            o.map_err(|e| during(e, "origin flush"))?;
+            c.map_err(|e| during(e, "cache flush"))?;
             if let Some(batch) = &batch {
                 let writes = batch.pages.iter().map(|(_, off, _, bytes)| self.cache.write(*off, Buf::from_slice(bytes), false));
-                futures_join(writes).await?;
-                self.cache.flush().await?;
+                futures_join(writes).await.map_err(|e| during(e, "metadata write"))?;
+                self.cache.flush().await.map_err(|e| during(e, "metadata flush"))?;
             }
             Ok::<(), Error>(())
         }
@@ -777,14 +1004,18 @@ impl Inner {
             (Some(b), Ok(())) => {
                 st.meta.commit_done(b);
                 st.free.extend(freed);
+                st.durable_changes = b.upto;
+                st.pending.retain(|_, n| *n > b.upto);
                 Counters::bump(&self.counters.commits);
             }
-            (Some(b), Err(e)) => {
+            (Some(b), Err(_)) => {
                 st.meta.commit_failed(b);
                 st.freed.extend(freed);
-                st.fault(format!("metadata commit failed: {e}"));
             }
             _ => {}
+        }
+        if let Err(e) = &result {
+            st.fail(format!("{e}"));
         }
         result
     }
@@ -795,9 +1026,10 @@ impl Inner {
     async fn writeback_one(&self, b: u64) -> Option<(u64, u32, u32)> {
         let exclusive = self.shard(b).clone().write_owned().await;
         let (s, generation) = {
-            let st = self.state.lock();
+            let mut st = self.state.lock();
             let s = *st.map.get(&b)?;
             if !st.meta.entries[s as usize].dirty {
+                st.policy.set_clean(b);
                 return None;
             }
             (s, st.write_gen[s as usize])
@@ -806,7 +1038,6 @@ impl Inner {
         let len = self.block_len(b);
         let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await;
         self.refs[s as usize].fetch_sub(1, Relaxed);
-        drop(exclusive);
         let data = match data {
             Ok(d) => d,
             Err(e) => {
@@ -816,7 +1047,14 @@ impl Inner {
                 return None;
             }
         };
-        match self.origin_write(b * self.block, data, false, Kind::Migration).await {
+        // The block stays locked until the origin has the data, so a later write, discard or
+        // write-zeroes of it can never be overtaken by this older copy.
+        let written = match self.settle(b).await {
+            Ok(()) => self.origin_write(b * self.block, data, false, Kind::Migration).await,
+            Err(e) => Err(e),
+        };
+        drop(exclusive);
+        match written {
             Ok(_) => {
                 self.counters.migration_bytes.fetch_add(len, Relaxed);
                 Some((b, s, generation))
@@ -856,6 +1094,9 @@ impl Inner {
             self.origin.flush().await
         };
         let mut st = self.state.lock();
+        if let Err(e) = &flushed {
+            st.fail(format!("origin flush after write-back: {e}"));
+        }
         let mut cleaned = 0;
         for (b, s, generation) in done {
             let current = st.map.get(&b) == Some(&s) && st.write_gen[s as usize] == generation;
@@ -870,6 +1111,11 @@ impl Inner {
         }
         cleaned
     }
+}
+
+/// `e`, saying what it happened during.
+fn during(e: Error, what: &str) -> Error {
+    Error::new(e.kind, format!("{what}: {}", e.context))
 }
 
 /// Runs futures concurrently and collects their results in order (first error wins).
@@ -998,9 +1244,12 @@ impl CacheDev {
                 free,
                 freed: Vec::new(),
                 streams: Streams::new(),
-                discarded: FxHashSet::default(),
+                zeroed: FxHashSet::default(),
+                pending: FxHashMap::default(),
+                durable_changes: 0,
                 flush_all: false,
                 faults: Vec::new(),
+                failed: None,
             }),
             origin,
             cache,
@@ -1019,6 +1268,34 @@ impl CacheDev {
 
     pub fn inner(&self) -> &Arc<Inner> {
         &self.inner
+    }
+
+    /// The origin blocks whose clean cached copy differs from the origin (there should be
+    /// none: a clean slot is a copy of its block, before and after a crash).
+    pub async fn verify_clean(&self) -> Result<Vec<u64>> {
+        let me = &self.inner;
+        let clean: Vec<u64> = {
+            let st = me.state.lock();
+            st.map.iter().filter(|&(_, &s)| !st.meta.entries[s as usize].dirty).map(|(&b, _)| b).collect()
+        };
+        let mut differ = Vec::new();
+        for b in clean {
+            let _g = me.shard(b).clone().read_owned().await;
+            let s = {
+                let st = me.state.lock();
+                match st.map.get(&b) {
+                    Some(&s) if !st.meta.entries[s as usize].dirty => s,
+                    _ => continue,
+                }
+            };
+            let len = me.block_len(b) as usize;
+            let (c, o) = tokio::join!(me.cache.read(me.slot_offset(s), Buf::zeroed(len)), me.origin.read(b * me.block, Buf::zeroed(len)));
+            if c?[..] != o?[..] {
+                differ.push(b);
+            }
+        }
+        differ.sort_unstable();
+        Ok(differ)
     }
 }
 
@@ -1094,6 +1371,7 @@ impl Inner {
             "flushing": st.flush_all,
             "faults": st.faults.iter().rev().take(8).cloned().collect::<Vec<_>>(),
             "degraded": !st.faults.is_empty(),
+            "stopped": st.failed,
         })
     }
 
@@ -1102,6 +1380,7 @@ impl Inner {
         let (key, value) = msg.split_once([' ', '=']).map(|(k, v)| (k.trim(), v.trim())).unwrap_or((msg.trim(), ""));
         let answer = {
             let mut st = self.state.lock();
+            st.stopped()?;
             match key {
                 "mode" => {
                     let m: Mode = value.parse().map_err(invalid)?;
@@ -1147,6 +1426,10 @@ impl Inner {
                     self.wake.notify_one();
                     return Ok(format!("writing back {} dirty blocks", st.policy.dirty_len()));
                 }
+                "invalidate" => {
+                    let n = st.invalidate_clean(&self.counters);
+                    return Ok(format!("dropped {n} clean blocks"));
+                }
                 "detach" => {
                     st.meta.sb.mode = Mode::Cleaner;
                     st.flush_all = true;
@@ -1155,7 +1438,7 @@ impl Inner {
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "unknown message {key:?} (mode, policy, migration_budget, sequential_cutoff, readahead, writeback_percent, flush, detach)"
+                        "unknown message {key:?} (mode, policy, migration_budget, sequential_cutoff, readahead, writeback_percent, flush, invalidate, detach)"
                     )))
                 }
             }
@@ -1181,6 +1464,9 @@ async fn background(weak: std::sync::Weak<Inner>) {
             return;
         }
         me.windows.tick(&me.counters);
+        if me.state.lock().failed.is_some() {
+            continue;
+        }
         let need_slots = {
             let st = me.state.lock();
             !st.freed.is_empty() && st.free.len() <= slot_reserve(st.meta.slots()) / 2

@@ -17,6 +17,7 @@ const ORIGIN: u64 = 4 << 20;
 struct Rig {
     dev: CacheDev,
     origin: Arc<FaultDev<MemDev>>,
+    cache: Arc<FaultDev<MemDev>>,
     origin_faults: Faults,
     cache_faults: Faults,
     data: std::ops::Range<u64>,
@@ -36,8 +37,8 @@ async fn rig(mode: &str) -> Rig {
     };
     let sb = create(&*cache, &*origin, &o).await.unwrap();
     let (meta, _) = Meta::load(&*cache).await.unwrap();
-    let dev = CacheDev::open(cache, origin.clone(), meta, OpenOptions::default()).await.unwrap();
-    Rig { dev, origin, origin_faults, cache_faults, data: sb.data_offset..sb.data_offset + sb.slots * BLOCK }
+    let dev = CacheDev::open(cache.clone(), origin.clone(), meta, OpenOptions::default()).await.unwrap();
+    Rig { dev, origin, cache, origin_faults, cache_faults, data: sb.data_offset..sb.data_offset + sb.slots * BLOCK }
 }
 
 fn fill(v: u8) -> Buf {
@@ -131,14 +132,28 @@ async fn origin_errors_reach_only_the_failing_request() {
     assert_eq!(read(&r.dev, 20).await.unwrap(), vec![2; BLOCK as usize]);
 }
 
+/// A failed commit is latched: once the device answers again, flushes still fail (what the
+/// failed one covered may be gone), until a restart recovers from what is durable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_metadata_commit_fails_the_flush_and_recovers() {
+async fn failed_metadata_commit_fails_every_flush_until_restart() {
     let r = rig("writeback").await;
     r.dev.write(BLOCK, fill(8), false).await.unwrap();
     let id = r.cache_faults.add(Rule::write_error(0..r.data.start).always());
     assert!(r.dev.flush().await.is_err(), "a flush that could not commit says so");
     assert_eq!(status(&r.dev, "degraded"), true);
     r.cache_faults.remove(id);
-    r.dev.flush().await.unwrap();
-    assert_eq!(read(&r.dev, 1).await.unwrap(), vec![8; BLOCK as usize]);
+    let err = r.dev.flush().await.unwrap_err();
+    assert!(err.context.contains("until restarted"), "{err}");
+    assert!(status(&r.dev, "stopped").as_str().unwrap().contains("metadata write"));
+    assert_eq!(read(&r.dev, 1).await.unwrap(), vec![8; BLOCK as usize], "reads go on");
+    let (cache, origin) = (r.cache.clone(), r.origin.clone());
+    drop(r);
+    let (meta, findings) = Meta::load(&*cache).await.unwrap();
+    assert!(findings.errors.is_empty(), "{:?}", findings.errors);
+    let dev = CacheDev::open(cache, origin, meta, OpenOptions::default()).await.unwrap();
+    let b1 = read(&dev, 1).await.unwrap();
+    assert!(b1 == vec![8; BLOCK as usize] || b1 == vec![0; BLOCK as usize], "never flushed: either");
+    dev.write(BLOCK, fill(9), false).await.unwrap();
+    dev.flush().await.unwrap();
+    assert_eq!(read(&dev, 1).await.unwrap(), vec![9; BLOCK as usize]);
 }

@@ -26,6 +26,9 @@ pub enum CacheCommand {
     Flush(ControlArgs),
     /// Switch a running cache to cleaner mode and wait until the origin is complete.
     Detach(ControlArgs),
+    /// Drop every clean block of a running cache (dirty ones stay); reads go to the origin
+    /// until blocks are promoted again.
+    Invalidate(ControlArgs),
     /// Verify a cache device's metadata (offline).
     Check(PathArgs),
     /// Print a cache device's superblock and mappings (offline).
@@ -123,6 +126,10 @@ pub fn run(args: CacheArgs) -> Result<()> {
             }
             CacheCommand::Flush(a) => control(a, "flush").await,
             CacheCommand::Detach(a) => control(a, "detach").await,
+            CacheCommand::Invalidate(a) => {
+                print!("{}: {}\n", a.name, admin::message(&a.admin, &a.name, "invalidate").await?);
+                Ok(())
+            }
             CacheCommand::Check(a) => run_check(a).await,
             CacheCommand::Dump(a) => {
                 let dev = strata_cache::admin::open_cache_device(&a.path, true)?;

@@ -14,7 +14,8 @@
 //!   latest value (or, after a failed write, its value before or the failed write's), or a
 //!   sector whose final content is not its last durable value or later (the crash oracle);
 //! - a check failure: metadata errors after the shutdown, or a flush still failing once the
-//!   devices answer again.
+//!   devices answer again; but once a flush has failed, a flush that succeeds before the
+//!   volume is restarted (the restarted volume is verified too).
 //!
 //! A request that fails is fine when it is the fault's doing: it is counted, and the sectors
 //! it touched may hold the old or the new content from then on.
@@ -238,13 +239,21 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
             }
         }
     }
-    // The devices answer again: a flush must now succeed, and everything reads back.
+    // The devices answer again: a flush must now succeed, and everything reads back; unless
+    // a flush failed meanwhile: then the volume has stopped acknowledging anything (what the
+    // failed flush covered may be gone) and must go on refusing until it is restarted.
+    let stopped = dev.status().is_some_and(|s| s["stopped"].is_string());
     oracle.issue(&Step::Flush);
-    match c.flush().await {
-        Ok(()) => oracle.complete(&Step::Flush),
-        Err(e) => {
+    match (c.flush().await, stopped) {
+        (Ok(()), false) => oracle.complete(&Step::Flush),
+        (Err(_), true) => {}
+        (Err(e), false) => {
             out.check_failures += 1;
             out.detail.push_str(&format!("flush after the fault was gone: {e}\n"));
+        }
+        (Ok(()), true) => {
+            out.check_failures += 1;
+            out.detail.push_str("a volume stopped by a failed flush acknowledged a flush\n");
         }
     }
     let image = super::read_region(&mut c, 0, ORIGIN_BYTES).await?;
@@ -257,6 +266,21 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
     server.shutdown();
     let _ = serving.await;
     server.wait_idle().await;
+    let dev = if stopped {
+        // The operator's restart: reopen from what is durable, and check it all again.
+        let (meta, _) = strata_cache::meta::Meta::load(&*cache).await?;
+        let opts = strata_cache::OpenOptions { seed, ..Default::default() };
+        let dev = strata_cache::CacheDev::open(cache.clone(), origin.clone(), meta, opts).await?;
+        let image = dev.read(0, strata_io::Buf::zeroed(ORIGIN_BYTES as usize)).await?;
+        let v = oracle.verify(&image);
+        out.silent_losses += v.lost + v.garbage;
+        if v.lost + v.garbage > 0 {
+            out.detail.push_str(&format!("read after the restart: {v:?}\n"));
+        }
+        Arc::new(dev)
+    } else {
+        dev
+    };
     if let Err(e) = dev.shutdown().await {
         out.check_failures += 1;
         out.detail.push_str(&format!("shutdown: {e}\n"));
