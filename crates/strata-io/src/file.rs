@@ -57,6 +57,9 @@ pub struct FileDev {
     engine: Arc<dyn IoEngine>,
     /// Aligned writes share it; a read-modify-write takes it alone.
     rmw: RwLock<()>,
+    /// Why the device stopped taking writes: an fdatasync or FUA write failed, and the kernel
+    /// may have dropped what it covered (a later fdatasync would succeed without it).
+    stopped: parking_lot::Mutex<Option<String>>,
 }
 
 const BLKGETSIZE64: libc::c_ulong = 0x80081272;
@@ -163,6 +166,7 @@ impl FileDev {
             read_only: opts.read_only,
             engine: engine::shared(opts.engine),
             rmw: RwLock::new(()),
+            stopped: parking_lot::Mutex::new(None),
         })
     }
 
@@ -186,7 +190,19 @@ impl FileDev {
         if self.read_only {
             return Err(Error::new(ErrorKind::ReadOnly, format!("{}: {what} on a read-only device", self.path.display())));
         }
+        if let Some(why) = &*self.stopped.lock() {
+            let msg = format!("{}: {what} refused: a flush failed earlier ({why}); reopen the device", self.path.display());
+            return Err(Error::new(ErrorKind::Io, msg));
+        }
         Ok(())
+    }
+
+    /// Latches a failed flush or FUA write (see `stopped`) and passes the error on.
+    fn durability_failed(&self, e: Error) -> Error {
+        if !matches!(e.kind, ErrorKind::Invalid | ErrorKind::OutOfRange) {
+            self.stopped.lock().get_or_insert_with(|| e.context.clone());
+        }
+        e
     }
 
     async fn raw_read(&self, offset: u64, buf: Buf) -> Result<Buf> {
@@ -244,6 +260,14 @@ impl FileDev {
 
     async fn do_write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         self.writable("write")?;
+        let r = self.write_checked(offset, buf, fua).await;
+        if fua {
+            return r.map_err(|e| self.durability_failed(e));
+        }
+        r
+    }
+
+    async fn write_checked(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         check_range("write", offset, buf.len() as u64, self.size)
             .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
         if self.aligned(offset, buf.len() as u64) {
@@ -580,8 +604,9 @@ impl BlockDev for FileDev {
             if self.read_only {
                 return Ok(());
             }
+            self.writable("flush")?;
             let (_, res) = self.engine.submit(self.file.clone(), Op::Fdatasync).await;
-            res.map(|_| ()).map_err(|e| self.os_err(e, "flush", 0))
+            res.map(|_| ()).map_err(|e| self.durability_failed(self.os_err(e, "flush", 0)))
         })
     }
 
@@ -595,5 +620,38 @@ impl BlockDev for FileDev {
 
     fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
         crate::ready(self.extents(offset, len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a failed flush the device refuses flushes and writes (reads go on) until it is
+    /// reopened: a retried fdatasync on a buffered file succeeds after the kernel dropped
+    /// the pages the failed one covered.
+    #[test]
+    fn a_failed_flush_is_latched() {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f.img");
+            let opts = FileOptions { create_size: Some(1 << 20), direct: false, ..FileOptions::default() };
+            let dev = FileDev::open(&path, &opts).unwrap();
+            dev.write(0, Buf::from_slice(&[7; 4096]), false).await.unwrap();
+            dev.flush().await.unwrap();
+            let e = dev.durability_failed(Error::new(ErrorKind::Io, "fdatasync: EIO"));
+            assert_eq!(e.kind, ErrorKind::Io);
+            assert!(dev.flush().await.unwrap_err().context.contains("a flush failed earlier"));
+            assert!(dev.write(0, Buf::from_slice(&[8; 4096]), false).await.is_err());
+            assert!(dev.write(0, Buf::from_slice(&[8; 4096]), true).await.is_err());
+            assert_eq!(&dev.read(0, Buf::zeroed(4096)).await.unwrap()[..], &[7; 4096][..]);
+            drop(dev);
+            let dev = FileDev::open(&path, &opts).unwrap();
+            dev.write(0, Buf::from_slice(&[9; 4096]), true).await.unwrap();
+            dev.flush().await.unwrap();
+            // A request the device refused before touching anything latches nothing.
+            dev.durability_failed(Error::new(ErrorKind::OutOfRange, "beyond the end"));
+            dev.flush().await.unwrap();
+        });
     }
 }
