@@ -56,6 +56,9 @@ pub struct State {
     /// Why the volume stopped acknowledging writes: a flush or commit failed, so data it
     /// covered may be gone from a device however later flushes fare. Latched until restart.
     failed: Option<String>,
+    /// The failure was the cache device's: a slot written since its last good flush may
+    /// hold older data, another block's, so no read is served from the cache any more.
+    cache_suspect: bool,
 }
 
 pub struct Inner {
@@ -87,6 +90,8 @@ pub struct CacheDev {
 
 enum ReadPlan {
     Hit(u32),
+    /// The cache device lost writes in a failed flush: its slots are not to be trusted.
+    Refused,
     Miss,
     Promote(u32),
     /// The policy admitted the block but every free slot's release still awaits a commit.
@@ -112,7 +117,8 @@ impl State {
     /// later flushes fare (a buffered file drops pages whose write-back failed), so the
     /// volume stops acknowledging writes and flushes until an operator restarts it, which
     /// recovers from what is durable.
-    fn fail(&mut self, why: String) {
+    fn fail(&mut self, why: String, cache_device: bool) {
+        self.cache_suspect |= cache_device;
         if self.failed.is_none() {
             self.failed = Some(why.clone());
         }
@@ -173,7 +179,10 @@ impl State {
             None => Ok(()),
             Some(why) => Err(Error::new(
                 ErrorKind::Io,
-                format!("cache stopped after a failed flush ({why}); it accepts no writes or flushes until restarted"),
+                format!(
+                    "cache stopped after a failed flush ({why}); it accepts no writes or flushes{} until restarted",
+                    if self.cache_suspect { ", nor reads of cached blocks," } else { "" }
+                ),
             )),
         }
     }
@@ -299,6 +308,7 @@ impl Inner {
                     let exclusive = shard.write_owned().await;
                     self.promote_on_read(b, within, n, s, exclusive, bypass).await
                 }
+                ReadPlan::Refused => Err(self.state.lock().stopped().expect_err("refused only once stopped")),
                 ReadPlan::NeedSlot => unreachable!("resolved above"),
             }
         })
@@ -308,6 +318,9 @@ impl Inner {
         let mut st = self.state.lock();
         let now = self.now_ns();
         if let Some(&s) = st.map.get(&b) {
+            if st.cache_suspect {
+                return ReadPlan::Refused;
+            }
             if !bypass {
                 st.policy.access(Access::new(b, Op::Read, within == 0 && n == self.block, now));
             }
@@ -316,7 +329,7 @@ impl Inner {
             return ReadPlan::Hit(s);
         }
         Counters::bump(&self.counters.read_misses);
-        if bypass {
+        if bypass || st.failed.is_some() {
             Counters::bump(&self.counters.bypassed);
             return ReadPlan::Miss;
         }
@@ -988,15 +1001,16 @@ impl Inner {
             }
         };
         let (o, c) = tokio::join!(self.origin.flush(), self.cache.flush());
-        let result = async {
-            o.map_err(|e| during(e, "origin flush"))?;
-            c.map_err(|e| during(e, "cache flush"))?;
+        // On failure: the error, and whether the cache device failed (whatever else did).
+        let result: std::result::Result<(), (Error, bool)> = async {
+            c.map_err(|e| (during(e, "cache flush"), true))?;
+            o.map_err(|e| (during(e, "origin flush"), false))?;
             if let Some(batch) = &batch {
                 let writes = batch.pages.iter().map(|(_, off, _, bytes)| self.cache.write(*off, Buf::from_slice(bytes), false));
-                futures_join(writes).await.map_err(|e| during(e, "metadata write"))?;
-                self.cache.flush().await.map_err(|e| during(e, "metadata flush"))?;
+                futures_join(writes).await.map_err(|e| (during(e, "metadata write"), true))?;
+                self.cache.flush().await.map_err(|e| (during(e, "metadata flush"), true))?;
             }
-            Ok::<(), Error>(())
+            Ok(())
         }
         .await;
         let mut st = self.state.lock();
@@ -1014,10 +1028,10 @@ impl Inner {
             }
             _ => {}
         }
-        if let Err(e) = &result {
-            st.fail(format!("{e}"));
-        }
-        result
+        result.map_err(|(e, cache_device)| {
+            st.fail(format!("{e}"), cache_device);
+            e
+        })
     }
 
     // ------------------------------------------------------------------ write-back
@@ -1095,7 +1109,7 @@ impl Inner {
         };
         let mut st = self.state.lock();
         if let Err(e) = &flushed {
-            st.fail(format!("origin flush after write-back: {e}"));
+            st.fail(format!("origin flush after write-back: {e}"), false);
         }
         let mut cleaned = 0;
         for (b, s, generation) in done {
@@ -1250,6 +1264,7 @@ impl CacheDev {
                 flush_all: false,
                 faults: Vec::new(),
                 failed: None,
+                cache_suspect: false,
             }),
             origin,
             cache,

@@ -7,15 +7,24 @@
 //! - a write is durable once it completed with FUA, or once a flush issued after the write
 //!   completed has itself completed successfully;
 //! - a write that completed but is not durable may or may not have reached the media: it is
-//!   kept whole or dropped;
+//!   kept whole or dropped (or, with `Window::tear_completed`, torn as below);
 //! - a write still in flight at the cut (issued, not completed), or one that failed with an
 //!   IO error, may also be torn: each 512-byte sector it touches is independently new or old.
 //!
 //! Each outcome is drawn from the seed and the write's position in the history alone, so the
 //! same history and seed always give the same image, whatever the cut point. Writes are
-//! applied in the order they were issued, so each sector ends up holding the last durable
-//! write to it or a later write that happened to survive. Discards are recorded as writes of
-//! zeroes, one of the outcomes the contract allows for them.
+//! applied in the order they landed on the inner device (issue order without a window,
+//! completion order with one; writes not completed at the cut come last), so each sector
+//! ends up holding the last durable write to it or a later write that happened to survive.
+//! Discards are recorded as writes of zeroes, one of the outcomes the contract allows for them.
+//!
+//! An in-flight window (`Window`, `with_window`) makes the device behave like a real queue:
+//! each write and flush completes after a seeded delay, a write's data reaches the inner
+//! device only when it completes (reads before that see the old data), and overlapping writes
+//! in flight together may complete out of issue order. A flush can be made to fail
+//! (`fail_next_flush`, `Window::flush_fail`) the way a buffered file's fsync fails: the
+//! not yet durable writes it covered are gone for good, from every later crash image and from
+//! the inner device itself (reads return the older data), even if a later flush succeeds.
 //!
 //! Several devices that lose power together (a cache and its origin) can share a `Clock`:
 //! every event any of them records takes the clock's next tick, so one moment of the whole
@@ -46,9 +55,11 @@ use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geomet
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
 
 /// A tick counter shared by the `PowerCut` devices that lose power together. Ticks only grow,
 /// and an event that happened before another (on any of the devices) has a smaller tick.
@@ -79,6 +90,28 @@ const EVENT_OVERHEAD_BYTES: u64 = 64;
 /// Piece size when copying images, so a copy never needs a device-sized buffer.
 const COPY_PIECE_BYTES: u64 = 1 << 20;
 
+/// The in-flight window of a `PowerCut` device (see the module docs). Every choice it makes
+/// is drawn from `seed` and the point of the request's issue.
+#[derive(Debug, Clone)]
+pub struct Window {
+    pub seed: u64,
+    /// Most a write or flush waits before it completes; zero waits up to 8 scheduler turns
+    /// instead of sleeping.
+    pub max_delay: Duration,
+    /// Writes may complete (and land) out of issue order; without it they land in order.
+    pub reorder: bool,
+    /// Completed writes that are not durable may tear at sector granularity in crash images.
+    pub tear_completed: bool,
+    /// Chance that a flush fails and loses the writes it covered.
+    pub flush_fail: f64,
+}
+
+impl Default for Window {
+    fn default() -> Window {
+        Window { seed: 0, max_delay: Duration::from_micros(500), reorder: true, tear_completed: true, flush_fail: 0.0 }
+    }
+}
+
 enum Payload {
     Data(Box<[u8]>),
     Zeroes(u64),
@@ -108,6 +141,20 @@ impl Payload {
         };
         r.expect("recorded writes were range-checked against the same size");
     }
+
+    /// Copies the part of the payload (written at `offset`) that falls in `[at, at+out.len())`.
+    fn copy_into(&self, offset: u64, at: u64, out: &mut [u8]) {
+        let from = offset.max(at);
+        let to = (offset + self.len()).min(at + out.len() as u64);
+        if from >= to {
+            return;
+        }
+        let dst = &mut out[(from - at) as usize..(to - at) as usize];
+        match self {
+            Payload::Data(d) => dst.copy_from_slice(&d[(from - offset) as usize..(to - offset) as usize]),
+            Payload::Zeroes(_) => dst.fill(0),
+        }
+    }
 }
 
 /// How a write ended, as far as the media is concerned.
@@ -136,10 +183,26 @@ impl Done {
 
 /// One entry of the history. A write or flush is named by the point of its issue event.
 enum Event {
-    Write { offset: u64, payload: Payload, fua: bool },
-    WriteDone { of: u64, done: Done },
+    /// `at_done`: the data reaches the inner device when the write completes (a window),
+    /// not when it is issued. `tear`: may tear in a crash once completed, if not durable.
+    Write {
+        offset: u64,
+        payload: Payload,
+        fua: bool,
+        at_done: bool,
+        tear: bool,
+    },
+    WriteDone {
+        of: u64,
+        done: Done,
+    },
     Flush,
-    FlushDone { of: u64, ok: bool },
+    /// `lost`: a failed flush that lost the not yet durable writes it covered.
+    FlushDone {
+        of: u64,
+        ok: bool,
+        lost: bool,
+    },
 }
 
 impl Event {
@@ -161,9 +224,12 @@ pub enum Fate {
     Kept,
     /// Did not reach the media (by chance, or because the device refused it).
     Dropped,
-    /// Was in flight (or failed) and reached the media in part: one flag per 512-byte
-    /// sector it touches, in order, true where the new data landed.
+    /// Was in flight (or failed, or completed but not durable with `tear_completed`) and
+    /// reached the media in part: one flag per 512-byte sector it touches, in order, true
+    /// where the new data landed.
     Torn(Vec<bool>),
+    /// Completed, then lost by a failed flush that covered it: never on the media again.
+    Lost,
 }
 
 /// A recorded write and its fate in one simulated crash.
@@ -184,8 +250,36 @@ struct Tracked {
     /// Index of the issue event in the history.
     pos: usize,
     fua: bool,
+    at_done: bool,
+    tear: bool,
     done: Option<Done>,
+    /// Index of the completion event.
+    done_pos: usize,
     durable: bool,
+    /// Lost by the failed flush issued at this point.
+    lost_by: Option<u64>,
+}
+
+impl Tracked {
+    /// Where the write landed on the inner device, for ordering: its issue, or with a
+    /// window its completion (after everything else while it has not completed).
+    fn landed(&self) -> (usize, usize) {
+        match (self.at_done, self.done) {
+            (false, _) => (self.pos, self.pos),
+            (true, Some(_)) => (self.done_pos, self.pos),
+            (true, None) => (usize::MAX, self.pos),
+        }
+    }
+
+    /// Whether its data is on the inner device now.
+    fn on_inner(&self) -> bool {
+        self.lost_by.is_none()
+            && match (self.at_done, self.done) {
+                (_, Some(Done::Refused)) => false,
+                (false, _) => true,
+                (true, d) => d == Some(Done::Ok),
+            }
+    }
 }
 
 /// Walks the history event by event and knows, after each, which writes are durable.
@@ -206,15 +300,29 @@ struct Tracker {
 impl Tracker {
     fn step(&mut self, point: u64, pos: usize, ev: &Event) {
         match *ev {
-            Event::Write { fua, .. } => {
+            Event::Write { fua, at_done, tear, .. } => {
                 self.by_point.insert(point, self.writes.len());
-                self.writes.push(Tracked { issued_at: point, pos, fua, done: None, durable: false });
+                let t = Tracked {
+                    issued_at: point,
+                    pos,
+                    fua,
+                    at_done,
+                    tear,
+                    done: None,
+                    done_pos: 0,
+                    durable: false,
+                    lost_by: None,
+                };
+                self.writes.push(t);
                 self.unsettled += 1;
             }
             Event::WriteDone { of, done } => {
                 // A write folded into the base by compaction has no entry: it was durable.
-                let Some(&w) = self.by_point.get(&of) else { return };
+                let Some(&w) = self.by_point.get(&of) else {
+                    return;
+                };
                 self.writes[w].done = Some(done);
+                self.writes[w].done_pos = pos;
                 match done {
                     Done::Ok if self.writes[w].fua => self.make_durable(w),
                     Done::Ok => self.completed.push(w),
@@ -225,15 +333,25 @@ impl Tracker {
             Event::Flush => {
                 self.flushes.insert(point, self.completed.len());
             }
-            Event::FlushDone { of, ok } => {
+            Event::FlushDone { of, ok, lost } => {
                 // An unknown flush was issued before a compaction point, so it covers only
                 // writes that were durable already.
-                let Some(covers) = self.flushes.remove(&of) else { return };
+                let Some(covers) = self.flushes.remove(&of) else {
+                    return;
+                };
                 if ok {
                     while self.durable_upto < covers {
                         let w = self.completed[self.durable_upto];
                         self.make_durable(w);
                         self.durable_upto += 1;
+                    }
+                } else if lost {
+                    for i in self.durable_upto..covers {
+                        let w = &mut self.writes[self.completed[i]];
+                        if !w.durable && w.lost_by.is_none() {
+                            w.lost_by = Some(of);
+                            self.unsettled -= 1;
+                        }
                     }
                 }
             }
@@ -241,10 +359,17 @@ impl Tracker {
     }
 
     fn make_durable(&mut self, w: usize) {
-        if !self.writes[w].durable {
+        if !self.writes[w].durable && self.writes[w].lost_by.is_none() {
             self.writes[w].durable = true;
             self.unsettled -= 1;
         }
+    }
+
+    /// Indexes into `writes`, in the order they landed.
+    fn landing_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.writes.len()).collect();
+        order.sort_by_key(|&w| self.writes[w].landed());
+        order
     }
 }
 
@@ -262,6 +387,13 @@ struct State {
     clock: Option<Clock>,
     /// With a clock: the tick of each event in `events`.
     ticks: Vec<u64>,
+    window: Option<Window>,
+    /// Flushes still to fail on purpose (`fail_next_flush`).
+    fail_flushes: u32,
+    /// Flushes failed on purpose so far, losing what they covered.
+    lost_flushes: u64,
+    /// Without reordering: window writes not yet landed, by issue point.
+    unlanded: BTreeSet<u64>,
 }
 
 impl State {
@@ -296,7 +428,7 @@ impl State {
                 ));
             }
         }
-        let settles = matches!(ev, Event::FlushDone { ok: true, .. });
+        let settles = matches!(ev, Event::FlushDone { ok: true, .. } | Event::FlushDone { lost: true, .. });
         self.history_bytes += cost;
         self.events.push(ev);
         if let Some(c) = &self.clock {
@@ -322,7 +454,7 @@ impl State {
                 fold = pos + 1;
             }
         }
-        for w in t.writes.iter().filter(|w| w.pos < fold && w.durable) {
+        for w in t.landing_order().into_iter().map(|w| &t.writes[w]).filter(|w| w.pos < fold && w.durable) {
             if let Event::Write { offset, payload, .. } = &self.events[w.pos] {
                 payload.apply(&self.base, *offset, 0, payload.len());
             }
@@ -346,15 +478,22 @@ impl State {
         Ok(())
     }
 
-    /// Every write issued before `point`, with what a crash there seeded by `seed` does to it.
-    fn fates(&self, point: u64, seed: u64) -> Vec<(usize, WriteFate)> {
+    fn tracker(&self, point: u64) -> Tracker {
         let mut t = Tracker::default();
         let n = (point - self.start) as usize;
         for (pos, ev) in self.events[..n].iter().enumerate() {
             t.step(self.start + pos as u64, pos, ev);
         }
-        t.writes
-            .iter()
+        t
+    }
+
+    /// Every write issued before `point`, in the order they landed, with what a crash there
+    /// seeded by `seed` does to it.
+    fn fates(&self, point: u64, seed: u64) -> Vec<(usize, WriteFate)> {
+        let t = self.tracker(point);
+        t.landing_order()
+            .into_iter()
+            .map(|w| &t.writes[w])
             .map(|w| {
                 let Event::Write { offset, payload, .. } = &self.events[w.pos] else {
                     unreachable!("tracked writes point at write events")
@@ -374,7 +513,7 @@ impl State {
             };
             match &wf.fate {
                 Fate::Durable | Fate::Kept => payload.apply(&image, *offset, 0, payload.len()),
-                Fate::Dropped => {}
+                Fate::Dropped | Fate::Lost => {}
                 Fate::Torn(landed) => {
                     for ((from, to), _) in sectors(*offset, payload.len()).zip(landed).filter(|(_, l)| **l) {
                         payload.apply(&image, *offset, from, to);
@@ -384,6 +523,19 @@ impl State {
         }
         image
     }
+
+    /// What the inner device should hold in `[offset, offset+len)` now: the base plus every
+    /// write on it, in landing order (used to take lost writes back off it).
+    fn render(&self, t: &Tracker, offset: u64, len: u64) -> Vec<u8> {
+        let mut out = vec![0u8; len as usize];
+        self.base.read_into(offset, &mut out).expect("in range");
+        for w in t.landing_order().into_iter().map(|w| &t.writes[w]).filter(|w| w.on_inner()) {
+            if let Event::Write { offset: at, payload, .. } = &self.events[w.pos] {
+                payload.copy_into(*at, offset, &mut out);
+            }
+        }
+        out
+    }
 }
 
 /// Decides a write's fate from the seed and the write's issue point alone, so a write fares
@@ -392,12 +544,15 @@ fn fate(w: &Tracked, seed: u64, offset: u64, len: u64) -> Fate {
     if w.done == Some(Done::Refused) {
         return Fate::Dropped;
     }
+    if w.lost_by.is_some() {
+        return Fate::Lost;
+    }
     if w.durable {
         return Fate::Durable;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(w.issued_at);
-    if w.done == Some(Done::Ok) {
+    if w.done == Some(Done::Ok) && !w.tear {
         return if rng.gen_bool(0.5) { Fate::Kept } else { Fate::Dropped };
     }
     match rng.gen_range(0..3) {
@@ -448,6 +603,25 @@ fn copy_image(src: &MemDev, size: u64) -> MemDev {
 pub struct PowerCut<D> {
     inner: D,
     state: Mutex<State>,
+    /// Held while a window write lands (and while lost writes are taken off the inner
+    /// device), so the inner device sees landings in recorded order.
+    land: tokio::sync::Mutex<()>,
+    /// Wakes window writes waiting for their turn to land (without reordering).
+    turn: Notify,
+}
+
+/// Takes a window write off the landing queue however its request ends.
+struct Unlanded<'a> {
+    state: &'a Mutex<State>,
+    turn: &'a Notify,
+    of: u64,
+}
+
+impl Drop for Unlanded<'_> {
+    fn drop(&mut self) {
+        self.state.lock().unlanded.remove(&self.of);
+        self.turn.notify_waiters();
+    }
 }
 
 impl<D: BlockDev> PowerCut<D> {
@@ -493,8 +667,34 @@ impl<D: BlockDev> PowerCut<D> {
             die_at: None,
             clock: None,
             ticks: Vec::new(),
+            window: None,
+            fail_flushes: 0,
+            lost_flushes: 0,
+            unlanded: BTreeSet::new(),
         };
-        PowerCut { inner, state: Mutex::new(state) }
+        PowerCut { inner, state: Mutex::new(state), land: tokio::sync::Mutex::new(()), turn: Notify::new() }
+    }
+
+    /// Gives the device an in-flight window (see the module docs).
+    pub fn with_window(self, window: Window) -> PowerCut<D> {
+        self.set_window(Some(window));
+        self
+    }
+
+    /// Sets or clears the in-flight window; requests issued from now on follow it.
+    pub fn set_window(&self, window: Option<Window>) {
+        self.state.lock().window = window;
+    }
+
+    /// Makes the next flush fail the way a buffered file's fsync does: the writes it covers
+    /// that are not durable yet are lost for good (see the module docs). Cumulative.
+    pub fn fail_next_flush(&self) {
+        self.state.lock().fail_flushes += 1;
+    }
+
+    /// How many flushes failed on purpose (`fail_next_flush`, `Window::flush_fail`) so far.
+    pub fn lost_flushes(&self) -> u64 {
+        self.state.lock().lost_flushes
     }
 
     pub fn inner(&self) -> &D {
@@ -566,7 +766,9 @@ impl<D: BlockDev> PowerCut<D> {
     pub fn fates(&self, point: u64, seed: u64) -> Result<Vec<WriteFate>> {
         let st = self.state.lock();
         st.check_point(point)?;
-        Ok(st.fates(point, seed).into_iter().map(|(_, wf)| wf).collect())
+        let mut fates: Vec<WriteFate> = st.fates(point, seed).into_iter().map(|(_, wf)| wf).collect();
+        fates.sort_by_key(|f| f.issued_at);
+        Ok(fates)
     }
 
     /// Cuts the power now: every later request fails with `ErrorKind::Io`, and requests in
@@ -614,8 +816,9 @@ impl<D: BlockDev> PowerCut<D> {
         Error::new(ErrorKind::Io, format!("{}: {what} after the power was cut", self.describe()))
     }
 
-    /// Records a write-like request, issues it to the inner device under the same lock (so
-    /// the inner device sees writes in recorded order), and records its completion.
+    /// Records a write-like request and issues it to the inner device: without a window at
+    /// once under the same lock (so the inner device sees writes in recorded order), with one
+    /// after its delay and under `land`, recording its completion as it lands.
     async fn recorded<'a, T>(
         &'a self,
         what: &str,
@@ -625,15 +828,117 @@ impl<D: BlockDev> PowerCut<D> {
         issue: impl FnOnce() -> BoxFut<'a, Result<T>> + Send,
     ) -> Result<T> {
         check_range(what, offset, payload.len(), self.inner.size())?;
-        let (of, fut) = {
-            let mut st = self.state.lock();
-            let of = st.record(Event::Write { offset, payload, fua }, what)?;
-            (of, issue())
+        let window = self.state.lock().window.clone();
+        let Some(window) = window else {
+            let (of, fut) = {
+                let mut st = self.state.lock();
+                let of = st.record(Event::Write { offset, payload, fua, at_done: false, tear: false }, what)?;
+                (of, issue())
+            };
+            let r = fut.await;
+            let done = Done::of(&r);
+            self.state.lock().record(Event::WriteDone { of, done }, what)?;
+            return r;
         };
-        let r = fut.await;
+        let of = {
+            let mut st = self.state.lock();
+            let ev = Event::Write { offset, payload, fua, at_done: true, tear: window.tear_completed };
+            let of = st.record(ev, what)?;
+            if !window.reorder {
+                st.unlanded.insert(of);
+            }
+            of
+        };
+        let _queued = (!window.reorder).then(|| Unlanded { state: &self.state, turn: &self.turn, of });
+        delay(&window, of).await;
+        if !window.reorder {
+            loop {
+                let turn = self.turn.notified();
+                tokio::pin!(turn);
+                turn.as_mut().enable();
+                if self.state.lock().unlanded.first() == Some(&of) {
+                    break;
+                }
+                turn.await;
+            }
+        }
+        let _land = self.land.lock().await;
+        if self.is_dead() {
+            return Err(self.dead_error(what));
+        }
+        let r = issue().await;
         let done = Done::of(&r);
         self.state.lock().record(Event::WriteDone { of, done }, what)?;
         r
+    }
+
+    /// A flush chosen to fail: records it as losing what it covered and takes those writes
+    /// back off the inner device.
+    async fn lose_flush(&self, of: u64) -> Result<()> {
+        let _land = self.land.lock().await;
+        let restores = {
+            let mut st = self.state.lock();
+            st.record(Event::FlushDone { of, ok: false, lost: true }, "flush")?;
+            st.lost_flushes += 1;
+            let t = st.tracker(st.now());
+            let mut ranges: Vec<(u64, u64)> = (t.writes.iter())
+                .filter(|w| w.lost_by == Some(of))
+                .filter_map(|w| match &st.events[w.pos] {
+                    Event::Write { offset, payload, .. } => Some((*offset, *offset + payload.len())),
+                    _ => None,
+                })
+                .collect();
+            ranges.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::new();
+            for (a, b) in ranges {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
+                }
+            }
+            // Issued under the lock, as writes without a window are.
+            (merged.into_iter())
+                .map(|(a, b)| self.inner.write(a, Buf::from_slice(&st.render(&t, a, b - a)), false))
+                .collect::<Vec<_>>()
+        };
+        for r in futures::future::join_all(restores).await {
+            r?;
+        }
+        Err(Error::new(
+            ErrorKind::Io,
+            format!("{}: flush failed (injected); the writes it covered are lost", self.describe()),
+        ))
+    }
+}
+
+/// Waits the seeded delay of the request issued at `of`.
+async fn delay(window: &Window, of: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(window.seed ^ 0x77_696e_646f_77);
+    rng.set_stream(of);
+    if window.max_delay.is_zero() {
+        for _ in 0..rng.gen_range(0..8) {
+            tokio::task::yield_now().await;
+        }
+    } else {
+        let ns = rng.gen_range(0..=window.max_delay.as_nanos() as u64);
+        tokio::time::sleep(Duration::from_nanos(ns)).await;
+    }
+}
+
+/// Whether the flush issued at `of` fails on purpose: the next one after `fail_next_flush`,
+/// or as `Window::flush_fail` draws it.
+fn flush_fails(st: &mut State, of: u64) -> bool {
+    if st.fail_flushes > 0 {
+        st.fail_flushes -= 1;
+        return true;
+    }
+    match &st.window {
+        Some(w) if w.flush_fail > 0.0 => {
+            let mut rng = ChaCha8Rng::seed_from_u64(w.seed ^ 0x66_6c75_7368);
+            rng.set_stream(of);
+            rng.gen_bool(w.flush_fail.min(1.0))
+        }
+        _ => false,
     }
 }
 
@@ -667,12 +972,18 @@ impl<D: BlockDev> BlockDev for PowerCut<D> {
 
     fn flush(&self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
-            let (of, fut) = {
+            let (of, window) = {
                 let mut st = self.state.lock();
-                (st.record(Event::Flush, "flush")?, self.inner.flush())
+                (st.record(Event::Flush, "flush")?, st.window.clone())
             };
-            let r = fut.await;
-            self.state.lock().record(Event::FlushDone { of, ok: r.is_ok() }, "flush")?;
+            if let Some(w) = &window {
+                delay(w, of).await;
+            }
+            if flush_fails(&mut self.state.lock(), of) {
+                return self.lose_flush(of).await;
+            }
+            let r = self.inner.flush().await;
+            self.state.lock().record(Event::FlushDone { of, ok: r.is_ok(), lost: false }, "flush")?;
             r
         })
     }

@@ -1,13 +1,12 @@
 //! Crash consistency checking: random workloads whose every sector says which write made it,
-//! an oracle of what may be on the device after a crash, and the runner behind
-//! `strata crashtest`. After a crash each 512-byte sector must hold its last durable value
-//! (made durable by a completed FLUSH or FUA write) or something written to it later; any
-//! other content is a lost write if it is an older value, and a check failure if it is
-//! something never written there at all.
+//! an oracle of what may be on the device after a crash (and what a read may return while
+//! requests run concurrently), and the runners behind `strata crashtest`. After a crash each
+//! 512-byte sector must hold a value no durable write superseded (made durable by a completed
+//! FLUSH or FUA write); any other content is a lost write if it is an older value, and a
+//! check failure if it is something never written there at all.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::BTreeSet;
 use std::path::Path;
 
 pub mod ext4;
@@ -25,18 +24,8 @@ pub enum Val {
     Trimmed,
 }
 
-#[derive(Clone, Default)]
-struct SectorState {
-    /// Values allowed by the last durability point.
-    durable: Vec<Val>,
-    /// Values written since (acknowledged or in flight).
-    since: Vec<Val>,
-    /// Every id ever written to this sector.
-    ever: BTreeSet<u64>,
-}
-
 /// One step of the workload.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     Write { id: u64, offset: u64, len: u64, fua: bool },
     Flush,
@@ -72,8 +61,53 @@ pub fn decode(sector: u64, data: &[u8]) -> Option<Val> {
     (id != 0 && payload(id, sector, 1) == data).then_some(Val::Id(id))
 }
 
+/// Not completed (yet).
+const PENDING: u64 = u64::MAX;
+
+/// One request as the oracle saw it, on its logical clock.
+#[derive(Clone, Copy)]
+struct OpRec {
+    issued: u64,
+    /// When its completion was seen (`PENDING` until then).
+    done: u64,
+    failed: bool,
+    fua: bool,
+    flush: bool,
+}
+
+#[derive(Clone)]
+struct SectorState {
+    /// What the sector held at the start (durable).
+    init: Val,
+    /// Every write, trim and write-zeroes to the sector: its value and its request.
+    entries: Vec<(Val, u32)>,
+}
+
+/// A request issued to the oracle (`Oracle::begin`), to be ended with `Oracle::end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket(u32);
+
+/// What may be on a device after a crash, and what a read may return meanwhile, for a
+/// workload whose requests may run concurrently. A logical clock orders what the clients saw:
+/// each request takes a tick when it is issued and another when its completion is seen.
+/// - A write (trim, write-zeroes) is durable once it completed with FUA, or completed before
+///   the issue of a flush that then completed successfully.
+/// - After a crash a sector may hold any value not superseded by a durable write (`w` is
+///   superseded by durable `d` if `w` completed before `d` was issued), the initial content
+///   included. An older, superseded value is a lost write; anything never written there is
+///   garbage. A trim leaves zeroes or anything ever written there.
+/// - A read may return a value issued before the read completed and not superseded by a
+///   write that completed before the read was issued.
+/// - A failed request's value stays possible for good, and so does whatever the sectors it
+///   touched could hold when it failed, until a write issued after the failure is durable.
 pub struct Oracle {
     sectors: Vec<SectorState>,
+    ops: Vec<OpRec>,
+    now: u64,
+    /// Successful flushes: (issued, done).
+    flushes: Vec<(u64, u64)>,
+    /// Steps issued with `issue` and not ended yet (the sequential interface).
+    open: Vec<(Step, Ticket)>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -88,116 +122,251 @@ pub struct Verdict {
 impl Oracle {
     /// A device of `size` bytes that starts all zero.
     pub fn new(size: u64) -> Oracle {
-        let init = SectorState { durable: vec![Val::Zero], ..Default::default() };
-        Oracle { sectors: vec![init; (size / SECTOR) as usize] }
+        let init = SectorState { init: Val::Zero, entries: Vec::new() };
+        Oracle::with_sectors(vec![init; (size / SECTOR) as usize])
+    }
+
+    fn with_sectors(sectors: Vec<SectorState>) -> Oracle {
+        Oracle { sectors, ops: Vec::new(), now: 0, flushes: Vec::new(), open: Vec::new() }
+    }
+
+    /// An oracle whose durable content is what `image` holds: a run that goes on after a
+    /// verified crash starts from there. Sectors holding neither zeroes nor a write (already
+    /// counted as failures) are taken as zeroes.
+    pub fn from_image(image: &[u8]) -> Oracle {
+        let sectors = (image.chunks(SECTOR as usize).enumerate())
+            .map(|(i, data)| SectorState { init: decode(i as u64, data).unwrap_or(Val::Zero), entries: Vec::new() })
+            .collect();
+        Oracle::with_sectors(sectors)
     }
 
     fn range(offset: u64, len: u64) -> std::ops::Range<usize> {
         (offset / SECTOR) as usize..((offset + len) / SECTOR) as usize
     }
 
-    /// Records a step as issued. Steps are issued one at a time; `durable` says whether it
-    /// also completed with durability (a FUA write or trim/zero followed by nothing).
-    pub fn issue(&mut self, step: &Step) {
-        match *step {
-            Step::Write { id, offset, len, .. } => {
-                for s in &mut self.sectors[Self::range(offset, len)] {
-                    s.since.push(Val::Id(id));
-                    s.ever.insert(id);
-                }
+    fn tick(&mut self) -> u64 {
+        self.now += 1;
+        self.now
+    }
+
+    /// The clock now; a read takes its issue time from here (`read_issued`).
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// Records that a read is being issued; returns its issue time for `check_read`.
+    pub fn read_issued(&mut self) -> u64 {
+        self.tick()
+    }
+
+    /// Records a request as issued.
+    pub fn begin(&mut self, step: &Step) -> Ticket {
+        let issued = self.tick();
+        let t = Ticket(self.ops.len() as u32);
+        let (val, offset, len, fua) = match *step {
+            Step::Write { id, offset, len, fua } => (Val::Id(id), offset, len, fua),
+            Step::Trim { offset, len } => (Val::Trimmed, offset, len, false),
+            Step::Zero { offset, len } => (Val::Zero, offset, len, false),
+            Step::Flush => {
+                self.ops.push(OpRec { issued, done: PENDING, failed: false, fua: false, flush: true });
+                return t;
             }
-            Step::Trim { offset, len } => {
-                for s in &mut self.sectors[Self::range(offset, len)] {
-                    s.since.push(Val::Trimmed);
-                }
-            }
-            Step::Zero { offset, len } => {
-                for s in &mut self.sectors[Self::range(offset, len)] {
-                    s.since.push(Val::Zero);
-                }
-            }
-            Step::Flush => {}
+        };
+        self.ops.push(OpRec { issued, done: PENDING, failed: false, fua, flush: false });
+        for s in &mut self.sectors[Self::range(offset, len)] {
+            s.entries.push((val, t.0));
+        }
+        t
+    }
+
+    /// Records that a request completed (`ok`) or failed.
+    pub fn end(&mut self, t: Ticket, ok: bool) {
+        let done = self.tick();
+        let op = &mut self.ops[t.0 as usize];
+        op.done = done;
+        op.failed = !ok;
+        if op.flush && ok {
+            self.flushes.push((op.issued, done));
         }
     }
 
-    /// Records that a step completed. A flush makes every earlier step durable; a FUA write
-    /// makes itself durable.
+    /// Records a step as issued (one request of a client that runs one at a time).
+    pub fn issue(&mut self, step: &Step) {
+        let t = self.begin(step);
+        self.open.push((step.clone(), t));
+    }
+
+    fn end_step(&mut self, step: &Step, ok: bool) {
+        if let Some(i) = self.open.iter().rposition(|(s, _)| s == step) {
+            let (_, t) = self.open.remove(i);
+            self.end(t, ok);
+        }
+    }
+
+    /// Records that a step issued with `issue` completed.
     pub fn complete(&mut self, step: &Step) {
-        match *step {
-            Step::Flush => {
-                for s in &mut self.sectors {
-                    if let Some(last) = s.since.last().copied() {
-                        s.durable = vec![last];
-                        s.since.clear();
+        self.end_step(step, true);
+    }
+
+    /// Records that a step issued with `issue` failed: it may have landed or not, sector by
+    /// sector.
+    pub fn fail(&mut self, step: &Step) {
+        self.end_step(step, false);
+    }
+
+    /// Whether `op` was durable at time `at` (`PENDING`: at the end).
+    fn durable_at(&self, op: &OpRec, at: u64) -> bool {
+        if op.failed || op.flush || op.done >= at {
+            return false;
+        }
+        op.fua || self.flushes.iter().any(|&(fi, fd)| op.done < fi && fd < at)
+    }
+
+    /// The issue time of the newest write to `s` durable at `at`.
+    fn durable_issue(&self, s: &SectorState, at: u64) -> Option<u64> {
+        (s.entries.iter().map(|&(_, op)| &self.ops[op as usize]))
+            .filter(|op| self.durable_at(op, at))
+            .map(|op| op.issued)
+            .max()
+    }
+
+    /// Whether the value of `op` survives a crash at `at` given the newest durable write's
+    /// issue `d`.
+    fn survives(op: &OpRec, d: Option<u64>) -> bool {
+        op.failed || op.done == PENDING || d.is_none_or(|d| op.done > d)
+    }
+
+    /// The values sector `s` may hold after a crash now, and whether its initial content is
+    /// one of them.
+    fn crash_allowed(&self, s: &SectorState) -> (Vec<Val>, bool) {
+        let d = self.durable_issue(s, PENDING);
+        let mut vals: Vec<Val> = Vec::new();
+        let mut init = d.is_none();
+        for &(val, op) in &s.entries {
+            if Self::survives(&self.ops[op as usize], d) {
+                vals.push(val);
+            }
+        }
+        // A failed request pins what the sector could hold when it failed, until a write
+        // issued after the failure is durable.
+        for &(_, op) in &s.entries {
+            let f = &self.ops[op as usize];
+            if f.failed && d.is_none_or(|d| d < f.done) {
+                let df = self.durable_issue(s, f.done);
+                init |= df.is_none();
+                for &(val, op) in &s.entries {
+                    let e = &self.ops[op as usize];
+                    if e.issued < f.done && Self::survives(e, df) {
+                        vals.push(val);
                     }
                 }
             }
-            Step::Write { id, offset, len, fua: true } => {
-                for s in &mut self.sectors[Self::range(offset, len)] {
-                    s.durable = vec![Val::Id(id)];
-                    s.since.clear();
-                }
-            }
-            _ => {}
         }
+        (vals, init)
     }
 
-    /// Records that a step failed: it may have landed or not, sector by sector, so from now
-    /// on each sector it touched may hold anything it was allowed to hold before or what the
-    /// step wrote, whatever later flushes say, until a later write replaces it.
-    pub fn fail(&mut self, step: &Step) {
-        let (offset, len) = match *step {
-            Step::Write { offset, len, .. } | Step::Trim { offset, len } | Step::Zero { offset, len } => (offset, len),
-            Step::Flush => return,
+    /// The values a read of sector `s` issued at `issued` and completed now may return.
+    fn read_allowed(&self, s: &SectorState, issued: u64) -> (Vec<Val>, bool) {
+        let issued_before_end = |op: &OpRec| op.issued < self.now;
+        if s.entries.iter().any(|&(_, op)| self.ops[op as usize].failed) {
+            let vals = s.entries.iter().filter(|&&(_, op)| issued_before_end(&self.ops[op as usize])).map(|e| e.0);
+            return (vals.collect(), true);
+        }
+        let d = (s.entries.iter().map(|&(_, op)| &self.ops[op as usize]))
+            .filter(|op| op.done < issued)
+            .map(|op| op.issued)
+            .max();
+        let vals = (s.entries.iter())
+            .filter(|&&(_, op)| {
+                let op = &self.ops[op as usize];
+                issued_before_end(op) && (op.done == PENDING || d.is_none_or(|d| op.done > d))
+            })
+            .map(|e| e.0);
+        (vals.collect(), d.is_none())
+    }
+
+    fn matches(s: &SectorState, allowed: &(Vec<Val>, bool), val: Val) -> bool {
+        let ever = |id: u64| s.init == Val::Id(id) || s.entries.iter().any(|e| e.0 == Val::Id(id));
+        let one = |a: Val| match (a, val) {
+            (Val::Trimmed, Val::Zero) => true,
+            (Val::Trimmed, Val::Id(id)) => ever(id),
+            (a, b) => a == b,
         };
-        for s in &mut self.sectors[Self::range(offset, len)] {
-            let since = std::mem::take(&mut s.since);
-            s.durable.extend(since);
+        (allowed.1 && one(s.init)) || allowed.0.iter().any(|&a| one(a))
+    }
+
+    /// Whether `val` was ever written to sector `s` (or is its initial content).
+    fn ever(s: &SectorState, val: Val) -> bool {
+        match val {
+            Val::Zero => true,
+            Val::Id(id) => s.init == Val::Id(id) || s.entries.iter().any(|e| e.0 == Val::Id(id)),
+            Val::Trimmed => false,
         }
     }
 
-    /// Checks a device image (or the part of it starting at sector 0) against the oracle.
+    /// Checks a device image (or the part of it starting at sector 0) against what a crash
+    /// now may leave.
     pub fn verify(&self, image: &[u8]) -> Verdict {
         let mut v = Verdict::default();
         for (i, s) in self.sectors.iter().enumerate() {
             let data = &image[i * SECTOR as usize..(i + 1) * SECTOR as usize];
             v.sectors += 1;
-            let allowed = |val: Val| {
-                s.durable.iter().chain(&s.since).any(|a| match (a, val) {
-                    (Val::Trimmed, Val::Zero) => true,
-                    (Val::Trimmed, Val::Id(id)) => s.ever.contains(&id),
-                    (a, b) => *a == b,
-                })
-            };
             match decode(i as u64, data) {
-                Some(val) if allowed(val) => {}
-                Some(Val::Id(id)) if s.ever.contains(&id) => v.lost += 1,
-                Some(Val::Zero) => v.lost += 1, // the durable write vanished
+                Some(val) if Self::matches(s, &self.crash_allowed(s), val) => {}
+                Some(val) if Self::ever(s, val) => v.lost += 1,
                 _ => v.garbage += 1,
             }
         }
         v
     }
-}
 
-impl Oracle {
-    /// An oracle whose durable content is what `image` holds: a run that goes on after a
-    /// verified crash starts from there. Sectors holding neither zeroes nor a write (already
-    /// counted as failures) are taken as zeroes.
-    pub fn from_image(image: &[u8]) -> Oracle {
-        let sectors = image
-            .chunks(SECTOR as usize)
-            .enumerate()
-            .map(|(i, data)| {
-                let val = decode(i as u64, data).unwrap_or(Val::Zero);
-                let ever = match val {
-                    Val::Id(id) => BTreeSet::from([id]),
-                    _ => BTreeSet::new(),
-                };
-                SectorState { durable: vec![val], since: Vec::new(), ever }
+    /// Checks what a read issued at `issued` (from `read_issued`) returned at `offset`, now
+    /// that it completed. `lenient`: the devices below lost data (a failed flush), so the read
+    /// may return anything a crash now could leave. Returns the sectors it may not hold.
+    pub fn check_read(&mut self, offset: u64, data: &[u8], issued: u64, lenient: bool) -> Vec<u64> {
+        self.tick();
+        let first = offset / SECTOR;
+        let mut wrong = Vec::new();
+        for (i, d) in data.chunks(SECTOR as usize).enumerate() {
+            let sector = first + i as u64;
+            let s = &self.sectors[sector as usize];
+            let ok = match decode(sector, d) {
+                Some(val) => {
+                    Self::matches(s, &self.read_allowed(s, issued), val)
+                        || (lenient && Self::matches(s, &self.crash_allowed(s), val))
+                }
+                None => false,
+            };
+            if !ok {
+                wrong.push(sector);
+            }
+        }
+        wrong
+    }
+
+    /// Whether sector `sector` of a crash image may hold `data`.
+    pub fn verify_sector(&self, sector: u64, data: &[u8]) -> bool {
+        let s = &self.sectors[sector as usize];
+        matches!(decode(sector, data), Some(val) if Self::matches(s, &self.crash_allowed(s), val))
+    }
+
+    /// What the oracle allows in sector `sector` after a crash now, for reports.
+    pub fn explain(&self, sector: u64) -> String {
+        let s = &self.sectors[sector as usize];
+        let (vals, init) = self.crash_allowed(s);
+        let entries: Vec<String> = (s.entries.iter())
+            .map(|&(v, op)| {
+                let o = &self.ops[op as usize];
+                let done = if o.done == PENDING { "-".to_string() } else { o.done.to_string() };
+                format!(
+                    "{v:?}@{}..{done}{}{}",
+                    o.issued,
+                    if o.fua { " fua" } else { "" },
+                    if o.failed { " failed" } else { "" }
+                )
             })
             .collect();
-        Oracle { sectors }
+        format!("allowed {vals:?} (initial {:?}: {init}); history {}", s.init, entries.join(", "))
     }
 }
 
@@ -234,6 +403,20 @@ pub fn workload(seed: u64, steps: usize, span: u64) -> Vec<Step> {
 mod tests {
     use super::*;
 
+    fn w(id: u64, sector: u64, n: u64, fua: bool) -> Step {
+        Step::Write { id, offset: sector * SECTOR, len: n * SECTOR, fua }
+    }
+
+    fn image(sectors: &[Option<u64>]) -> Vec<u8> {
+        let mut img = vec![0u8; sectors.len() * SECTOR as usize];
+        for (i, id) in sectors.iter().enumerate() {
+            if let Some(id) = id {
+                img[i * 512..(i + 1) * 512].copy_from_slice(&payload(*id, i as u64, 1));
+            }
+        }
+        img
+    }
+
     #[test]
     fn oracle_accepts_durable_and_later_values_only() {
         let mut o = Oracle::new(4 * SECTOR);
@@ -258,6 +441,116 @@ mod tests {
         img[1536 + 100] = 1;
         assert_eq!(o.verify(&img).garbage, 1, "bytes no write produced");
     }
+
+    #[test]
+    fn a_flush_covers_only_writes_completed_before_its_issue() {
+        let mut o = Oracle::new(2 * SECTOR);
+        let a = o.begin(&w(1, 0, 1, false));
+        let f = o.begin(&Step::Flush);
+        o.end(a, true); // completed while the flush was in flight: not covered
+        let b = o.begin(&w(2, 1, 1, false));
+        o.end(b, true);
+        o.end(f, true);
+        assert_eq!(o.verify(&image(&[None, None])), Verdict { sectors: 2, lost: 0, garbage: 0 });
+        let g = o.begin(&Step::Flush);
+        o.end(g, true);
+        assert_eq!(o.verify(&image(&[None, Some(2)])).lost, 1, "write 1 is durable now");
+        assert_eq!(o.verify(&image(&[Some(1), None])).lost, 1, "write 2 is durable now");
+    }
+
+    #[test]
+    fn overlapping_writes_in_flight_together_may_land_either_way() {
+        let mut o = Oracle::new(SECTOR);
+        let a = o.begin(&w(1, 0, 1, false));
+        let b = o.begin(&w(2, 0, 1, false));
+        o.end(b, true);
+        o.end(a, true);
+        let f = o.begin(&Step::Flush);
+        o.end(f, true);
+        // Both durable, neither completed before the other was issued: either may win.
+        assert_eq!(o.verify(&image(&[Some(1)])).lost, 0);
+        assert_eq!(o.verify(&image(&[Some(2)])).lost, 0);
+        assert_eq!(o.verify(&image(&[None])).lost, 1);
+        // A third write issued after both completed, then FUA: the only value left.
+        let c = o.begin(&w(3, 0, 1, true));
+        o.end(c, true);
+        assert_eq!(o.verify(&image(&[Some(1)])).lost, 1);
+        assert_eq!(o.verify(&image(&[Some(3)])).lost, 0);
+    }
+
+    #[test]
+    fn a_write_in_flight_at_the_crash_may_or_may_not_be_there() {
+        let mut o = Oracle::new(SECTOR);
+        let a = o.begin(&w(1, 0, 1, true));
+        o.end(a, true);
+        let _b = o.begin(&w(2, 0, 1, true)); // never completes
+        assert_eq!(o.verify(&image(&[Some(1)])).lost, 0);
+        assert_eq!(o.verify(&image(&[Some(2)])).lost, 0);
+        assert_eq!(o.verify(&image(&[None])).lost, 1);
+        // Even a later durable write does not supersede a write that never completed.
+        let c = o.begin(&w(3, 0, 1, true));
+        o.end(c, true);
+        assert_eq!(o.verify(&image(&[Some(2)])).lost, 0);
+        assert_eq!(o.verify(&image(&[Some(1)])).lost, 1);
+    }
+
+    #[test]
+    fn reads_see_completed_writes_and_maybe_those_in_flight() {
+        let mut o = Oracle::new(SECTOR);
+        let a = o.begin(&w(1, 0, 1, false));
+        o.end(a, true);
+        let r = o.read_issued();
+        let b = o.begin(&w(2, 0, 1, false)); // in flight during the read
+        assert!(o.check_read(0, &image(&[Some(1)]), r, false).is_empty());
+        let r = o.read_issued();
+        assert!(o.check_read(0, &image(&[Some(2)]), r, false).is_empty(), "a write in flight may be seen");
+        assert_eq!(o.check_read(0, &image(&[None]), r, false), [0], "write 1 completed before the read");
+        o.end(b, true);
+        let r = o.read_issued();
+        assert_eq!(o.check_read(0, &image(&[Some(1)]), r, false), [0], "stale read");
+        // Not flushed: a crash may lose it, so a lenient read (the devices lost data) may too.
+        assert!(o.check_read(0, &image(&[Some(1)]), r, true).is_empty());
+        let r = o.read_issued();
+        let c = o.begin(&w(3, 0, 1, false));
+        o.end(c, true);
+        assert!(
+            o.check_read(0, &image(&[Some(2)]), r, false).is_empty(),
+            "write 3 completed after the read was issued"
+        );
+        let r = o.read_issued();
+        assert_eq!(o.check_read(0, &image(&[Some(7)]), r, true), [0], "never written");
+    }
+
+    #[test]
+    fn a_failed_request_keeps_its_value_and_what_was_there() {
+        let mut o = Oracle::new(SECTOR);
+        let a = o.begin(&w(1, 0, 1, true));
+        o.end(a, true);
+        let b = o.begin(&w(2, 0, 1, false));
+        o.end(b, false);
+        let f = o.begin(&Step::Flush);
+        o.end(f, true);
+        assert_eq!(o.verify(&image(&[Some(1)])).lost, 0);
+        assert_eq!(o.verify(&image(&[Some(2)])).lost, 0);
+        let c = o.begin(&w(3, 0, 1, true));
+        o.end(c, true);
+        assert_eq!(o.verify(&image(&[Some(1)])).lost, 1, "write 3 is durable after the failure");
+        assert_eq!(o.verify(&image(&[Some(2)])).lost, 0, "a failed value stays possible");
+    }
+
+    #[test]
+    fn trims_allow_zeroes_or_anything_written() {
+        let mut o = Oracle::new(SECTOR);
+        let a = o.begin(&w(1, 0, 1, true));
+        o.end(a, true);
+        let t = o.begin(&Step::Trim { offset: 0, len: SECTOR });
+        o.end(t, true);
+        let f = o.begin(&Step::Flush);
+        o.end(f, true);
+        assert_eq!(o.verify(&image(&[None])).lost, 0);
+        assert_eq!(o.verify(&image(&[Some(1)])).lost, 0);
+        assert_eq!(o.verify(&image(&[Some(9)])).garbage, 1);
+    }
 }
 
 /// How a kill -9 crash point is set up.
@@ -276,8 +569,12 @@ pub struct KillSetup {
 pub struct PointOutcome {
     pub seed: u64,
     pub verdict: Verdict,
-    /// `strata cache check` failed (after the crash, or after the recovered run).
+    /// `strata cache check` failed (after the crash, or after the recovered run); in the
+    /// power-cut runs also wrong reads, failed target checks and unstable sectors.
     pub check_failures: u32,
+    /// Power-cut runs: sectors that read differently after write-back and eviction than
+    /// just after recovery (also counted in `check_failures`).
+    pub unstable: u64,
     pub detail: String,
 }
 
@@ -364,13 +661,29 @@ async fn read_region(c: &mut UnixClient, offset: u64, len: u64) -> std::io::Resu
 
 /// `strata cache create` of a writeback cache for the crash runs: no migration budget limit,
 /// no sequential cutoff, write-back above 30% dirty.
-fn create_cache(strata: &Path, origin: &Path, origin_bytes: u64, cache: &Path, cache_bytes: u64, block: &str) -> anyhow::Result<()> {
+fn create_cache(
+    strata: &Path,
+    origin: &Path,
+    origin_bytes: u64,
+    cache: &Path,
+    cache_bytes: u64,
+    block: &str,
+) -> anyhow::Result<()> {
     let out = std::process::Command::new(strata)
         .args(["cache", "create", "--origin"])
         .arg(format!("{}?size={origin_bytes}", origin.display()))
         .arg("--cache")
         .arg(format!("{}?size={cache_bytes}", cache.display()))
-        .args(["--block-size", block, "--migration-budget", "0", "--sequential-cutoff", "0", "--writeback-percent", "30"])
+        .args([
+            "--block-size",
+            block,
+            "--migration-budget",
+            "0",
+            "--sequential-cutoff",
+            "0",
+            "--writeback-percent",
+            "30",
+        ])
         .output()?;
     anyhow::ensure!(out.status.success(), "cache create: {}", String::from_utf8_lossy(&out.stderr));
     Ok(())
@@ -390,7 +703,8 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
     let dir = setup.dir.join(format!("point-{seed}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let (origin, cache, sock, log) = (dir.join("origin.img"), dir.join("cache.img"), dir.join("s.sock"), dir.join("server.log"));
+    let (origin, cache, sock, log) =
+        (dir.join("origin.img"), dir.join("cache.img"), dir.join("s.sock"), dir.join("server.log"));
     create_cache(&setup.strata, &origin, setup.origin_bytes, &cache, setup.cache_bytes, "32KiB")?;
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
@@ -441,7 +755,7 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
     } else {
         detail.push_str(&format!("kept {} for inspection; killed at step {kill_at}\n", dir.display()));
     }
-    Ok(PointOutcome { seed, verdict, check_failures, detail })
+    Ok(PointOutcome { seed, verdict, check_failures, unstable: 0, detail })
 }
 
 /// Formats and opens the writeback cache of the in-process crash runs over `cache` and
@@ -502,59 +816,549 @@ pub async fn recover_cache(
     Ok((image, check_failures, detail))
 }
 
-/// One power-cut point, in process: a writeback cache whose origin and cache device both
-/// record their writes; the workload runs, power fails on both at a seeded step (with the
-/// last request in flight), each device keeps only what its durability rules allow (torn
-/// sectors included), and the cache is recovered from those images and verified.
-pub async fn powercut_point(origin_bytes: u64, cache_bytes: u64, steps_n: usize, seed: u64) -> anyhow::Result<PointOutcome> {
-    use std::sync::Arc;
-    use strata_cache::CacheDev;
-    use strata_io::mem::MemDev;
-    use strata_io::powercut::PowerCut;
-    use strata_io::{BlockDev, Buf, ZeroFlags};
+// ------------------------------------------------------------------- power-cut runs
 
-    let origin = Arc::new(PowerCut::new(MemDev::new(origin_bytes)));
-    let cache = Arc::new(PowerCut::new(MemDev::new(cache_bytes)));
-    let dev = Arc::new(writeback_cache(cache.clone(), origin.clone(), seed).await?);
+/// A target the power-cut runs can crash: formatted and opened over a cache device and an
+/// origin (both `PowerCut` devices with an in-flight window, on one clock), driven by
+/// concurrent clients, cut, reopened from the crash images and checked. The cache target is
+/// the first (`CacheTarget`).
+pub trait CrashTarget: Send + Sync + 'static {
+    type Vol: strata_io::BlockDev;
 
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc0ffee);
-    let steps = workload(seed, steps_n, origin_bytes);
-    let cut_at = rng.gen_range(steps_n / 4..steps_n);
-    let mut oracle = Oracle::new(origin_bytes);
-    async fn apply_dev(dev: &CacheDev, step: &Step) -> strata_io::Result<()> {
-        match *step {
-            Step::Write { id, offset, len, fua } => {
-                dev.write(offset, Buf::from_slice(&payload(id, offset / SECTOR, len / SECTOR)), fua).await.map(|_| ())
-            }
-            Step::Flush => dev.flush().await,
-            Step::Trim { offset, len } => dev.discard(offset, len).await,
-            Step::Zero { offset, len } => dev.write_zeroes(offset, len, ZeroFlags::default()).await,
+    /// The modes a run can be made in (the first is the default).
+    fn modes(&self) -> Vec<String>;
+
+    /// Formats a volume over `cache` and `origin` in `mode`, and opens it.
+    fn create(
+        &self,
+        cache: std::sync::Arc<dyn strata_io::BlockDev>,
+        origin: std::sync::Arc<dyn strata_io::BlockDev>,
+        mode: &str,
+        seed: u64,
+    ) -> impl std::future::Future<Output = anyhow::Result<Self::Vol>> + Send;
+
+    /// Scripts of control messages (`BlockDev::message`) a run in `mode` may send, spread
+    /// over the run, one script per run.
+    fn scripts(&self, mode: &str) -> Vec<Vec<String>>;
+
+    /// Opens the volume again from the crash images; returns it and the problems checking
+    /// the images found.
+    fn reopen(
+        &self,
+        cache: std::sync::Arc<strata_io::mem::MemDev>,
+        origin: std::sync::Arc<strata_io::mem::MemDev>,
+    ) -> impl std::future::Future<Output = anyhow::Result<(Self::Vol, Vec<String>)>> + Send;
+
+    /// Checks of a recovered volume beyond its content (problems found).
+    fn check(&self, vol: &Self::Vol) -> impl std::future::Future<Output = Vec<String>> + Send;
+
+    /// Moves the data of a recovered volume to other places (write back, evict) so that a
+    /// second read goes other ways; returns problems and notes.
+    fn settle(&self, vol: &Self::Vol) -> impl std::future::Future<Output = (Vec<String>, Vec<String>)> + Send;
+
+    /// Takes a recovered volume down cleanly and checks what it leaves (problems found).
+    fn close(
+        &self,
+        vol: Self::Vol,
+        cache: std::sync::Arc<strata_io::mem::MemDev>,
+    ) -> impl std::future::Future<Output = Vec<String>> + Send;
+}
+
+/// The cache target (`strata_cache::CacheDev`) as a `CrashTarget`: 32 KiB blocks, no
+/// migration budget limit, no sequential cutoff, write-back above 5% dirty.
+pub struct CacheTarget;
+
+impl CrashTarget for CacheTarget {
+    type Vol = strata_cache::CacheDev;
+
+    fn modes(&self) -> Vec<String> {
+        strata_cache::format::Mode::NAMES.iter().map(|m| m.to_string()).collect()
+    }
+
+    async fn create(
+        &self,
+        cache: std::sync::Arc<dyn strata_io::BlockDev>,
+        origin: std::sync::Arc<dyn strata_io::BlockDev>,
+        mode: &str,
+        seed: u64,
+    ) -> anyhow::Result<strata_cache::CacheDev> {
+        use strata_cache::admin::{create, CreateOptions};
+        use strata_cache::meta::Meta;
+        use strata_cache::{CacheDev, OpenOptions};
+        let opts = CreateOptions {
+            block_bytes: 32 << 10,
+            mode: mode.parse().map_err(anyhow::Error::msg)?,
+            migration_budget_bytes_per_s: 0,
+            sequential_cutoff_bytes: 0,
+            writeback_percent: 5,
+            origin_spec: "mem:crash".into(),
+            ..CreateOptions::default()
+        };
+        create(&*cache, &*origin, &opts).await?;
+        let (meta, _) = Meta::load(&*cache).await?;
+        Ok(CacheDev::open(cache, origin, meta, OpenOptions { seed, ..OpenOptions::default() }).await?)
+    }
+
+    fn scripts(&self, mode: &str) -> Vec<Vec<String>> {
+        let back = format!("mode {mode}");
+        let s = |v: &[&str]| v.iter().map(|m| m.to_string()).collect::<Vec<_>>();
+        vec![
+            vec![],
+            s(&["flush"]),
+            s(&["flush", "flush"]),
+            vec!["mode writeback".into(), back.clone()],
+            vec!["mode writethrough".into(), back.clone()],
+            vec!["mode writearound".into(), back.clone()],
+            vec!["mode passthrough".into(), back.clone()],
+            vec!["mode writeback".into(), "flush".into(), "mode writethrough".into(), back],
+            s(&["detach"]),
+        ]
+    }
+
+    async fn reopen(
+        &self,
+        cache: std::sync::Arc<strata_io::mem::MemDev>,
+        origin: std::sync::Arc<strata_io::mem::MemDev>,
+    ) -> anyhow::Result<(strata_cache::CacheDev, Vec<String>)> {
+        use strata_cache::meta::Meta;
+        use strata_cache::{CacheDev, OpenOptions};
+        let mut problems = Vec::new();
+        let (meta, findings) = Meta::load(&*cache).await?;
+        if !findings.errors.is_empty() {
+            problems.push(format!("metadata check after the cut: {:?}", findings.errors));
+        }
+        Ok((CacheDev::open(cache, origin, meta, OpenOptions::default()).await?, problems))
+    }
+
+    async fn check(&self, vol: &strata_cache::CacheDev) -> Vec<String> {
+        match vol.verify_clean().await {
+            Ok(blocks) if blocks.is_empty() => Vec::new(),
+            Ok(blocks) => vec![format!("clean cached blocks differ from the origin: {blocks:?}")],
+            Err(e) => vec![format!("verify_clean: {e}")],
         }
     }
-    for step in &steps[..cut_at] {
-        oracle.issue(step);
-        apply_dev(&dev, step).await?;
-        oracle.complete(step);
-    }
-    let last = steps[cut_at].clone();
-    oracle.issue(&last);
-    let d2 = dev.clone();
-    let inflight = tokio::spawn(async move {
-        let _ = apply_dev(&d2, &last).await;
-    });
-    for _ in 0..rng.gen_range(0..4) {
-        tokio::task::yield_now().await;
-    }
-    origin.power_off();
-    cache.power_off();
-    let _ = inflight.await;
-    drop(dev);
-    let (origin_img, cache_img) = (origin.crash(seed), cache.crash(seed.wrapping_add(1)));
 
-    let (image, check_failures, mut detail) = recover_cache(cache_img, origin_img).await?;
-    let verdict = oracle.verify(&image);
-    if verdict.lost + verdict.garbage > 0 {
-        detail.push_str(&format!("cut at step {cut_at}\n"));
+    async fn settle(&self, vol: &strata_cache::CacheDev) -> (Vec<String>, Vec<String>) {
+        use strata_io::BlockDev;
+        let (mut problems, mut notes) = (Vec::new(), Vec::new());
+        if let Err(e) = vol.message("flush").await {
+            problems.push(format!("message flush: {e}"));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let dirty = vol.status().and_then(|s| s["dirty_blocks"].as_u64()).unwrap_or(0);
+            if dirty == 0 {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                problems.push(format!("write-back did not finish in 10 s ({dirty} dirty blocks left)"));
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        if let Err(e) = vol.message("invalidate").await {
+            notes.push(format!("no eviction (message invalidate: {e})"));
+        }
+        (problems, notes)
     }
-    Ok(PointOutcome { seed, verdict, check_failures, detail })
+
+    async fn close(&self, vol: strata_cache::CacheDev, cache: std::sync::Arc<strata_io::mem::MemDev>) -> Vec<String> {
+        use strata_io::BlockDev;
+        let mut problems = Vec::new();
+        if let Err(e) = vol.shutdown().await {
+            problems.push(format!("shutdown after recovery: {e}"));
+        }
+        drop(vol);
+        match strata_cache::meta::Meta::load(&*cache).await {
+            Ok((_, f)) if f.errors.is_empty() && f.repaired.is_empty() => {}
+            Ok((_, f)) => problems.push(format!("metadata check after recovery: {:?} {:?}", f.errors, f.repaired)),
+            Err(e) => problems.push(format!("metadata unreadable after recovery: {e}")),
+        }
+        problems
+    }
+}
+
+/// The shape of a power-cut run.
+#[derive(Debug, Clone)]
+pub struct PowercutSetup {
+    pub origin_bytes: u64,
+    pub cache_bytes: u64,
+    /// Clients issuing requests at once.
+    pub clients: usize,
+    /// Requests per client (the cut comes somewhere in the second half... or earlier).
+    pub steps: usize,
+    /// Most a device takes to complete a write or flush.
+    pub max_delay: std::time::Duration,
+    /// Share of points where a flush of one device fails and loses what it covered.
+    pub flush_fail_share: f64,
+}
+
+impl Default for PowercutSetup {
+    fn default() -> Self {
+        PowercutSetup {
+            origin_bytes: 8 << 20,
+            cache_bytes: 2 << 20,
+            clients: 4,
+            steps: 100,
+            max_delay: std::time::Duration::from_micros(1500),
+            flush_fail_share: 0.25,
+        }
+    }
+}
+
+/// What one client request is.
+#[derive(Debug, Clone)]
+enum Req {
+    Step(Step),
+    Read { offset: u64, len: u64 },
+    Pause(std::time::Duration),
+}
+
+/// Blocks every client picks from: a hot set shared by all (bigger than the cache holds
+/// when mixed with the cold rest) and the whole volume.
+const HOT_BLOCKS: u64 = 48;
+const CRASH_BLOCK: u64 = 32 << 10;
+
+fn client_requests(seed: u64, client: u64, n: usize, size: u64) -> Vec<Req> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x1000_0001) ^ client);
+    let blocks = size / CRASH_BLOCK;
+    let per_block = CRASH_BLOCK / SECTOR;
+    let mut next_id = seed.wrapping_mul(10_000_000) + client * 100_000;
+    let extent = |rng: &mut ChaCha8Rng| {
+        let b = if rng.gen_bool(0.6) { rng.gen_range(0..HOT_BLOCKS.min(blocks)) } else { rng.gen_range(0..blocks) };
+        let (first, sectors) = match rng.gen_range(0..10) {
+            // Whole blocks, one or two.
+            0..=3 => (b * per_block, per_block * rng.gen_range(1..=2)),
+            // A few sectors inside a block.
+            4..=7 => {
+                let n = rng.gen_range(1..=16);
+                (b * per_block + rng.gen_range(0..=per_block - n), n)
+            }
+            // Across a block boundary.
+            _ => (b * per_block + rng.gen_range(1..per_block), rng.gen_range(2..=per_block)),
+        };
+        let end = (first + sectors).min(size / SECTOR);
+        (first * SECTOR, (end - first) * SECTOR)
+    };
+    (0..n)
+        .map(|_| match rng.gen_range(0..100) {
+            0..=29 => {
+                let (offset, len) = extent(&mut rng);
+                Req::Read { offset, len }
+            }
+            30..=69 => {
+                let (offset, len) = extent(&mut rng);
+                next_id += 1;
+                Req::Step(Step::Write { id: next_id, offset, len, fua: rng.gen_bool(0.15) })
+            }
+            70..=77 => Req::Step(Step::Flush),
+            78..=82 => {
+                let (offset, len) = extent(&mut rng);
+                Req::Step(Step::Trim { offset, len })
+            }
+            83..=87 => {
+                let (offset, len) = extent(&mut rng);
+                Req::Step(Step::Zero { offset, len })
+            }
+            _ => Req::Pause(std::time::Duration::from_micros(rng.gen_range(0..3000))),
+        })
+        .collect()
+}
+
+async fn apply_vol<V: strata_io::BlockDev>(vol: &V, step: &Step) -> strata_io::Result<()> {
+    use strata_io::{Buf, ZeroFlags};
+    match *step {
+        Step::Write { id, offset, len, fua } => {
+            vol.write(offset, Buf::from_slice(&payload(id, offset / SECTOR, len / SECTOR)), fua).await.map(|_| ())
+        }
+        Step::Flush => vol.flush().await,
+        Step::Trim { offset, len } => vol.discard(offset, len).await,
+        Step::Zero { offset, len } => vol.write_zeroes(offset, len, ZeroFlags::default()).await,
+    }
+}
+
+/// What the clients of one run share.
+struct Run {
+    oracle: std::sync::Mutex<Oracle>,
+    /// Requests finished (any outcome).
+    done: std::sync::atomic::AtomicUsize,
+    /// Set at the cut: clients stop issuing.
+    cut: std::sync::atomic::AtomicBool,
+    /// How many flushes of the devices failed and lost data: from the first on, reads are
+    /// checked leniently and errors are expected.
+    lost: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// Problems the clients found (wrong reads, errors before the cut).
+    problems: std::sync::Mutex<Vec<String>>,
+    wrong_sectors: std::sync::atomic::AtomicU64,
+}
+
+async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::Arc<Run>, reqs: Vec<Req>, c: usize) {
+    use std::sync::atomic::Ordering::SeqCst;
+    use strata_io::Buf;
+    for req in reqs {
+        if run.cut.load(SeqCst) {
+            return;
+        }
+        match req {
+            Req::Pause(d) => tokio::time::sleep(d).await,
+            Req::Step(step) => {
+                let t = run.oracle.lock().unwrap().begin(&step);
+                let r = apply_vol(&*vol, &step).await;
+                run.oracle.lock().unwrap().end(t, r.is_ok());
+                if let Err(e) = r {
+                    if !run.cut.load(SeqCst) && !((run.lost)() > 0) {
+                        run.problems.lock().unwrap().push(format!("client {c}: {step:?} failed before the cut: {e}"));
+                    }
+                }
+            }
+            Req::Read { offset, len } => {
+                let issued = run.oracle.lock().unwrap().read_issued();
+                let r = vol.read(offset, Buf::zeroed(len as usize)).await;
+                match r {
+                    Ok(data) => {
+                        let lenient = (run.lost)() > 0;
+                        let mut o = run.oracle.lock().unwrap();
+                        let wrong = o.check_read(offset, &data, issued, lenient);
+                        if !wrong.is_empty() {
+                            run.wrong_sectors.fetch_add(wrong.len() as u64, SeqCst);
+                            let s = wrong[0];
+                            let got = decode(s, &data[((s - offset / SECTOR) * SECTOR) as usize..][..SECTOR as usize]);
+                            let why = format!(
+                                "client {c}: read of {len} bytes at {offset} (issued at {issued}): {} sectors wrong, first {s} holds {got:?}; {}",
+                                wrong.len(),
+                                o.explain(s)
+                            );
+                            run.problems.lock().unwrap().push(why);
+                        }
+                    }
+                    Err(e) if !run.cut.load(SeqCst) && !((run.lost)() > 0) => run
+                        .problems
+                        .lock()
+                        .unwrap()
+                        .push(format!("client {c}: read at {offset} failed before the cut: {e}")),
+                    Err(_) => {}
+                }
+            }
+        }
+        run.done.fetch_add(1, SeqCst);
+    }
+}
+
+/// One power-cut point of `target` in `mode`: `setup.clients` clients issue reads, writes
+/// (some FUA), flushes, trims and write-zeroes at once over shared blocks, reads checked
+/// against the oracle as they complete, while the target's background work runs and a
+/// seeded script of control messages is sent; in some points a flush of one device fails
+/// and loses what it covered. Power fails on both devices at a seeded moment; the target is
+/// reopened from the crash images, checked, read whole and verified, made to move its data
+/// (`settle`), and read again: any sector that reads differently is unstable.
+pub async fn powercut_run<T: CrashTarget>(
+    target: &T,
+    setup: &PowercutSetup,
+    mode: &str,
+    seed: u64,
+) -> anyhow::Result<PointOutcome> {
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use strata_io::mem::MemDev;
+    use strata_io::powercut::{Clock, PowerCut, Window};
+    use strata_io::{BlockDev, Buf};
+
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9c0f_fee5);
+    let clock = Clock::default();
+    let window =
+        |s: u64| Window { seed: s, max_delay: setup.max_delay, reorder: true, tear_completed: true, flush_fail: 0.0 };
+    let origin =
+        Arc::new(PowerCut::with_clock(MemDev::new(setup.origin_bytes), clock.clone()).with_window(window(seed * 2)));
+    let cache =
+        Arc::new(PowerCut::with_clock(MemDev::new(setup.cache_bytes), clock.clone()).with_window(window(seed * 2 + 1)));
+    let vol = Arc::new(target.create(cache.clone(), origin.clone(), mode, seed).await?);
+
+    let run = Arc::new(Run {
+        oracle: std::sync::Mutex::new(Oracle::new(setup.origin_bytes)),
+        done: Default::default(),
+        cut: Default::default(),
+        lost: {
+            let (o, c) = (origin.clone(), cache.clone());
+            Box::new(move || o.lost_flushes() + c.lost_flushes())
+        },
+        problems: Default::default(),
+        wrong_sectors: Default::default(),
+    });
+    let total = setup.clients * setup.steps;
+    let cut_at = rng.gen_range(total / 4..total.max(2) * 9 / 10);
+    // Seeded events, by how many requests have finished: messages, a failing flush, the cut.
+    let scripts = target.scripts(mode);
+    let script = scripts.get(rng.gen_range(0..scripts.len().max(1))).cloned().unwrap_or_default();
+    let mut at: Vec<usize> = script.iter().map(|_| rng.gen_range(0..cut_at)).collect();
+    at.sort_unstable();
+    let events: Vec<(usize, String)> = at.into_iter().zip(script).collect();
+    let fail_flush = rng.gen_bool(setup.flush_fail_share).then(|| (rng.gen_range(0..cut_at), rng.gen_bool(0.5)));
+    let mut detail = String::new();
+
+    let clients: Vec<_> = (0..setup.clients)
+        .map(|c| {
+            let reqs = client_requests(seed, c as u64, setup.steps, setup.origin_bytes);
+            tokio::spawn(client(vol.clone(), run.clone(), reqs, c))
+        })
+        .collect();
+    let mut armed = false;
+    let mut sent = 0;
+    loop {
+        let done = run.done.load(SeqCst);
+        while sent < events.len() && events[sent].0 <= done {
+            let msg = events[sent].1.clone();
+            let answer = vol.message(&msg).await;
+            detail.push_str(&format!("after {done} requests: message {msg:?}: {answer:?}\n"));
+            sent += 1;
+        }
+        if let Some((at, on_cache)) = fail_flush {
+            if !armed && done >= at {
+                armed = true;
+                if on_cache {
+                    cache.fail_next_flush()
+                } else {
+                    origin.fail_next_flush()
+                }
+                detail.push_str(&format!(
+                    "after {done} requests: the next {} flush fails\n",
+                    if on_cache { "cache" } else { "origin" }
+                ));
+            }
+        }
+        if done >= cut_at || clients.iter().all(|c| c.is_finished()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    tokio::time::sleep(Duration::from_micros(rng.gen_range(0..2000))).await;
+    if let Some(st) = vol.status() {
+        let keys = [
+            "mode",
+            "read_hits",
+            "promotions",
+            "demotions",
+            "writebacks",
+            "commits",
+            "dirty_blocks",
+            "cached_blocks",
+            "cache_blocks",
+        ];
+        let kv: Vec<String> = keys.iter().map(|k| format!("{k} {}", st[*k])).collect();
+        detail.push_str(&format!("status at the cut: {}\n", kv.join(", ")));
+    }
+    run.cut.store(true, SeqCst);
+    if rng.gen_bool(0.5) {
+        origin.power_off();
+        cache.power_off();
+    } else {
+        cache.power_off();
+        origin.power_off();
+    }
+    let cut_requests = run.done.load(SeqCst);
+    let mut problems: Vec<String> = Vec::new();
+    for c in clients {
+        let abort = c.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(20), c).await.is_err() {
+            abort.abort();
+            problems.push("a client's request never completed after the cut".into());
+        }
+    }
+    drop(vol);
+    let lost_flushes = origin.lost_flushes() + cache.lost_flushes();
+    detail.push_str(&format!("cut after {cut_requests} of {total} requests; {lost_flushes} flushes lost data\n"));
+    problems.extend(std::mem::take(&mut *run.problems.lock().unwrap()));
+    let wrong_reads = run.wrong_sectors.load(SeqCst);
+    let oracle = std::mem::replace(&mut *run.oracle.lock().unwrap(), Oracle::new(0));
+
+    let (origin_img, cache_img) = (Arc::new(origin.crash(seed)), Arc::new(cache.crash(seed.wrapping_add(1))));
+    let size = setup.origin_bytes;
+    let (vol, found) = match target.reopen(cache_img.clone(), origin_img).await {
+        Ok(v) => v,
+        Err(e) => {
+            problems.push(format!("could not reopen after the cut: {e}"));
+            return Ok(finish_point(seed, Verdict::default(), problems, wrong_reads, 0, detail));
+        }
+    };
+    problems.extend(found);
+    problems.extend(target.check(&vol).await);
+    let first = match vol.read(0, Buf::zeroed(size as usize)).await {
+        Ok(b) => b,
+        Err(e) => {
+            problems.push(format!("reading the recovered volume: {e}"));
+            return Ok(finish_point(seed, Verdict::default(), problems, wrong_reads, 0, detail));
+        }
+    };
+    let verdict = oracle.verify(&first);
+    if verdict.lost + verdict.garbage > 0 {
+        let bad: Vec<u64> = (0..size / SECTOR)
+            .filter(|&s| !oracle.verify_sector(s, &first[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize]))
+            .take(3)
+            .collect();
+        for s in bad {
+            let got = decode(s, &first[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize]);
+            detail.push_str(&format!(
+                "sector {s} (block {}) holds {got:?}: {}\n",
+                s * SECTOR / CRASH_BLOCK,
+                oracle.explain(s)
+            ));
+        }
+    }
+    let (p, notes) = target.settle(&vol).await;
+    problems.extend(p);
+    for n in notes {
+        detail.push_str(&format!("note: {n}\n"));
+    }
+    problems.extend(target.check(&vol).await);
+    let unstable = match vol.read(0, Buf::zeroed(size as usize)).await {
+        Ok(second) => {
+            let differ: Vec<u64> = (0..size / SECTOR)
+                .filter(|&s| {
+                    let r = (s * SECTOR) as usize..((s + 1) * SECTOR) as usize;
+                    first[r.clone()] != second[r]
+                })
+                .collect();
+            for &s in differ.iter().take(3) {
+                let r = (s * SECTOR) as usize..((s + 1) * SECTOR) as usize;
+                detail.push_str(&format!(
+                    "unstable sector {s} (block {}): {:?} then {:?}\n",
+                    s * SECTOR / CRASH_BLOCK,
+                    decode(s, &first[r.clone()]),
+                    decode(s, &second[r])
+                ));
+            }
+            differ.len() as u64
+        }
+        Err(e) => {
+            problems.push(format!("reading the settled volume: {e}"));
+            0
+        }
+    };
+    problems.extend(target.close(vol, cache_img).await);
+    Ok(finish_point(seed, verdict, problems, wrong_reads, unstable, detail))
+}
+
+fn finish_point(
+    seed: u64,
+    verdict: Verdict,
+    problems: Vec<String>,
+    wrong_reads: u64,
+    unstable: u64,
+    mut detail: String,
+) -> PointOutcome {
+    for p in problems.iter().take(12) {
+        detail.push_str(&format!("{p}\n"));
+    }
+    if problems.len() > 12 {
+        detail.push_str(&format!("... {} more problems\n", problems.len() - 12));
+    }
+    // Wrong reads count per sector; the problem lines of reads only describe them.
+    let read_lines = problems.iter().filter(|p| p.contains(": read of ")).count() as u64;
+    let check_failures = (problems.len() as u64 - read_lines + wrong_reads + unstable) as u32;
+    PointOutcome { seed, verdict, check_failures, unstable, detail }
+}
+
+/// One power-cut point of the cache target in writeback mode (see `powercut_run`).
+pub async fn powercut_point(setup: &PowercutSetup, seed: u64) -> anyhow::Result<PointOutcome> {
+    powercut_run(&CacheTarget, setup, "writeback", seed).await
 }

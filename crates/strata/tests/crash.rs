@@ -1,6 +1,6 @@
-//! Crash tests for the writeback cache: kill -9 at seeded points during mixed writes with
-//! flushes; after restart `strata cache check` passes and every flushed or FUA write reads
-//! back (see `strata::crashtest` for the oracle).
+//! Crash tests for the cache: kill -9 and power cuts at seeded points during mixed writes
+//! with flushes; after restart `strata cache check` passes and every flushed or FUA write
+//! reads back (see `strata::crashtest` for the oracle and the runners).
 
 use strata::crashtest::{kill_point, KillSetup};
 
@@ -29,21 +29,180 @@ async fn kill_9_at_seeded_points_loses_no_flushed_write() {
 fn crashtest_command_reports_counts() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["crashtest", "--points", "2", "--seed", "7", "--steps", "150", "--dir"])
+        .args(["crashtest", "--points", "2", "--seed", "7", "--steps", "120", "--cache-mode", "writethrough", "--dir"])
         .arg(dir.path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.lines().last(), Some("2 points, 0 lost writes, 0 check failures"));
+    let why = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.len() >= 3, "{why}");
+    assert!(lines[0].starts_with("writethrough: 2 points, "), "{why}");
+    assert!(lines[lines.len() - 2].ends_with(" unstable reads"), "{why}");
+    let last: Vec<&str> = lines[lines.len() - 1].split(' ').collect();
+    assert_eq!(
+        (last.len(), last[0], last[1], &last[3..5], &last[6..]),
+        (8, "2", "points,", &["lost", "writes,"][..], &["check", "failures"][..]),
+        "{why}"
+    );
+    let clean = last[2] == "0" && last[5] == "0";
+    assert_eq!(out.status.success(), clean, "exit status follows the counts: {why}");
 }
 
+/// The power-cut suite at a small scale: every cache mode, 4 clients, devices that complete
+/// requests late and out of order, live mode switches, failed flushes (see
+/// `strata::crashtest::powercut_run`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn power_cut_at_seeded_points_loses_no_flushed_write() {
-    for seed in 1..=40 {
-        let out = strata::crashtest::powercut_point(16 << 20, 8 << 20, 300, seed).await.unwrap();
-        assert_eq!((out.verdict.lost, out.verdict.garbage, out.check_failures), (0, 0, 0), "seed {seed}: {:?}\n{}", out.verdict, out.detail);
+async fn power_cut_suite_in_every_cache_mode_loses_nothing() {
+    use strata::crashtest::{powercut_run, CacheTarget, CrashTarget, PowercutSetup};
+    let setup = PowercutSetup::default();
+    let mut bad = Vec::new();
+    for mode in CacheTarget.modes() {
+        for seed in 1..=12 {
+            let out = powercut_run(&CacheTarget, &setup, &mode, seed).await.unwrap();
+            let v = out.verdict;
+            if v.lost + v.garbage + out.check_failures as u64 + out.unstable > 0 {
+                bad.push(format!(
+                    "{mode} seed {seed}: {v:?}, {} check failures, {} unstable\n{}",
+                    out.check_failures, out.unstable, out.detail
+                ));
+            }
+        }
     }
+    assert!(bad.is_empty(), "{} failing points:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// A deliberately broken wrapper of a `CrashTarget`'s volume, to show the suite can fail.
+mod broken {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use strata::crashtest::CrashTarget;
+    use strata_io::mem::MemDev;
+    use strata_io::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
+
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub enum Flaw {
+        /// Acknowledges FLUSH without flushing and drops FUA.
+        NoFlush,
+        /// Once recovered, every second read returns zeroes.
+        AlternatingReads,
+    }
+
+    pub struct Broken<T>(pub T, pub Flaw);
+
+    pub struct Vol<V> {
+        inner: V,
+        flaw: Option<Flaw>,
+        reads: AtomicU64,
+    }
+
+    impl<V: BlockDev> BlockDev for Vol<V> {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn describe(&self) -> String {
+            format!("broken({})", self.inner.describe())
+        }
+        fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+            if self.flaw == Some(Flaw::AlternatingReads) && self.reads.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
+                return Box::pin(async move { Ok(Buf::zeroed(buf.len())) });
+            }
+            self.inner.read(offset, buf)
+        }
+        fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+            self.inner.write(offset, buf, fua && self.flaw != Some(Flaw::NoFlush))
+        }
+        fn flush(&self) -> BoxFut<'_, Result<()>> {
+            match self.flaw {
+                Some(Flaw::NoFlush) => Box::pin(async { Ok(()) }),
+                _ => self.inner.flush(),
+            }
+        }
+        fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+            self.inner.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+            self.inner.write_zeroes(offset, len, flags)
+        }
+        fn status(&self) -> Option<serde_json::Value> {
+            self.inner.status()
+        }
+        fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+            self.inner.message(msg)
+        }
+        fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+            self.inner.shutdown()
+        }
+    }
+
+    impl<T: CrashTarget> CrashTarget for Broken<T> {
+        type Vol = Vol<T::Vol>;
+
+        fn modes(&self) -> Vec<String> {
+            self.0.modes()
+        }
+
+        async fn create(
+            &self,
+            cache: Arc<dyn BlockDev>,
+            origin: Arc<dyn BlockDev>,
+            mode: &str,
+            seed: u64,
+        ) -> anyhow::Result<Vol<T::Vol>> {
+            let inner = self.0.create(cache, origin, mode, seed).await?;
+            let flaw = (self.1 == Flaw::NoFlush).then_some(Flaw::NoFlush);
+            Ok(Vol { inner, flaw, reads: AtomicU64::new(0) })
+        }
+
+        fn scripts(&self, mode: &str) -> Vec<Vec<String>> {
+            self.0.scripts(mode)
+        }
+
+        async fn reopen(&self, cache: Arc<MemDev>, origin: Arc<MemDev>) -> anyhow::Result<(Vol<T::Vol>, Vec<String>)> {
+            let (inner, found) = self.0.reopen(cache, origin).await?;
+            let flaw = (self.1 == Flaw::AlternatingReads).then_some(Flaw::AlternatingReads);
+            Ok((Vol { inner, flaw, reads: AtomicU64::new(0) }, found))
+        }
+
+        async fn check(&self, vol: &Vol<T::Vol>) -> Vec<String> {
+            self.0.check(&vol.inner).await
+        }
+
+        async fn settle(&self, vol: &Vol<T::Vol>) -> (Vec<String>, Vec<String>) {
+            self.0.settle(&vol.inner).await
+        }
+
+        async fn close(&self, vol: Vol<T::Vol>, cache: Arc<MemDev>) -> Vec<String> {
+            self.0.close(vol.inner, cache).await
+        }
+    }
+}
+
+/// The suite can fail: a cache whose FLUSH is acknowledged without flushing (and whose FUA
+/// is dropped) loses writes at power cuts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cut_suite_catches_a_target_that_does_not_flush() {
+    use broken::{Broken, Flaw};
+    use strata::crashtest::{powercut_run, CacheTarget, PowercutSetup};
+    let setup = PowercutSetup { flush_fail_share: 0.0, ..PowercutSetup::default() };
+    let target = Broken(CacheTarget, Flaw::NoFlush);
+    let mut lost = 0;
+    for seed in 1..=6 {
+        lost += powercut_run(&target, &setup, "writeback", seed).await.unwrap().verdict.lost;
+    }
+    assert!(lost > 0, "no lost write found on a target that never flushes");
+}
+
+/// The suite can fail: a recovered volume whose reads alternate between its content and
+/// zeroes reads unstably.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cut_suite_catches_unstable_reads() {
+    use broken::{Broken, Flaw};
+    use strata::crashtest::{powercut_run, CacheTarget, PowercutSetup};
+    let setup = PowercutSetup { flush_fail_share: 0.0, ..PowercutSetup::default() };
+    let out = powercut_run(&Broken(CacheTarget, Flaw::AlternatingReads), &setup, "writethrough", 3).await.unwrap();
+    assert!(out.unstable > 0, "no unstable read found: {}", out.detail);
+    assert!(out.check_failures as u64 >= out.unstable, "unstable reads count as check failures");
 }
 
 /// ext4 through nbdfuse + loop on recording devices, cut at 20 seeded flush points on a plain
@@ -58,7 +217,13 @@ async fn ext4_cut_at_flush_points_is_clean_and_keeps_fsynced_files() {
     }
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     for cache in [false, true] {
-        let s = Ext4Setup { dir: dir.path().join(if cache { "c" } else { "p" }), volume_bytes: 64 << 20, ops: 40, seed: 3, cache };
+        let s = Ext4Setup {
+            dir: dir.path().join(if cache { "c" } else { "p" }),
+            volume_bytes: 64 << 20,
+            ops: 40,
+            seed: 3,
+            cache,
+        };
         let sum = replay(&s, 20).await.unwrap();
         assert!(sum.flush_points >= 20, "cache={cache}: only {} flush points recorded", sum.flush_points);
         assert_eq!(sum.points, 20, "cache={cache}");

@@ -1,17 +1,22 @@
-//! `strata crashtest`: crash a writeback cache at seeded points and count what was lost.
+//! `strata crashtest`: crash a cache at seeded points and count what was lost.
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
-use crate::crashtest::{ext4, faults};
 use crate::crashtest::soak::{soak, SoakSetup};
-use crate::crashtest::{kill_point, powercut_point, KillSetup};
+use crate::crashtest::{ext4, faults};
+use crate::crashtest::{kill_point, powercut_run, CacheTarget, CrashTarget, KillSetup, PowercutSetup};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum CrashMode {
-    /// Cut power to the cache and origin devices mid-request (in process): unflushed writes
-    /// are kept, dropped or torn at sector granularity, as the seed decides.
+    /// Cut power to the cache and origin devices mid-request (in process), with --clients
+    /// clients issuing reads and writes at once, devices that complete requests after a
+    /// delay and out of order, background write-back, live mode switches, and in some points
+    /// a flush that fails and loses what it covered. Unflushed writes are kept, dropped or
+    /// torn at sector granularity, as the seed decides. After recovery, clean cached blocks
+    /// must equal the origin, and the volume must read the same before and after write-back
+    /// and eviction (else: unstable reads). Runs --points points per --cache-mode.
     Powercut,
     /// Kill -9 the server mid-request, restart it, verify.
     Kill,
@@ -35,15 +40,17 @@ pub enum CrashMode {
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
-In the powercut and kill modes, each point formats a small writeback cache, drives it with a mix of
-writes (some FUA), flushes, trims and write-zeroes, crashes it, checks the metadata, restarts,
-and verifies every sector: it must hold its last flushed (or FUA) value or something written
-later, never an older value (a lost write) and never bytes no write produced.
+In the powercut and kill modes, each point formats a small cache, drives it with a mix of
+writes (some FUA), flushes, trims and write-zeroes (and in powercut mode reads, checked as
+they complete, from several clients at once), crashes it, checks the metadata, restarts, and
+verifies every sector: it must hold a value no flushed (or FUA) write superseded, never an
+older value (a lost write) and never bytes no write produced.
 The modes ext4, faults and soak are described above.
+Powercut prints a line per cache mode, then the unstable reads (also check failures).
 The last line reads: N points, L lost writes, C check failures.
 
 Example:
-  strata crashtest --points 1000 --seed 1 --mode powercut
+  strata crashtest --points 200 --seed 1 --mode powercut --cache-mode all --clients 4
   strata crashtest --points 200 --seed 1 --mode kill
   strata crashtest --mode ext4 --points 0 --seed 1
   nice -n 19 strata crashtest --mode soak --minutes 30 --rate-iops 1500")]
@@ -57,9 +64,18 @@ pub struct CrashtestArgs {
     /// Scratch directory (points that fail are kept there).
     #[arg(long, default_value = "/var/tmp/strata-crashtest")]
     pub dir: PathBuf,
-    /// Workload steps per point.
+    /// Workload steps per point (powercut: requests of all clients together).
     #[arg(long, default_value_t = 400)]
     pub steps: usize,
+    /// Powercut: the cache mode the cache is created in (all: each in turn, --points each).
+    #[arg(long, default_value = "all", value_parser = ["writeback", "writethrough", "writearound", "passthrough", "cleaner", "all"])]
+    pub cache_mode: String,
+    /// Powercut: clients issuing requests at once.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Powercut: most a device takes to complete a write or flush, in microseconds.
+    #[arg(long, default_value_t = 1500)]
+    pub max_delay_us: u64,
     /// How long the soak runs.
     #[arg(long, default_value_t = 30)]
     pub minutes: u64,
@@ -83,6 +99,9 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
     if let CrashMode::Faults = a.mode {
         return run_faults(&a, &rt);
     }
+    if let CrashMode::Powercut = a.mode {
+        return run_powercut(&a, &rt, &CacheTarget);
+    }
     if let CrashMode::Soak = a.mode {
         let s = SoakSetup {
             strata: setup.strata,
@@ -100,8 +119,9 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         let seed = a.seed + i;
         let out = match a.mode {
             CrashMode::Kill => rt.block_on(kill_point(&setup, seed))?,
-            CrashMode::Powercut => rt.block_on(powercut_point(setup.origin_bytes, setup.cache_bytes, a.steps, seed))?,
-            CrashMode::Soak | CrashMode::Ext4 | CrashMode::Faults => unreachable!("handled above"),
+            CrashMode::Powercut | CrashMode::Soak | CrashMode::Ext4 | CrashMode::Faults => {
+                unreachable!("handled above")
+            }
         };
         let bad = out.verdict.lost + out.verdict.garbage;
         lost += out.verdict.lost;
@@ -113,6 +133,54 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         }
     }
     finish(a.points, lost, failures)
+}
+
+fn run_powercut<T: CrashTarget>(a: &CrashtestArgs, rt: &tokio::runtime::Runtime, target: &T) -> Result<()> {
+    let modes = if a.cache_mode == "all" { target.modes() } else { vec![a.cache_mode.clone()] };
+    let setup = PowercutSetup {
+        clients: a.clients.max(1),
+        steps: (a.steps / a.clients.max(1)).max(4),
+        max_delay: std::time::Duration::from_micros(a.max_delay_us),
+        ..PowercutSetup::default()
+    };
+    let (mut points, mut lost, mut failures, mut unstable) = (0, 0, 0, 0);
+    let mut lines = Vec::new();
+    for mode in &modes {
+        let (mut m_lost, mut m_failures, mut m_unstable) = (0, 0, 0);
+        let started = std::time::Instant::now();
+        for i in 0..a.points {
+            let seed = a.seed + i;
+            let out = rt.block_on(powercut_run(target, &setup, mode, seed))?;
+            m_lost += out.verdict.lost;
+            m_failures += out.check_failures as u64 + out.verdict.garbage;
+            m_unstable += out.unstable;
+            if out.verdict.lost + out.verdict.garbage > 0 || out.check_failures > 0 {
+                eprintln!(
+                    "{mode} seed {seed}: {:?}, {} check failures, {} unstable\n{}",
+                    out.verdict, out.check_failures, out.unstable, out.detail
+                );
+            } else {
+                let status = out.detail.lines().find(|l| l.starts_with("status")).unwrap_or_default();
+                eprintln!("{mode} seed {seed}: ok ({} sectors verified; {status})", out.verdict.sectors);
+                if std::env::var_os("STRATA_CRASHTEST_VERBOSE").is_some() {
+                    eprintln!("{}", out.detail);
+                }
+            }
+        }
+        let per = started.elapsed().as_secs_f64() / a.points.max(1) as f64;
+        let line = format!("{mode}: {} points, {m_lost} lost writes, {m_failures} check failures, {m_unstable} unstable reads ({per:.2} s per point)", a.points);
+        eprintln!("{line}");
+        lines.push(line);
+        points += a.points;
+        lost += m_lost;
+        failures += m_failures;
+        unstable += m_unstable;
+    }
+    for line in lines {
+        println!("{line}");
+    }
+    println!("{unstable} unstable reads");
+    finish(points, lost, failures)
 }
 
 fn run_faults(a: &CrashtestArgs, rt: &tokio::runtime::Runtime) -> Result<()> {

@@ -256,13 +256,16 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
             out.detail.push_str("a volume stopped by a failed flush acknowledged a flush\n");
         }
     }
-    let image = super::read_region(&mut c, 0, ORIGIN_BYTES).await?;
-    c.disconnect().await?;
-    let v = oracle.verify(&image);
-    out.silent_losses += v.lost + v.garbage + current.wrong(0, &image);
-    if v.lost + v.garbage > 0 {
-        out.detail.push_str(&format!("final read: {v:?}\n"));
+    // A stopped volume may refuse reads of cached blocks; it is read after the restart.
+    if !stopped {
+        let image = super::read_region(&mut c, 0, ORIGIN_BYTES).await?;
+        let v = oracle.verify(&image);
+        out.silent_losses += v.lost + v.garbage + current.wrong(0, &image);
+        if v.lost + v.garbage > 0 {
+            out.detail.push_str(&format!("final read: {v:?}\n"));
+        }
     }
+    c.disconnect().await?;
     server.shutdown();
     let _ = serving.await;
     server.wait_idle().await;
