@@ -39,7 +39,7 @@ pub const DEFAULT_POLICY: &str = "strata";
 /// Every policy [`build`] knows, in the order `--help` lists them. `opt` is not here: it needs
 /// the whole future trace and is built with [`Opt::new`].
 pub const POLICY_NAMES: &[&str] = &[
-    "strata", "smq", "lru", "fifo", "clock", "2q", "arc", "lirs", "s3fifo", "sieve",
+    "strata", "smq", "lru", "fifo", "clock", "2q", "arc", "lirs", "s3fifo", "sieve", "tinylfu",
 ];
 
 /// One line per policy, for `--help` and error messages.
@@ -54,6 +54,7 @@ pub const POLICY_SUMMARIES: &[(&str, &str)] = &[
     ("lirs", "Jiang & Zhang's low inter-reference recency set (1% HIR)"),
     ("s3fifo", "Yang et al.'s S3-FIFO (10% small FIFO, main FIFO with 2-bit reinsertion, ghost)"),
     ("sieve", "Zhang et al.'s SIEVE"),
+    ("tinylfu", "W-TinyLFU: 1% LRU window, frequency-sketch admission into a segmented LRU, window sized by hill climbing"),
     ("opt", "Belady's offline optimum with bypass (simulator only: needs the future)"),
 ];
 
@@ -296,6 +297,7 @@ pub fn build(
         "lirs" => Box::new(lirs::Lirs::new(capacity_blocks)),
         "s3fifo" => Box::new(s3fifo::S3Fifo::new(capacity_blocks)),
         "sieve" => Box::new(sieve::Sieve::new(capacity_blocks)),
+        "tinylfu" => Box::new(tinylfu::TinyLfu::new(capacity_blocks, params)),
         _ => {
             return Err(UnknownPolicy {
                 name: name.to_string(),

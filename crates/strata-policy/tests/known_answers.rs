@@ -247,3 +247,70 @@ fn lirs_beats_lru_on_loops() {
     // After the first pass the two LIR blocks (0 and 1) hit on every pass.
     assert!(hits("lirs") >= 2 * 19, "lirs hits {}", hits("lirs"));
 }
+
+/// W-TinyLFU, 100 blocks: window 1, main 99 (protected at most 79), sample period 1,000
+/// accesses, so nothing below ages or climbs before access 1,000.
+/// Five rounds over the working set 0..80 (400 accesses): round 1 fills window [79] and
+/// probation [0..78]; round 2 hits move 0..78 to protected. A one-pass scan of 300 new
+/// blocks (3 caches' worth, 700 accesses in all): the first 20 fill the free room (79
+/// and 1000..1018 move to probation unopposed). From 1020 on the cache is full; each new
+/// block's arrival makes the window's previous block (estimate 1) the admission candidate
+/// against probation's oldest, block 79 (estimate 5): the candidate loses, so each scan
+/// block evicts the one before it. The working set then hits 80 times out of 80, where LRU
+/// (which the scan flushes completely) hits none.
+#[test]
+fn tinylfu_scan_does_not_flush_the_working_set() {
+    let mut trace: Vec<u64> = (0..5).flat_map(|_| 0..80u64).collect();
+    trace.extend(1000..1300u64);
+    trace.extend(0..80u64);
+    for name in ["tinylfu", "lru"] {
+        let out = run(policy(name, 100).as_mut(), &trace);
+        let last = &out[700..];
+        let hits = last.iter().filter(|e| **e == H).count();
+        if name == "lru" {
+            assert_eq!(hits, 0, "lru keeps nothing through the scan");
+            continue;
+        }
+        assert_eq!(hits, 80, "tinylfu lost the working set: {last:?}");
+        // Rounds 2-5 all hit.
+        assert!(out[80..400].iter().all(|e| *e == H));
+        // The scan: free room for 20, then each block evicts its predecessor.
+        assert!(out[400..420].iter().all(|e| *e == P(None)));
+        for (k, e) in out[420..700].iter().enumerate() {
+            assert_eq!(*e, P(Some(1019 + k as u64)), "scan block {}", 1020 + k);
+        }
+    }
+}
+
+/// W-TinyLFU, 100 blocks, sample period 1,000. Ten rounds over A = 0..80 (800 accesses)
+/// give A estimates of 10 and leave window [79], protected [0..78]. Then B = 1000..1080,
+/// round after round. The first 20 B blocks take the free room (79, then 1000..1018, move to
+/// probation unopposed). From 1020 on, every B candidate (estimate at most 3 before the
+/// first aging at access 1,000, in B's third round) loses to an A victim (10), so until then
+/// exactly 1000..1018 hit and no other B block does. Aging halves A to 5 and B to at most
+/// 1; each B round adds one, so about six rounds later B candidates beat A victims (6 > 5)
+/// and replace them. Forty B rounds (3,200 accesses, three agings and three climbing steps
+/// later) B is wholly cached: its last round hits 80 of 80, and A keeps only the 20 blocks
+/// B leaves free.
+#[test]
+fn tinylfu_admits_a_shifted_hot_set_after_aging() {
+    let mut trace: Vec<u64> = (0..10).flat_map(|_| 0..80u64).collect();
+    trace.extend((0..40).flat_map(|_| 1000..1080u64));
+    let mut p = policy("tinylfu", 100);
+    let out = run(p.as_mut(), &trace);
+    for t in 800..1000 {
+        let b = trace[t];
+        let want_hit = t >= 880 && b < 1019;
+        assert_eq!(out[t] == H, want_hit, "access {t} to {b}: {:?}", out[t]);
+    }
+    assert!(
+        out[trace.len() - 80..].iter().all(|e| *e == H),
+        "B not cached after 40 rounds"
+    );
+    assert_eq!(
+        (0..80).filter(|&b| p.contains(b)).count(),
+        20,
+        "A keeps only the room B leaves"
+    );
+    assert!((1000..1080).all(|b| p.contains(b)));
+}

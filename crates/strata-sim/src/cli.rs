@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use strata_policy::{Params, DEFAULT_POLICY, POLICY_SUMMARIES};
 
+use crate::cost::CostSpec;
 use crate::report;
 use crate::sim::{self, BlockAccess, MatrixOptions, Ops, Workload};
 use crate::synthetic::{Generator, Pattern, Taus88};
@@ -17,6 +18,7 @@ const AFTER_HELP: &str = "\
 Policies:
   strata  default: smq-style clean/dirty queues with frequency-gated admission (few promotions)
   smq     dm-cache's stochastic multiqueue, with the Linux 4.12 (2017) fixes
+  tinylfu W-TinyLFU: LRU window, frequency-sketch admission, SLRU main, hill-climbed window
   lru, fifo, clock, sieve, 2q, arc, lirs, s3fifo   the classics, for comparison
   opt     Belady's offline optimum with bypass: the bound every table is read against
 
@@ -26,11 +28,19 @@ Traces may be gzip or zstd compressed. Requests without a timestamp (lis, fio v2
 synthetic) get one from a clock of --iops requests per second; smq uses time for its
 periods.
 
+Cost model (--cost ORIGIN,CACHE): each of hdd or ssd, optionally with the options of the
+hdd:/ssd: device specs after '?' (hdd: seek_min_ms, seek_max_ms, rpm, mib_s; ssd: read_us,
+write_us, channels, mib_s), e.g. --cost 'hdd?rpm=5400,ssd?channels=4'. Adds each policy's
+mean read latency (per block read, no queueing, mean rotational delay) and each device's
+busy time: origin reads for misses, an origin read plus a cache write for each promotion,
+cache reads for hits; writes are charged as writethrough (no dirty data is simulated).
+
 Examples:
   strata sim ../shared/testdata/cloudphysics-w.csv --policy strata,smq,lru,arc --size 1%,5%,10%
   strata sim trace.csv.zst --format msr --ops read --size 64MiB,256MiB,1GiB --plot mrc.png
   strata sim --synthetic zipf:1.2 --blocks 262144 --requests 2000000 --seed 1 --csv
-  strata sim trace.lis --policy smq,strata --size 10% --prefill junk --windows 20";
+  strata sim trace.lis --policy smq,strata --size 10% --prefill junk --windows 20
+  strata sim ../shared/testdata/arc/P6.lis.zst --policy tinylfu,lru,arc --cost hdd,ssd";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Prefill {
@@ -114,6 +124,11 @@ pub struct SimArgs {
     /// Show a progress bar even when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
+
+    /// Model the origin and cache devices (hdd or ssd, each optionally `?key=value&...`)
+    /// and report mean read latency and device busy time (see below).
+    #[arg(long, value_name = "ORIGIN,CACHE")]
+    pub cost: Option<CostSpec>,
 }
 
 /// Parse a byte size: `4096`, `4KiB`, `64MiB`, `1GiB`, `4k`, `64M`, `512B`.
@@ -315,9 +330,13 @@ pub fn run(args: SimArgs) -> Result<()> {
                 .unwrap_or(1)
         }),
         progress: args.progress || std::io::stderr().is_terminal(),
+        cost: args.cost,
     };
     let size_blocks: Vec<usize> = sizes.iter().map(|(b, _)| *b).collect();
-    let summary = report::summary(&source, &workload);
+    let mut summary = report::summary(&source, &workload);
+    if let Some(c) = &args.cost {
+        summary.push_str(&format!("\ncost model: {c}"));
+    }
     if args.csv {
         eprintln!("{summary}");
     } else {

@@ -4,10 +4,12 @@
 //! The policies here are the very code the cache target runs; this crate only feeds them.
 //! Modules: [`trace`] reads and parses trace files, [`synthetic`] generates fio's random
 //! distributions, [`sim`] splits requests into cache-block accesses and runs the
-//! policy × size matrix, [`report`] prints tables, CSV and plots, and [`cli`] is the
+//! policy × size matrix, [`cost`] charges each decision to HDD/SSD latency models
+//! (`--cost`), [`report`] prints tables, CSV and plots, and [`cli`] is the
 //! command line the `strata` binary mounts as `strata sim`.
 
 pub mod cli;
+pub mod cost;
 pub mod report;
 pub mod sim;
 pub mod synthetic;

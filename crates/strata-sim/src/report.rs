@@ -9,6 +9,12 @@ use crate::sim::{ratio, RunResult, Workload};
 pub const CSV_HEADER: &str =
     "policy,size_blocks,requests,hits,hit_ratio,byte_hit_ratio,promotions,bytes_per_entry";
 
+/// The columns `--cost` appends to [`CSV_HEADER`] (after it, so readers of the old columns
+/// keep working): mean latency of a read block access in microseconds, each device's busy
+/// time in seconds, and the IOs each device served.
+pub const CSV_COST_COLUMNS: &str =
+    "mean_read_us,origin_busy_s,cache_busy_s,origin_reads,origin_writes,cache_reads,cache_writes";
+
 /// `12345678` → `12,345,678`.
 pub fn thousands(n: u64) -> String {
     let s = n.to_string();
@@ -60,12 +66,21 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
             .map(|(_, l)| l.clone())
             .unwrap_or_default()
     };
+    let with_cost = results.iter().any(|r| r.cost.is_some());
     let mut out = String::new();
-    let _ = writeln!(
+    let _ = write!(
         out,
         "{:<8} {:>12} {:>10} {:>9} {:>8} {:>9} {:>12} {:>10} {:>9}",
         "policy", "size", "", "capacity", "hit%", "bytehit%", "promotions", "promo/lru", "B/entry"
     );
+    if with_cost {
+        let _ = write!(
+            out,
+            " {:>11} {:>13} {:>12}",
+            "read us", "origin busy s", "cache busy s"
+        );
+    }
+    out.push('\n');
     for r in results {
         let lru = results
             .iter()
@@ -77,7 +92,7 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
             ),
             _ => "-".to_string(),
         };
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:<8} {:>12} {:>10} {:>9} {:>8.2} {:>9.2} {:>12} {:>10} {:>9.1}",
             r.policy,
@@ -90,16 +105,39 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
             vs_lru,
             r.bytes_per_entry,
         );
+        match &r.cost {
+            Some(c) => {
+                let _ = write!(
+                    out,
+                    " {:>11.1} {:>13.1} {:>12.1}",
+                    c.mean_read_us(),
+                    c.origin_busy_s,
+                    c.cache_busy_s
+                );
+            }
+            None if with_cost => {
+                let _ = write!(out, " {:>11} {:>13} {:>12}", "-", "-", "-");
+            }
+            None => {}
+        }
+        out.push('\n');
     }
     out
 }
 
+/// The CSV contract: [`CSV_HEADER`]'s columns, then [`CSV_COST_COLUMNS`] when any result
+/// carries a cost report.
 pub fn csv(results: &[RunResult]) -> String {
+    let with_cost = results.iter().any(|r| r.cost.is_some());
     let mut out = String::from(CSV_HEADER);
+    if with_cost {
+        out.push(',');
+        out.push_str(CSV_COST_COLUMNS);
+    }
     out.push('\n');
     for r in results {
         let c = &r.counts;
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{},{},{},{},{:.6},{:.6},{},{:.2}",
             r.policy,
@@ -111,6 +149,24 @@ pub fn csv(results: &[RunResult]) -> String {
             c.promotions,
             r.bytes_per_entry
         );
+        match &r.cost {
+            Some(k) => {
+                let _ = write!(
+                    out,
+                    ",{:.3},{:.6},{:.6},{},{},{},{}",
+                    k.mean_read_us(),
+                    k.origin_busy_s,
+                    k.cache_busy_s,
+                    k.origin_reads,
+                    k.origin_writes,
+                    k.cache_reads,
+                    k.cache_writes
+                );
+            }
+            None if with_cost => out.push_str(",,,,,,,"),
+            None => {}
+        }
+        out.push('\n');
     }
     out
 }

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata_policy::{Access, Op, Opt, Params, Policy};
+use strata_policy::{Access, Op, Opt, Outcome, Params, Policy};
 
+use crate::cost::{CostReport, CostSpec, CostState};
 use crate::trace::{IoKind, Request, TraceError};
 
 /// One access to one cache block.
@@ -178,6 +179,44 @@ pub fn replay(
     windows: usize,
     progress: Option<&AtomicU64>,
 ) -> Counts {
+    replay_observed(policy, accesses, windows, progress, &mut ())
+}
+
+/// [`replay`], also charging every access and decision to the cost model `cost`.
+pub fn replay_costed(
+    policy: &mut dyn Policy,
+    accesses: &[BlockAccess],
+    windows: usize,
+    progress: Option<&AtomicU64>,
+    cost: &mut CostState,
+) -> Counts {
+    replay_observed(policy, accesses, windows, progress, cost)
+}
+
+/// Something told of every access and the policy's decision (the cost model, or nothing).
+trait Observer {
+    fn observe(&mut self, a: &BlockAccess, out: Outcome);
+}
+
+impl Observer for () {
+    #[inline(always)]
+    fn observe(&mut self, _: &BlockAccess, _: Outcome) {}
+}
+
+impl Observer for CostState {
+    #[inline]
+    fn observe(&mut self, a: &BlockAccess, out: Outcome) {
+        self.charge(a, out)
+    }
+}
+
+fn replay_observed<O: Observer>(
+    policy: &mut dyn Policy,
+    accesses: &[BlockAccess],
+    windows: usize,
+    progress: Option<&AtomicU64>,
+    observer: &mut O,
+) -> Counts {
     const CHUNK: usize = 1 << 16;
     // Far enough ahead that a map slot arrives from memory before its access, near enough
     // that it is still cached then.
@@ -199,14 +238,16 @@ pub fn replay(
                     policy.prefetch(next.block);
                 }
                 bytes += a.bytes as u64;
-                match policy.access(a.to_access()) {
-                    strata_policy::Outcome::Hit => {
+                let out = policy.access(a.to_access());
+                match out {
+                    Outcome::Hit => {
                         hits += 1;
                         hit_bytes += a.bytes as u64;
                     }
-                    strata_policy::Outcome::Promote { .. } => promotions += 1,
-                    strata_policy::Outcome::Miss => {}
+                    Outcome::Promote { .. } => promotions += 1,
+                    Outcome::Miss => {}
                 }
+                observer.observe(a, out);
             }
             if let Some(p) = progress {
                 p.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -226,8 +267,8 @@ pub fn replay(
 }
 
 /// Fill the cache with blocks the trace never touches (`first_junk` upwards), as a cache
-/// left full of another workload's data would be.
-pub fn prefill_junk(policy: &mut dyn Policy, first_junk: u64) {
+/// left full of another workload's data would be. Returns how many were inserted.
+pub fn prefill_junk(policy: &mut dyn Policy, first_junk: u64) -> usize {
     let mut b = first_junk;
     while policy.len() < policy.capacity() {
         if policy.insert(b, false).is_err() {
@@ -235,6 +276,7 @@ pub fn prefill_junk(policy: &mut dyn Policy, first_junk: u64) {
         }
         b += 1;
     }
+    (b - first_junk) as usize
 }
 
 /// One cell of the matrix.
@@ -245,6 +287,8 @@ pub struct RunResult {
     pub counts: Counts,
     pub bytes_per_entry: f64,
     pub elapsed: Duration,
+    /// What the cost model charged, when one was asked for.
+    pub cost: Option<CostReport>,
 }
 
 /// How to run a matrix.
@@ -255,6 +299,8 @@ pub struct MatrixOptions {
     pub prefill_junk: bool,
     pub jobs: usize,
     pub progress: bool,
+    /// Also run the cost model (`--cost`).
+    pub cost: Option<CostSpec>,
 }
 
 /// Build a policy for the matrix; `opt` needs the shared next-use table.
@@ -311,21 +357,39 @@ pub fn run_matrix(
                 let start = Instant::now();
                 let mut policy = make_policy(name, size, &opts.params, next_use.as_ref())
                     .expect("names checked above");
-                if opts.prefill_junk {
-                    prefill_junk(policy.as_mut(), junk_base);
-                }
-                let counts = replay(
-                    policy.as_mut(),
-                    &workload.accesses,
-                    opts.windows,
-                    Some(&done),
-                );
+                let junk = if opts.prefill_junk {
+                    prefill_junk(policy.as_mut(), junk_base)
+                } else {
+                    0
+                };
+                let mut cost = opts.cost.as_ref().map(|spec| {
+                    let mut c =
+                        CostState::new(spec, workload.block_size, workload.max_block + 1, size);
+                    c.prefilled(junk_base, junk);
+                    c
+                });
+                let counts = match cost.as_mut() {
+                    Some(c) => replay_costed(
+                        policy.as_mut(),
+                        &workload.accesses,
+                        opts.windows,
+                        Some(&done),
+                        c,
+                    ),
+                    None => replay(
+                        policy.as_mut(),
+                        &workload.accesses,
+                        opts.windows,
+                        Some(&done),
+                    ),
+                };
                 let r = RunResult {
                     policy: name.clone(),
                     size_blocks: size,
                     counts,
                     bytes_per_entry: policy.bytes_per_entry(),
                     elapsed: start.elapsed(),
+                    cost: cost.map(|c| c.report()),
                 };
                 results
                     .lock()

@@ -94,3 +94,49 @@ fn malformed_trace_names_the_line() {
     let msg = format!("{err:#}");
     assert!(msg.contains("line 3"), "{msg}");
 }
+
+#[test]
+fn cost_option_parses_and_runs() {
+    assert!(args(&["t.csv", "--cost", "hdd,ssd"])
+        .unwrap()
+        .cost
+        .is_some());
+    assert!(args(&[
+        "t.csv",
+        "--cost",
+        "hdd?rpm=5400&seek_max_ms=20,ssd:channels=4"
+    ])
+    .is_ok());
+    assert!(args(&["t.csv", "--cost", "tape,ssd"]).is_err());
+    assert!(args(&["t.csv", "--cost", "hdd"]).is_err());
+    assert!(args(&["t.csv", "--cost", "hdd?warp=9,ssd"]).is_err());
+    let help = args(&["--help"]).unwrap_err().to_string();
+    assert!(
+        help.contains("--cost") && help.contains("tinylfu"),
+        "{help}"
+    );
+    for csv in [false, true] {
+        let mut list = vec![
+            "--synthetic",
+            "zipf:1.1",
+            "--blocks",
+            "4000",
+            "--requests",
+            "20000",
+            "--policy",
+            "tinylfu,lru",
+            "--size",
+            "5%",
+            "--cost",
+            "hdd,ssd",
+            "--prefill",
+            "junk",
+            "--rwmix-read",
+            "70",
+        ];
+        if csv {
+            list.push("--csv");
+        }
+        run(args(&list).unwrap()).unwrap();
+    }
+}

@@ -47,6 +47,7 @@ fn check(name: &str, w: &Workload, prefill: bool) {
         prefill_junk: prefill,
         jobs: 2,
         progress: false,
+        cost: None,
     };
     let results = run_matrix(w, &policies, &sizes, &opts).unwrap();
     for &s in &sizes {

@@ -58,7 +58,7 @@ async fn live_hits(policy: &str, trace: &[u64]) -> (u64, usize, u64) {
 async fn simulator_and_live_target_agree() {
     let mut z = Zipf::new(ORIGIN_BLOCKS, 0.9, 7);
     let trace: Vec<u64> = (0..12_000).map(|_| z.next_block()).collect();
-    for policy in ["strata", "lru", "arc", "s3fifo", "2q", "sieve", "clock", "lirs", "fifo"] {
+    for policy in ["strata", "lru", "arc", "s3fifo", "2q", "sieve", "clock", "lirs", "fifo", "tinylfu"] {
         let (live, capacity, promotions) = live_hits(policy, &trace).await;
         let params = Params { seed: 3, origin_blocks: Some(ORIGIN_BLOCKS), ..Params::default() };
         let mut p = strata_policy::build(policy, capacity, &params).unwrap();

@@ -10,6 +10,7 @@ pub mod s3fifo;
 pub mod sieve;
 pub mod smq;
 pub mod strata;
+pub mod tinylfu;
 pub mod twoq;
 
 /// The [`Policy`](crate::Policy) methods that only look up a resident entry and defer to the

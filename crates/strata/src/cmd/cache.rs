@@ -53,7 +53,7 @@ pub struct CreateArgs {
     /// writeback, writethrough, writearound or passthrough.
     #[arg(long, default_value = "writeback")]
     pub mode: Mode,
-    /// Replacement policy (strata, smq, lru, fifo, clock, 2q, arc, lirs, s3fifo, sieve).
+    /// Replacement policy (strata, smq, lru, fifo, clock, 2q, arc, lirs, s3fifo, sieve, tinylfu).
     #[arg(long, default_value = strata_policy::DEFAULT_POLICY)]
     pub policy: String,
     /// Streams that run contiguously beyond this bypass the cache (0 disables).
