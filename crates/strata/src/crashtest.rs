@@ -52,6 +52,23 @@ pub fn payload(id: u64, first: u64, sectors: u64) -> Vec<u8> {
     out
 }
 
+/// Whose bytes a sector holds, for reports: its value, or the write id and sector number in
+/// its header when it is another sector's data.
+pub fn describe_sector(sector: u64, data: &[u8]) -> String {
+    match decode(sector, data) {
+        Some(v) => format!("{v:?}"),
+        None => {
+            let id = u64::from_le_bytes(data[..8].try_into().unwrap());
+            let at = u64::from_le_bytes(data[8..16].try_into().unwrap());
+            if id != 0 && payload(id, at, 1) == data {
+                format!("write {id}'s data for sector {at}")
+            } else {
+                "bytes no write produced".to_string()
+            }
+        }
+    }
+}
+
 /// Reads what a sector holds: zeroes, a write's id, or `None` for anything else.
 pub fn decode(sector: u64, data: &[u8]) -> Option<Val> {
     if data.iter().all(|&b| b == 0) {
@@ -1122,9 +1139,9 @@ async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::
                         if !wrong.is_empty() {
                             run.wrong_sectors.fetch_add(wrong.len() as u64, SeqCst);
                             let s = wrong[0];
-                            let got = decode(s, &data[((s - offset / SECTOR) * SECTOR) as usize..][..SECTOR as usize]);
+                            let got = describe_sector(s, &data[((s - offset / SECTOR) * SECTOR) as usize..][..SECTOR as usize]);
                             let why = format!(
-                                "client {c}: read of {len} bytes at {offset} (issued at {issued}): {} sectors wrong, first {s} holds {got:?}; {}",
+                                "client {c}: read of {len} bytes at {offset} (issued at {issued}): {} sectors wrong, first {s} holds {got}; {}",
                                 wrong.len(),
                                 o.explain(s)
                             );
@@ -1296,9 +1313,9 @@ pub async fn powercut_run<T: CrashTarget>(
             .take(3)
             .collect();
         for s in bad {
-            let got = decode(s, &first[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize]);
+            let got = describe_sector(s, &first[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize]);
             detail.push_str(&format!(
-                "sector {s} (block {}) holds {got:?}: {}\n",
+                "sector {s} (block {}) holds {got}: {}\n",
                 s * SECTOR / CRASH_BLOCK,
                 oracle.explain(s)
             ));
