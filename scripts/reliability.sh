@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 strata=${CARGO_TARGET_DIR:-target}/release/strata
 echo "== power cuts"
-time "$strata" crashtest --points 1000 --seed 1 --mode powercut | tail -1
+time "$strata" crashtest --mode powercut --cache-mode all --clients 4 --points 1000 --seed 1000 | tail -8
 echo "== kill -9"
 time "$strata" crashtest --points 200 --seed 1001 --mode kill | tail -1
 echo "== ext4 cut at every flush point (plain volume and writeback cache)"

@@ -1052,6 +1052,15 @@ impl Inner {
         let len = self.block_len(b);
         let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await;
         self.refs[s as usize].fetch_sub(1, Relaxed);
+        {
+            let mut st = self.state.lock();
+            if st.cache_suspect {
+                // The cache device lost writes in a failed flush: the slot may hold older
+                // data, another block's; copying it to the origin would make that permanent.
+                st.policy.set_dirty(b);
+                return None;
+            }
+        }
         let data = match data {
             Ok(d) => d,
             Err(e) => {
