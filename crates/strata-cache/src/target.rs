@@ -49,6 +49,11 @@ pub struct State {
     pending: FxHashMap<u64, u64>,
     /// Table changes up to this number are durable.
     durable_changes: u64,
+    /// Clean mappings made since the last full commit, not in the table yet: a clean slot
+    /// copies origin data that may not be durable, so each enters the table at a full
+    /// commit, whose origin flush comes first. Every other change depends on the cache
+    /// device alone, so a commit that waits for one needs no origin flush (`commit_upto`).
+    unrecorded: Vec<(u64, u32)>,
     /// Write back everything dirty (cache flush, detach).
     flush_all: bool,
     /// Faults that put the volume in a degraded state.
@@ -138,13 +143,19 @@ impl State {
         }
     }
 
-    /// Removes `b` from the mapping; its slot is reusable after the next commit, and the
-    /// origin copy of `b` is not written before then (`pending`).
+    /// Removes `b` from the mapping. If the table holds the mapping, its slot is reusable
+    /// after the next commit and the origin copy of `b` is not written before then
+    /// (`pending`); an unrecorded one's slot is free at once.
     fn unmap(&mut self, b: u64) -> Option<u32> {
         let s = self.map.remove(&b)?;
-        self.meta.set(s, 0, false, false);
-        self.freed.push(s);
-        self.pending.insert(b, self.meta.changes());
+        if self.meta.entries[s as usize].valid {
+            self.meta.set(s, 0, false, false);
+            self.freed.push(s);
+            self.pending.insert(b, self.meta.changes());
+        } else {
+            // Unrecorded, never in the table: nothing of it can come back after a crash.
+            self.free.push(s);
+        }
         Some(s)
     }
 
@@ -155,11 +166,25 @@ impl State {
         Some(s)
     }
 
-    /// Maps `b` to `s`, with the dirty bit, as one table change.
+    /// Maps `b` to `s`: dirty, as one table change; clean, in memory until the next full
+    /// commit records it (`unrecorded`).
     fn map_to(&mut self, b: u64, s: u32, dirty: bool) {
         self.map.insert(b, s);
-        self.meta.set(s, b, true, dirty);
+        if dirty {
+            self.meta.set(s, b, true, true);
+        } else {
+            self.unrecorded.push((b, s));
+        }
         self.write_gen[s as usize] = self.write_gen[s as usize].wrapping_add(1);
+    }
+
+    /// Puts the clean mappings still current into the table (before a full commit).
+    fn record_clean(&mut self) {
+        for (b, s) in std::mem::take(&mut self.unrecorded) {
+            if self.map.get(&b) == Some(&s) && !self.meta.entries[s as usize].valid {
+                self.meta.set(s, b, true, false);
+            }
+        }
     }
 
     /// Unmaps every clean block (dm-cache's `invalidate_cblocks` for the whole cache):
@@ -376,7 +401,11 @@ impl Inner {
             return Some(s);
         }
         for _ in 0..200 {
-            let _ = self.commit().await;
+            // Freed slots come back with any commit; a light one will do.
+            {
+                let guard = self.commit_lock.lock().await;
+                let _ = self.commit_locked(&guard, false).await;
+            }
             let waiting = {
                 let mut st = self.state.lock();
                 if let Some(s) = st.reserve(&self.refs) {
@@ -958,7 +987,7 @@ impl Inner {
     pub async fn commit(&self) -> Result<()> {
         self.state.lock().stopped()?;
         let guard = self.commit_lock.lock().await;
-        self.commit_locked(&guard).await
+        self.commit_locked(&guard, true).await
     }
 
     /// Makes table changes up to number `n` durable, sharing a commit with everyone who
@@ -975,7 +1004,7 @@ impl Inner {
         if done(self)? {
             return Ok(());
         }
-        self.commit_locked(&guard).await
+        self.commit_locked(&guard, false).await
     }
 
     /// Waits until no durable mapping of `b` can outlive a crash, if it was unmapped lately:
@@ -989,10 +1018,15 @@ impl Inner {
         }
     }
 
-    async fn commit_locked(&self, _guard: &tokio::sync::MutexGuard<'_, ()>) -> Result<()> {
+    /// A full commit (`full`) also records the clean mappings made since the last one and
+    /// flushes the origin first; a light one flushes the cache device only.
+    async fn commit_locked(&self, _guard: &tokio::sync::MutexGuard<'_, ()>, full: bool) -> Result<()> {
         let (batch, freed) = {
             let mut st = self.state.lock();
             st.stopped()?;
+            if full {
+                st.record_clean();
+            }
             if st.meta.has_changes() {
                 let freed = std::mem::take(&mut st.freed);
                 (Some(st.meta.prepare_commit()), freed)
@@ -1000,7 +1034,13 @@ impl Inner {
                 (None, Vec::new())
             }
         };
-        let (o, c) = tokio::join!(self.origin.flush(), self.cache.flush());
+        let origin_flush = async {
+            match full {
+                true => self.origin.flush().await,
+                false => Ok(()),
+            }
+        };
+        let (o, c) = tokio::join!(origin_flush, self.cache.flush());
         // On failure: the error, and whether the cache device failed (whatever else did).
         let result: std::result::Result<(), (Error, bool)> = async {
             c.map_err(|e| (during(e, "cache flush"), true))?;
@@ -1270,6 +1310,7 @@ impl CacheDev {
                 zeroed: FxHashSet::default(),
                 pending: FxHashMap::default(),
                 durable_changes: 0,
+                unrecorded: Vec::new(),
                 flush_all: false,
                 faults: Vec::new(),
                 failed: None,
