@@ -172,6 +172,8 @@ impl Meta {
         let mut entries = vec![Entry::default(); slots];
         let mut page_copy = vec![0u8; layout.table_pages as usize];
         let mut commit_seq = 0;
+        // Pages with one copy torn or damaged: the first commit rewrites that copy.
+        let mut rewrite = Vec::new();
         for page in 0..layout.table_pages {
             let copy = |c: usize| {
                 let at = (page as usize * 2 + c) * PAGE;
@@ -183,6 +185,7 @@ impl Meta {
                 (Ok(_), Err(p)) | (Err(p), Ok(_)) => {
                     if *p != PageProblem::NeverWritten {
                         findings.repaired.push(format!("table page {page}: one copy unusable ({p:?}); using the other"));
+                        rewrite.push(page);
                     }
                     Some(if a.is_ok() { 0 } else { 1 })
                 }
@@ -217,6 +220,10 @@ impl Meta {
             layout,
             sb,
         };
+        for page in rewrite {
+            meta.dirty_pages[page as usize] = true;
+            meta.dirty_list.push(page);
+        }
         meta.validate_and_resolve(&mut findings);
         Ok((meta, findings))
     }
