@@ -1152,6 +1152,11 @@ impl Inner {
             let results = futures_collect(chunk.iter().map(|&b| self.writeback_one(b))).await;
             done.extend(results.into_iter().flatten());
         }
+        // Under the commit lock, as every flush is: two flushes of one device in flight at
+        // once can split a failure between them (only one sees the error, as with two fsyncs
+        // of one file), and the other would acknowledge what the failure lost. Latched before
+        // the lock is released, so no commit after it acknowledges anything.
+        let commit_guard = self.commit_lock.lock().await;
         let flushed = {
             let _busy = self.meter.start(Kind::Migration);
             self.origin.flush().await
@@ -1160,6 +1165,7 @@ impl Inner {
         if let Err(e) = &flushed {
             st.fail(format!("origin flush after write-back: {e}"), false);
         }
+        drop(commit_guard);
         let mut cleaned = 0;
         for (b, s, generation) in done {
             let current = st.map.get(&b) == Some(&s) && st.write_gen[s as usize] == generation;
