@@ -17,6 +17,7 @@ pub mod twoq;
 /// shared [`Dirty`](crate::dirty::Dirty) tracker. The policy type must provide
 /// `fn resident(&self, block: u64) -> Option<u32>`, `fn block_of(&self, i: u32) -> u64`, a
 /// `dirty: Dirty` field and a `map: BlockMap` field (for [`prefetch`](crate::Policy::prefetch)).
+/// `dirty_methods!(without_prefetch)` leaves `prefetch` to the policy.
 macro_rules! dirty_methods {
     () => {
         #[inline]
@@ -24,6 +25,9 @@ macro_rules! dirty_methods {
             self.map.prefetch(block)
         }
 
+        $crate::policies::dirty_methods!(without_prefetch);
+    };
+    (without_prefetch) => {
         fn contains(&self, block: u64) -> bool {
             self.resident(block).is_some()
         }

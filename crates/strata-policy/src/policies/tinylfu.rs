@@ -544,9 +544,7 @@ impl Policy for TinyLfu {
         self.sketch.prefetch(block);
     }
 
-    fn contains(&self, block: u64) -> bool {
-        self.resident(block).is_some()
-    }
+    super::dirty_methods!(without_prefetch);
 
     #[inline]
     fn access(&mut self, a: Access) -> Outcome {
@@ -593,38 +591,6 @@ impl Policy for TinyLfu {
             self.dirty.set_dirty(i);
         }
         Ok(())
-    }
-
-    fn set_dirty(&mut self, block: u64) -> bool {
-        match self.resident(block) {
-            Some(i) => {
-                self.dirty.set_dirty(i);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn set_clean(&mut self, block: u64) -> bool {
-        match self.resident(block) {
-            Some(i) => {
-                self.dirty.set_clean(i);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn is_dirty(&self, block: u64) -> bool {
-        self.resident(block).is_some_and(|i| self.dirty.is_dirty(i))
-    }
-
-    fn dirty_len(&self) -> usize {
-        self.dirty.count()
-    }
-
-    fn writeback_candidate(&mut self, _now_ns: u64) -> Option<u64> {
-        self.dirty.take().map(|i| self.block_of(i))
     }
 
     /// Coldest to hottest: probation, window, protected, each oldest first. The tag holds
