@@ -411,23 +411,38 @@ impl FileDev {
     }
 }
 
+/// How long a claim waits for a lock whose holder is gone: the kernel drops a killed process's
+/// locks only when its last reference to the file goes, and io_uring lets go of its files a
+/// moment after the process has been reaped.
+const DEAD_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Takes the advisory lock of a claim on `file`: shared when read-only, exclusive otherwise.
+/// Fails at once while a live process holds it; waits up to `DEAD_HOLDER_WAIT` while the lock
+/// has no live holder (a process killed a moment ago).
 fn lock(file: &File, path: &Path, meta: &std::fs::Metadata, read_only: bool) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let op = if read_only { libc::LOCK_SH } else { libc::LOCK_EX };
-    // SAFETY: flock on our own fd.
-    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
-        return Ok(());
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on our own fd.
+        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            // A file system without locks (some FUSE ones) must not make the file unusable.
+            eprintln!("strata: {}: cannot lock it ({e}); nothing stops a second writer", path.display());
+            return Ok(());
+        }
+        let holders = flock_holders(meta.dev(), meta.ino());
+        let live = holders.iter().any(|h| h.pid == 0 || std::path::Path::new(&format!("/proc/{}", h.pid)).exists());
+        if live || start.elapsed() >= DEAD_HOLDER_WAIT {
+            let who = describe_holders(&holders)
+                .unwrap_or_else(|| "in use by another open of it (no holder found in /proc/locks)".to_string());
+            return Err(Error::new(ErrorKind::Busy, format!("cannot claim {}: {who}", path.display())));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        let who = describe_holders(&flock_holders(meta.dev(), meta.ino()))
-            .unwrap_or_else(|| "in use by another open of it (no holder found in /proc/locks)".to_string());
-        return Err(Error::new(ErrorKind::Busy, format!("cannot claim {}: {who}", path.display())));
-    }
-    // A file system without locks (some FUSE ones) must not make the file unusable.
-    eprintln!("strata: {}: cannot lock it ({e}); nothing stops a second writer", path.display());
-    Ok(())
 }
 
 /// A process holding a `flock` on a file, from /proc/locks.
