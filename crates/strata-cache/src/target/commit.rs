@@ -1,0 +1,110 @@
+//! Commits: where mappings, and so dirty blocks in their slots, become durable (origin
+//! flush, cache flush, changed table pages, cache flush), and the superblock write.
+
+use super::{during, futures_join, Inner};
+use crate::meter::Counters;
+use strata_io::{Buf, Error, Result};
+
+impl Inner {
+    /// Makes every completed write durable: origin flush, cache data flush, then the
+    /// changed table pages and another cache flush.
+    pub async fn commit(&self) -> Result<()> {
+        self.state.lock().stopped()?;
+        let guard = self.commit_lock.lock().await;
+        self.commit_locked(&guard, true).await
+    }
+
+    /// Makes table changes up to number `n` durable, sharing a commit with everyone who
+    /// waits for one meanwhile.
+    pub(super) async fn commit_upto(&self, n: u64) -> Result<()> {
+        let done = |me: &Self| {
+            let st = me.state.lock();
+            st.stopped().map(|_| st.durable_changes >= n)
+        };
+        if done(self)? {
+            return Ok(());
+        }
+        let guard = self.commit_lock.lock().await;
+        if done(self)? {
+            return Ok(());
+        }
+        self.commit_locked(&guard, false).await
+    }
+
+    /// Waits until no durable mapping of `b` can outlive a crash, if it was unmapped lately:
+    /// the origin copy of `b` may be written from then on. (A clean mapping that came back
+    /// after a crash would hide the new origin data, and read differently once evicted.)
+    pub(super) async fn settle(&self, b: u64) -> Result<()> {
+        let pending = self.state.lock().pending.get(&b).copied();
+        match pending {
+            Some(n) => self.commit_upto(n).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A full commit (`full`) also records the clean mappings made since the last one and
+    /// flushes the origin first; a light one flushes the cache device only.
+    pub(super) async fn commit_locked(&self, _guard: &tokio::sync::MutexGuard<'_, ()>, full: bool) -> Result<()> {
+        let (batch, freed) = {
+            let mut st = self.state.lock();
+            st.stopped()?;
+            if full {
+                st.record_clean();
+            }
+            if st.meta.has_changes() {
+                let freed = std::mem::take(&mut st.freed);
+                (Some(st.meta.prepare_commit()), freed)
+            } else {
+                (None, Vec::new())
+            }
+        };
+        let origin_flush = async {
+            match full {
+                true => self.origin.flush().await,
+                false => Ok(()),
+            }
+        };
+        let (o, c) = tokio::join!(origin_flush, self.cache.flush());
+        // On failure: the error, and whether the cache device failed (whatever else did).
+        let result: std::result::Result<(), (Error, bool)> = async {
+            c.map_err(|e| (during(e, "cache flush"), true))?;
+            o.map_err(|e| (during(e, "origin flush"), false))?;
+            if let Some(batch) = &batch {
+                let writes = batch.pages.iter().map(|(_, off, _, bytes)| self.cache.write(*off, Buf::from_slice(bytes), false));
+                futures_join(writes).await.map_err(|e| (during(e, "metadata write"), true))?;
+                self.cache.flush().await.map_err(|e| (during(e, "metadata flush"), true))?;
+            }
+            Ok(())
+        }
+        .await;
+        let mut st = self.state.lock();
+        match (&batch, &result) {
+            (Some(b), Ok(())) => {
+                st.meta.commit_done(b);
+                st.free.extend(freed);
+                st.durable_changes = b.upto;
+                st.pending.retain(|_, n| *n > b.upto);
+                Counters::bump(&self.counters.commits);
+            }
+            (Some(b), Err(_)) => {
+                st.meta.commit_failed(b);
+                st.freed.extend(freed);
+            }
+            _ => {}
+        }
+        result.map_err(|(e, cache_device)| {
+            st.fail(format!("{e}"), cache_device);
+            e
+        })
+    }
+
+    pub(super) async fn write_superblock(&self) -> Result<()> {
+        let _g = self.commit_lock.lock().await;
+        let (bytes, at) = {
+            let mut st = self.state.lock();
+            st.meta.sb.seq += 1;
+            (st.meta.sb.encode(), (st.meta.sb.seq % 2) * 4096)
+        };
+        self.cache.write(at, Buf::from_slice(&bytes), true).await.map(|_| ())
+    }
+}

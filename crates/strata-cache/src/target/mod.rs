@@ -1,0 +1,266 @@
+//! The cache target: where a hit is served, a miss promoted, a write absorbed, a dirty block
+//! written back. A read always returns the last completed write, whatever state its block is
+//! in: foreground IO to a block holds its lock shared, a migration of that block holds it
+//! exclusively; a slot leaves the mapping and the policy together, under the state lock, and
+//! is reused only after the commit that records it free and once no IO still reads it.
+//!
+//! By concern: `read` serves hits and promotes misses (with readahead), `write` absorbs
+//! writes and promotes or moves blocks, `discard` drops cached copies before a discard or
+//! write-zeroes reaches the origin, `commit` makes mappings durable, `writeback` copies dirty
+//! blocks to the origin and runs the background controller, `state` keeps the slots' books
+//! under the state lock, `open` recovers a cache and shuts it down, `status` reports and
+//! takes messages.
+
+mod commit;
+mod discard;
+mod open;
+mod read;
+mod state;
+mod status;
+mod write;
+mod writeback;
+
+pub use open::OpenOptions;
+
+use crate::meta::Meta;
+use crate::meter::{Budget, Counters, Kind, OriginMeter, Streams, Windows};
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+use strata_io::{BlockDev, BoxFut, Buf, Error, Extent, Geometry, Result, ZeroFlags};
+use strata_policy::Policy;
+use tokio::sync::{Notify, RwLock};
+
+const SHARDS: usize = 1024;
+
+pub struct State {
+    pub policy: Box<dyn Policy + Send>,
+    pub map: FxHashMap<u64, u32>,
+    pub meta: Meta,
+    /// Slots free on the device (their release is committed).
+    free: Vec<u32>,
+    /// Slots freed in memory, reusable after the next commit.
+    freed: Vec<u32>,
+    /// Per slot: bumped by every write, so a write-back knows whether it is still current.
+    write_gen: Vec<u32>,
+    streams: Streams,
+    /// Origin blocks zeroed whole (by a write-zeroes the origin carried out) since start:
+    /// promoting them needs no copy. A discard does not count: it need not zero anything.
+    zeroed: FxHashSet<u64>,
+    /// Blocks unmapped in memory whose old mapping may still be durable, with the number of
+    /// the table change that unmapped them. Nothing may write such a block on the origin
+    /// until that change is durable: after a crash the old mapping would come back over it
+    /// (see `Inner::settle`).
+    pending: FxHashMap<u64, u64>,
+    /// Table changes up to this number are durable.
+    durable_changes: u64,
+    /// Clean mappings made since the last full commit, not in the table yet: a clean slot
+    /// copies origin data that may not be durable, so each enters the table at a full
+    /// commit, whose origin flush comes first. Every other change depends on the cache
+    /// device alone, so a commit that waits for one needs no origin flush (`commit_upto`).
+    unrecorded: Vec<(u64, u32)>,
+    /// Write back everything dirty (cache flush, detach).
+    flush_all: bool,
+    /// Faults that put the volume in a degraded state.
+    pub faults: Vec<String>,
+    /// Why the volume stopped acknowledging writes: a flush or commit failed, so data it
+    /// covered may be gone from a device however later flushes fare. Latched until restart.
+    failed: Option<String>,
+    /// The failure was the cache device's: a slot written since its last good flush may
+    /// hold older data, another block's, so no read is served from the cache any more.
+    cache_suspect: bool,
+}
+
+pub struct Inner {
+    pub origin: Arc<dyn BlockDev>,
+    pub cache: Arc<dyn BlockDev>,
+    block: u64,
+    data_offset: u64,
+    origin_bytes: u64,
+    pub state: Mutex<State>,
+    shards: Vec<Arc<RwLock<()>>>,
+    refs: Vec<AtomicU32>,
+    commit_lock: tokio::sync::Mutex<()>,
+    pub counters: Counters,
+    windows: Windows,
+    budget: Budget,
+    meter: OriginMeter,
+    wake: Notify,
+    stop: AtomicBool,
+    epoch: Instant,
+    describe: String,
+    share_cap: Mutex<f64>,
+}
+
+/// The cache target as a `BlockDev`. Background tasks (write-back, periodic commit) stop
+/// when it is shut down or dropped.
+pub struct CacheDev {
+    inner: Arc<Inner>,
+}
+
+impl Inner {
+    fn shard(&self, b: u64) -> &Arc<RwLock<()>> {
+        &self.shards[(b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % SHARDS]
+    }
+
+    fn slot_offset(&self, s: u32) -> u64 {
+        self.data_offset + s as u64 * self.block
+    }
+
+    /// Bytes of origin block `b` (the last block may be short).
+    fn block_len(&self, b: u64) -> u64 {
+        self.block.min(self.origin_bytes - b * self.block)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// `[offset, offset+len)` as (block, offset within block, length) pieces.
+    fn pieces(&self, offset: u64, len: u64) -> Vec<(u64, u64, u64)> {
+        let mut v = Vec::with_capacity((len / self.block + 2) as usize);
+        let mut pos = offset;
+        while pos < offset + len {
+            let b = pos / self.block;
+            let within = pos % self.block;
+            let n = (self.block - within).min(offset + len - pos);
+            v.push((b, within, n));
+            pos += n;
+        }
+        v
+    }
+
+    async fn origin_read(&self, offset: u64, buf: Buf, kind: Kind) -> Result<Buf> {
+        let _busy = self.meter.start(kind);
+        self.origin.read(offset, buf).await
+    }
+
+    async fn origin_write(&self, offset: u64, buf: Buf, fua: bool, kind: Kind) -> Result<Buf> {
+        let _busy = self.meter.start(kind);
+        self.origin.write(offset, buf, fua).await
+    }
+}
+
+/// `e`, saying what it happened during.
+fn during(e: Error, what: &str) -> Error {
+    Error::new(e.kind, format!("{what}: {}", e.context))
+}
+
+/// Runs futures concurrently and collects their results in order (first error wins).
+async fn futures_join<T, F>(futs: impl Iterator<Item = F>) -> Result<Vec<T>>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    futures_collect(futs).await.into_iter().collect()
+}
+
+async fn futures_collect<T, F>(futs: impl Iterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T>,
+{
+    futures::future::join_all(futs).await
+}
+
+/// Slots kept out of the policy's reach: a promotion takes a slot whose release is already
+/// durable while the slot it evicted waits for the next commit, so the policy manages all
+/// but a small reserve (1/64 of the slots, 1 to 256).
+pub fn slot_reserve(slots: usize) -> usize {
+    (slots / 64).clamp(1, 256).min(slots.saturating_sub(1))
+}
+
+/// What the policy is given to manage.
+pub fn policy_capacity(slots: usize) -> usize {
+    (slots - slot_reserve(slots)).max(1)
+}
+
+impl BlockDev for CacheDev {
+    fn size(&self) -> u64 {
+        self.inner.origin_bytes
+    }
+
+    fn geometry(&self) -> Geometry {
+        let o = self.inner.origin.geometry();
+        let c = self.inner.cache.geometry();
+        Geometry {
+            min_block_bytes: o.min_block_bytes.max(c.min_block_bytes),
+            preferred_block_bytes: o.preferred_block_bytes.max(c.preferred_block_bytes),
+            rotational: false,
+            can_discard: true,
+            can_fast_zero: o.can_fast_zero,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.inner.read(offset, buf))
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.inner.write(offset, buf, fua))
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.commit())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.discard(offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.write_zeroes(offset, len, flags))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        Box::pin(async move {
+            let any_cached = {
+                let st = self.inner.state.lock();
+                self.inner.pieces(offset, len).iter().any(|(b, _, _)| st.map.contains_key(b))
+            };
+            if any_cached {
+                Ok(vec![Extent::data(len)])
+            } else {
+                self.inner.origin.block_status(offset, len).await
+            }
+        })
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        // A prefetch hint: read the range through the cache so the policy sees it.
+        Box::pin(async move {
+            strata_io::check_range("cache prefetch", offset, len, self.inner.origin_bytes)?;
+            let mut pos = offset;
+            while pos < offset + len {
+                let n = (offset + len - pos).min(4 << 20);
+                self.inner.read(pos, Buf::zeroed(n as usize)).await?;
+                pos += n;
+            }
+            Ok(())
+        })
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        Some(self.inner.status())
+    }
+
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        let msg = msg.to_string();
+        Box::pin(async move { self.inner.message(&msg).await })
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.shutdown())
+    }
+}
+
+impl Drop for CacheDev {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Relaxed);
+        self.inner.wake.notify_waiters();
+    }
+}

@@ -1,0 +1,195 @@
+//! Opening a cache (recovering the mapping, restoring policy hints, starting the background
+//! task), checking its clean blocks against the origin, and the clean shutdown.
+
+use super::writeback::background;
+use super::{policy_capacity, CacheDev, Inner, State, SHARDS};
+use crate::format::Superblock;
+use crate::meta::Meta;
+use crate::meter::{Budget, Counters, OriginMeter, Streams, Windows};
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+use strata_policy::Params;
+use tokio::sync::{Notify, RwLock};
+
+/// The settings a cache is opened with beyond its superblock.
+pub struct OpenOptions {
+    pub seed: u64,
+    /// Most share of origin time migration may take (0..1).
+    pub migration_share_max: f64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { seed: 0, migration_share_max: 0.5 }
+    }
+}
+
+impl CacheDev {
+    /// Opens a formatted cache over `origin`: recovers the mapping (cost: reading the table),
+    /// restores policy hints after a clean shutdown, and starts the background tasks.
+    pub async fn open(
+        cache: Arc<dyn BlockDev>,
+        origin: Arc<dyn BlockDev>,
+        meta: Meta,
+        opts: OpenOptions,
+    ) -> Result<CacheDev> {
+        let sb: Superblock = meta.sb.clone();
+        if origin.size() != sb.origin_bytes {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "origin size changed: the cache was made for {} bytes, {} has {}",
+                    sb.origin_bytes,
+                    origin.describe(),
+                    origin.size()
+                ),
+            ));
+        }
+        let slots = sb.slots as usize;
+        let params = Params { seed: opts.seed, origin_blocks: Some(sb.origin_blocks()), ..Params::default() };
+        let mut policy = strata_policy::build(&sb.policy, policy_capacity(slots), &params)
+            .map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
+        let mut map = FxHashMap::default();
+        let mut free = Vec::new();
+        for (s, e) in meta.entries.iter().enumerate() {
+            if e.valid {
+                map.insert(e.origin_block, s as u32);
+            } else {
+                free.push(s as u32);
+            }
+        }
+        free.reverse(); // hand out low slots first
+        let hints = if sb.clean_shutdown && sb.hints_len > 0 {
+            let b = cache.read(sb.hints_offset, Buf::zeroed(sb.hints_len.div_ceil(4096) as usize * 4096)).await?;
+            let h = b[..sb.hints_len as usize].to_vec();
+            (crc32c::crc32c(&h) == sb.hints_crc).then_some(h)
+        } else {
+            None
+        };
+        if let Some(h) = hints {
+            if policy.load_hints(&h).is_err() {
+                policy = strata_policy::build(&sb.policy, policy_capacity(slots), &params).expect("built above");
+            }
+        }
+        // The mapping is authoritative: reconcile the policy with it.
+        for (&b, &s) in &map {
+            let dirty = meta.entries[s as usize].dirty;
+            if !policy.contains(b) {
+                let _ = policy.insert(b, dirty);
+            }
+            if dirty {
+                policy.set_dirty(b);
+            }
+        }
+        let stale: Vec<u64> = (0..sb.origin_blocks()).filter(|b| policy.contains(*b) && !map.contains_key(b)).collect();
+        for b in stale {
+            policy.remove(b);
+        }
+        let describe = format!("cache ({}, {} blocks of {} KiB, policy {}) of {} on {}", sb.mode.name(), sb.slots, sb.block_bytes >> 10, sb.policy, origin.describe(), cache.describe());
+        let inner = Arc::new(Inner {
+            block: sb.block_bytes as u64,
+            data_offset: sb.data_offset,
+            origin_bytes: sb.origin_bytes,
+            refs: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            shards: (0..SHARDS).map(|_| Arc::new(RwLock::new(()))).collect(),
+            commit_lock: tokio::sync::Mutex::new(()),
+            counters: Counters::default(),
+            windows: Windows::new(),
+            budget: Budget::new(sb.migration_budget_bytes_per_s),
+            meter: OriginMeter::new(),
+            wake: Notify::new(),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            describe,
+            share_cap: Mutex::new(opts.migration_share_max),
+            state: Mutex::new(State {
+                policy,
+                map,
+                write_gen: vec![0; slots],
+                meta,
+                free,
+                freed: Vec::new(),
+                streams: Streams::new(),
+                zeroed: FxHashSet::default(),
+                pending: FxHashMap::default(),
+                durable_changes: 0,
+                unrecorded: Vec::new(),
+                flush_all: false,
+                faults: Vec::new(),
+                failed: None,
+                cache_suspect: false,
+            }),
+            origin,
+            cache,
+        });
+        // From now on a crash is not a clean shutdown: hints must not be trusted.
+        {
+            let mut st = inner.state.lock();
+            st.meta.sb.clean_shutdown = false;
+            st.meta.sb.hints_len = 0;
+        }
+        inner.write_superblock().await?;
+        inner.commit().await?;
+        tokio::spawn(background(Arc::downgrade(&inner)));
+        Ok(CacheDev { inner })
+    }
+
+    pub fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// The origin blocks whose clean cached copy differs from the origin (there should be
+    /// none: a clean slot is a copy of its block, before and after a crash).
+    pub async fn verify_clean(&self) -> Result<Vec<u64>> {
+        let me = &self.inner;
+        let clean: Vec<u64> = {
+            let st = me.state.lock();
+            st.map.iter().filter(|&(_, &s)| !st.meta.entries[s as usize].dirty).map(|(&b, _)| b).collect()
+        };
+        let mut differ = Vec::new();
+        for b in clean {
+            let _g = me.shard(b).clone().read_owned().await;
+            let s = {
+                let st = me.state.lock();
+                match st.map.get(&b) {
+                    Some(&s) if !st.meta.entries[s as usize].dirty => s,
+                    _ => continue,
+                }
+            };
+            let len = me.block_len(b) as usize;
+            let (c, o) = tokio::join!(me.cache.read(me.slot_offset(s), Buf::zeroed(len)), me.origin.read(b * me.block, Buf::zeroed(len)));
+            if c?[..] != o?[..] {
+                differ.push(b);
+            }
+        }
+        differ.sort_unstable();
+        Ok(differ)
+    }
+}
+
+impl Inner {
+    /// Clean shutdown: write back nothing extra, commit, save hints, mark clean.
+    pub(super) async fn shutdown(&self) -> Result<()> {
+        self.stop.store(true, Relaxed);
+        self.wake.notify_waiters();
+        self.commit().await?;
+        let (hints, offset, capacity) = {
+            let st = self.state.lock();
+            (st.policy.save_hints(), st.meta.sb.hints_offset, st.meta.sb.hints_capacity)
+        };
+        if (hints.len() as u64) <= capacity && !hints.is_empty() {
+            let mut b = Buf::zeroed(hints.len().div_ceil(4096) * 4096);
+            b[..hints.len()].copy_from_slice(&hints);
+            self.cache.write(offset, b, true).await?;
+            let mut st = self.state.lock();
+            st.meta.sb.hints_len = hints.len() as u64;
+            st.meta.sb.hints_crc = crc32c::crc32c(&hints);
+        }
+        self.state.lock().meta.sb.clean_shutdown = true;
+        self.write_superblock().await
+    }
+}

@@ -1,0 +1,270 @@
+//! The read path: where a hit is served from its cache slot, a miss read from the origin,
+//! and a miss the policy admits promoted (with its readahead neighbours).
+
+use super::{futures_collect, futures_join, slot_reserve, Inner};
+use crate::format::Mode;
+use crate::meter::{Counters, Kind};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use strata_io::{BoxFut, Buf, Error, ErrorKind, Result};
+use strata_policy::{Access, Op, Outcome};
+use tokio::sync::OwnedRwLockWriteGuard;
+
+enum ReadPlan {
+    Hit(u32),
+    /// The cache device lost writes in a failed flush: its slots are not to be trusted.
+    Refused,
+    Miss,
+    Promote(u32),
+    /// The policy admitted the block but every free slot's release still awaits a commit.
+    NeedSlot,
+}
+
+impl Inner {
+    pub(super) async fn read(self: &Arc<Self>, offset: u64, mut buf: Buf) -> Result<Buf> {
+        strata_io::check_range("cache read", offset, buf.len() as u64, self.origin_bytes)?;
+        let bypass = {
+            let mut st = self.state.lock();
+            let cutoff = st.meta.sb.sequential_cutoff_bytes;
+            st.streams.observe(offset, buf.len() as u64, cutoff)
+        };
+        let pieces = self.pieces(offset, buf.len() as u64);
+        if pieces.len() == 1 {
+            let (b, within, n) = pieces[0];
+            return self.read_piece(b, within, n, bypass).await;
+        }
+        let parts = futures_join(pieces.iter().map(|&(b, w, n)| self.read_piece(b, w, n, bypass))).await?;
+        let mut pos = 0;
+        for p in parts {
+            buf[pos..pos + p.len()].copy_from_slice(&p);
+            pos += p.len();
+        }
+        Ok(buf)
+    }
+
+    fn read_piece(self: &Arc<Self>, b: u64, within: u64, n: u64, bypass: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(async move {
+            let shard = self.shard(b).clone();
+            let guard = shard.clone().read_owned().await;
+            let plan = match self.plan_read(b, within, n, bypass) {
+                ReadPlan::NeedSlot => match self.slot_after_commit(b).await {
+                    Some(s) => ReadPlan::Promote(s),
+                    None => ReadPlan::Miss,
+                },
+                plan => plan,
+            };
+            match plan {
+                ReadPlan::Hit(s) => {
+                    let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(n as usize)).await;
+                    self.refs[s as usize].fetch_sub(1, Relaxed);
+                    match r {
+                        Ok(data) => Ok(data),
+                        Err(e) => {
+                            drop(guard);
+                            if self.cache_read_failed(b, s, e).await? {
+                                // Dropped from the cache: the origin holds the block.
+                                let _g = shard.read_owned().await;
+                                self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await
+                            } else {
+                                self.read_piece(b, within, n, bypass).await
+                            }
+                        }
+                    }
+                }
+                ReadPlan::Miss => self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await,
+                ReadPlan::Promote(s) => {
+                    drop(guard);
+                    let exclusive = shard.write_owned().await;
+                    self.promote_on_read(b, within, n, s, exclusive, bypass).await
+                }
+                ReadPlan::Refused => Err(self.state.lock().stopped().expect_err("refused only once stopped")),
+                ReadPlan::NeedSlot => unreachable!("resolved above"),
+            }
+        })
+    }
+
+    fn plan_read(&self, b: u64, within: u64, n: u64, bypass: bool) -> ReadPlan {
+        let mut st = self.state.lock();
+        let now = self.now_ns();
+        if let Some(&s) = st.map.get(&b) {
+            if st.cache_suspect {
+                return ReadPlan::Refused;
+            }
+            if !bypass {
+                st.policy.access(Access::new(b, Op::Read, within == 0 && n == self.block, now));
+            }
+            self.refs[s as usize].fetch_add(1, Relaxed);
+            Counters::bump(&self.counters.read_hits);
+            return ReadPlan::Hit(s);
+        }
+        Counters::bump(&self.counters.read_misses);
+        if bypass || st.failed.is_some() {
+            Counters::bump(&self.counters.bypassed);
+            return ReadPlan::Miss;
+        }
+        if matches!(st.meta.sb.mode, Mode::Passthrough | Mode::Cleaner) {
+            return ReadPlan::Miss;
+        }
+        match st.policy.access(Access::new(b, Op::Read, within == 0 && n == self.block, now)) {
+            Outcome::Promote { evict } => {
+                if !st.evict(evict, &self.counters) {
+                    st.policy.remove(b);
+                    return ReadPlan::Miss;
+                }
+                if !self.budget.try_take(self.block) {
+                    st.policy.remove(b);
+                    Counters::bump(&self.counters.promotions_skipped);
+                    return ReadPlan::Miss;
+                }
+                match st.reserve(&self.refs) {
+                    Some(s) => ReadPlan::Promote(s),
+                    None => ReadPlan::NeedSlot,
+                }
+            }
+            _ => ReadPlan::Miss,
+        }
+    }
+
+    /// A read miss the policy promotes: read the whole block from the origin once (with
+    /// its readahead neighbours, see `fill_ahead`), answer from it, and fill the cache slots
+    /// in the background while still holding the blocks.
+    async fn promote_on_read(
+        self: &Arc<Self>,
+        b: u64,
+        within: u64,
+        n: u64,
+        s: u32,
+        exclusive: OwnedRwLockWriteGuard<()>,
+        bypass: bool,
+    ) -> Result<Buf> {
+        let still_wanted = {
+            let st = self.state.lock();
+            !st.map.contains_key(&b) && st.policy.contains(b)
+        };
+        if !still_wanted {
+            self.state.lock().free.push(s);
+            drop(exclusive);
+            return self.read_piece(b, within, n, bypass).await;
+        }
+        let known_zero = self.state.lock().zeroed.contains(&b);
+        let mut fills = vec![(b, s, exclusive)];
+        if !known_zero {
+            fills.extend(self.fill_ahead(b));
+        }
+        let first = fills.iter().map(|f| f.0).min().expect("b is there");
+        let end = fills.iter().map(|f| f.0 * self.block + self.block_len(f.0)).max().expect("b is there");
+        let data = if known_zero {
+            Buf::zeroed(self.block_len(b) as usize)
+        } else {
+            match self.origin_read(first * self.block, Buf::zeroed((end - first * self.block) as usize), Kind::Foreground).await {
+                Ok(d) => d,
+                Err(e) => {
+                    let mut st = self.state.lock();
+                    for &(fb, fs, _) in &fills {
+                        st.policy.remove(fb);
+                        st.free.push(fs);
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        let range = |fb: u64| {
+            let at = ((fb - first) * self.block) as usize;
+            at..at + self.block_len(fb) as usize
+        };
+        let at_b = range(b).start;
+        let answer = Buf::from_slice(&data[at_b + within as usize..at_b + (within + n) as usize]);
+        let writes: Vec<(u64, u32, OwnedRwLockWriteGuard<()>, Buf)> = if fills.len() == 1 {
+            let (fb, fs, g) = fills.pop().expect("b is there");
+            vec![(fb, fs, g, data)]
+        } else {
+            fills.into_iter().map(|(fb, fs, g)| (fb, fs, g, Buf::from_slice(&data[range(fb)]))).collect()
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let done = futures_collect(writes.into_iter().map(|(fb, fs, g, d)| {
+                let me = &me;
+                async move { (fb, fs, g, me.cache.write(me.slot_offset(fs), d, false).await) }
+            }))
+            .await;
+            let mut st = me.state.lock();
+            for (fb, fs, guard, r) in done {
+                match r {
+                    Ok(_) if st.policy.contains(fb) && !st.map.contains_key(&fb) => {
+                        st.map_to(fb, fs, false);
+                        Counters::bump(&me.counters.promotions);
+                        if fb != b {
+                            Counters::bump(&me.counters.readahead_blocks);
+                        }
+                        me.counters.migration_bytes.fetch_add(me.block_len(fb), Relaxed);
+                    }
+                    Ok(_) => st.free.push(fs),
+                    Err(e) => {
+                        st.policy.remove(fb);
+                        st.free.push(fs);
+                        st.fault(format!("promotion of block {fb} into slot {fs} failed: {e}"));
+                    }
+                }
+                drop(guard);
+            }
+        });
+        Ok(answer)
+    }
+
+    /// While the cache has unused blocks, a promoted read miss brings its neighbours along:
+    /// the origin read is rounded out to the aligned `readahead` window around the block (as
+    /// bcache's `readahead` does), and each neighbour that is not cached, not being promoted
+    /// and not in use by other IO takes a free slot, within the migration budget. For a disk
+    /// one longer read costs little more than the seek it needed anyway, so an empty cache
+    /// fills at the origin's streaming rate rather than its seek rate. Neighbours never evict
+    /// anything and leave the slot reserve alone: a full cache promotes the missed block only.
+    fn fill_ahead(&self, b: u64) -> Vec<(u64, u32, OwnedRwLockWriteGuard<()>)> {
+        let mut st = self.state.lock();
+        let per = st.meta.sb.readahead_bytes as u64 / self.block;
+        let mut got = Vec::new();
+        if per <= 1 {
+            return got;
+        }
+        let keep_free = slot_reserve(st.meta.slots());
+        let first = b / per * per;
+        for nb in first..(first + per).min(st.meta.sb.origin_blocks()) {
+            if nb == b || st.map.contains_key(&nb) || st.policy.contains(nb) {
+                continue;
+            }
+            if st.policy.len() >= st.policy.capacity() || st.free.len() <= keep_free {
+                break;
+            }
+            // Only a neighbour nobody is using: its shard is taken without waiting.
+            let Ok(guard) = self.shard(nb).clone().try_write_owned() else { continue };
+            if !self.budget.try_take(self.block) {
+                break;
+            }
+            let Some(s) = st.reserve(&self.refs) else { break };
+            if st.policy.insert(nb, false).is_err() {
+                st.free.push(s);
+                break;
+            }
+            got.push((nb, s, guard));
+        }
+        got
+    }
+
+    /// A cached block could not be read from the cache device. A clean one is dropped and
+    /// served from the origin; a dirty one exists nowhere else: report it.
+    /// Returns whether the block was dropped (serve it from the origin) rather than moved
+    /// meanwhile (retry).
+    async fn cache_read_failed(&self, b: u64, s: u32, e: Error) -> Result<bool> {
+        Counters::bump(&self.counters.cache_read_errors);
+        let mut st = self.state.lock();
+        if st.map.get(&b) != Some(&s) {
+            return Ok(false);
+        }
+        if st.meta.entries[s as usize].dirty {
+            st.fault(format!("dirty block {b} unreadable in cache slot {s}: {e}"));
+            return Err(Error::new(ErrorKind::Io, format!("cache block {b} (dirty, slot {s}) unreadable: {e}")));
+        }
+        st.policy.remove(b);
+        st.demote(b, &self.counters);
+        Ok(true)
+    }
+}

@@ -1,0 +1,127 @@
+//! What the target reports (`status`) and the messages it takes (mode, policy, tunables,
+//! flush, invalidate, detach).
+
+use super::{policy_capacity, Inner};
+use crate::format::Mode;
+use crate::meter::{Kind, Windows};
+use std::time::Duration;
+use strata_io::{Error, ErrorKind, Result};
+use strata_policy::Params;
+
+impl Inner {
+    pub(super) fn status(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed as R;
+        let c = &self.counters;
+        let st = self.state.lock();
+        let sb = &st.meta.sb;
+        let up = self.epoch.elapsed().as_secs_f64().max(1e-9);
+        serde_json::json!({
+            "mode": sb.mode.name(),
+            "policy": sb.policy,
+            "block_size": sb.block_bytes,
+            "read_hits": c.read_hits.load(R),
+            "read_misses": c.read_misses.load(R),
+            "write_hits": c.write_hits.load(R),
+            "write_misses": c.write_misses.load(R),
+            "promotions": c.promotions.load(R),
+            "demotions": c.demotions.load(R),
+            "writebacks": c.writebacks.load(R),
+            "dirty_blocks": st.policy.dirty_len(),
+            "cached_blocks": st.map.len(),
+            "cache_blocks": sb.slots,
+            "free_blocks": st.free.len() + st.freed.len(),
+            "migration_bytes": c.migration_bytes.load(R),
+            "migration_budget_bytes_per_s": self.budget.rate(),
+            "sequential_cutoff_bytes": sb.sequential_cutoff_bytes,
+            "writeback_percent": sb.writeback_percent,
+            "readahead_bytes": sb.readahead_bytes,
+            "readahead_blocks": c.readahead_blocks.load(R),
+            "bypassed": c.bypassed.load(R),
+            "promotions_skipped": c.promotions_skipped.load(R),
+            "commits": c.commits.load(R),
+            "hit_ratio_10s": self.windows.ratio(c, Duration::from_secs(10)),
+            "hit_ratio_1m": self.windows.ratio(c, Duration::from_secs(60)),
+            "hit_ratio_1h": self.windows.ratio(c, Duration::from_secs(3600)),
+            "hit_ratio_total": Windows::total(c),
+            "origin_busy_foreground_s": self.meter.busy(Kind::Foreground).as_secs_f64(),
+            "origin_busy_migration_s": self.meter.busy(Kind::Migration).as_secs_f64(),
+            "origin_busy_share": (self.meter.busy(Kind::Foreground) + self.meter.busy(Kind::Migration)).as_secs_f64() / up,
+            "flushing": st.flush_all,
+            "faults": st.faults.iter().rev().take(8).cloned().collect::<Vec<_>>(),
+            "degraded": !st.faults.is_empty(),
+            "stopped": st.failed,
+        })
+    }
+
+    pub(super) async fn message(&self, msg: &str) -> Result<String> {
+        let invalid = |m: String| Error::new(ErrorKind::Invalid, m);
+        let (key, value) = msg.split_once([' ', '=']).map(|(k, v)| (k.trim(), v.trim())).unwrap_or((msg.trim(), ""));
+        let answer = {
+            let mut st = self.state.lock();
+            st.stopped()?;
+            match key {
+                "mode" => {
+                    let m: Mode = value.parse().map_err(invalid)?;
+                    st.meta.sb.mode = m;
+                    format!("mode {}", m.name())
+                }
+                "policy" => {
+                    let params = Params { origin_blocks: Some(st.meta.sb.origin_blocks()), ..Params::default() };
+                    let mut p = strata_policy::build(value, policy_capacity(st.meta.slots()), &params)
+                        .map_err(|e| invalid(e.to_string()))?;
+                    let st = &mut *st;
+                    for (&b, &s) in &st.map {
+                        let _ = p.insert(b, st.meta.entries[s as usize].dirty);
+                    }
+                    st.policy = p;
+                    st.meta.sb.policy = value.to_string();
+                    format!("policy {value}")
+                }
+                "migration_budget" | "migration-budget" => {
+                    let r = strata_io::units::parse_rate(value).map_err(invalid)?;
+                    st.meta.sb.migration_budget_bytes_per_s = r;
+                    self.budget.set_rate(r);
+                    format!("migration budget {r} bytes/s")
+                }
+                "sequential_cutoff" | "sequential-cutoff" => {
+                    let c = strata_io::units::parse_size(value).map_err(invalid)?;
+                    st.meta.sb.sequential_cutoff_bytes = c;
+                    format!("sequential cutoff {c} bytes")
+                }
+                "readahead" => {
+                    let r = strata_io::units::parse_size(value).map_err(invalid)?;
+                    crate::admin::check_readahead(r)?;
+                    st.meta.sb.readahead_bytes = r as u32;
+                    format!("readahead {r} bytes")
+                }
+                "writeback_percent" | "writeback-percent" => {
+                    let p: u32 = value.parse().ok().filter(|p| *p <= 100).ok_or_else(|| invalid(format!("bad percent {value:?}")))?;
+                    st.meta.sb.writeback_percent = p;
+                    format!("writeback percent {p}")
+                }
+                "flush" => {
+                    st.flush_all = true;
+                    self.wake.notify_one();
+                    return Ok(format!("writing back {} dirty blocks", st.policy.dirty_len()));
+                }
+                "invalidate" => {
+                    let n = st.invalidate_clean(&self.counters);
+                    return Ok(format!("dropped {n} clean blocks"));
+                }
+                "detach" => {
+                    st.meta.sb.mode = Mode::Cleaner;
+                    st.flush_all = true;
+                    self.wake.notify_one();
+                    format!("cleaner mode: writing back {} dirty blocks", st.policy.dirty_len())
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown message {key:?} (mode, policy, migration_budget, sequential_cutoff, readahead, writeback_percent, flush, invalidate, detach)"
+                    )))
+                }
+            }
+        };
+        self.write_superblock().await?;
+        Ok(answer)
+    }
+}

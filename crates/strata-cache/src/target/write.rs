@@ -1,0 +1,343 @@
+//! The write path: where a write is absorbed by the cache, passed to the origin, or both,
+//! where a write miss is promoted, and where a written clean block moves to a new slot.
+
+use super::{futures_join, Inner};
+use crate::format::Mode;
+use crate::meter::{Counters, Kind};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use strata_io::{BoxFut, Buf, Error, ErrorKind, Result};
+use strata_policy::{Access, Op, Outcome};
+use tokio::sync::OwnedRwLockWriteGuard;
+
+enum WritePlan {
+    /// Write a dirty block's slot in place (no durable clean mapping names that slot).
+    Cache(u32),
+    /// Writethrough of a dirty block: the origin and its slot.
+    Both(u32),
+    Origin,
+    /// Promote by writing the whole block into a new slot.
+    Promote(u32),
+    /// A clean cached block is written: it moves to a new slot (see `Inner::replace`).
+    Replace(u32),
+    /// As `ReadPlan::NeedSlot`.
+    NeedSlot,
+}
+
+impl Inner {
+    pub(super) async fn write(self: &Arc<Self>, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        strata_io::check_range("cache write", offset, buf.len() as u64, self.origin_bytes)
+            .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
+        let bypass = {
+            let mut st = self.state.lock();
+            st.stopped()?;
+            let cutoff = st.meta.sb.sequential_cutoff_bytes;
+            st.streams.observe(offset, buf.len() as u64, cutoff)
+        };
+        let pieces = self.pieces(offset, buf.len() as u64);
+        let needs = futures_join(pieces.iter().map(|&(b, within, n)| {
+            let start = (b * self.block + within - offset) as usize;
+            let data = Buf::from_slice(&buf[start..start + n as usize]);
+            self.write_piece(b, within, data, fua, bypass)
+        }))
+        .await?;
+        // A FUA write is durable only together with the mapping that finds its data.
+        if let Some(n) = needs.into_iter().flatten().max() {
+            self.commit_upto(n).await?;
+        }
+        Ok(buf)
+    }
+
+    /// Writes one piece. With `fua`, returns the table change that must be durable before
+    /// the write is acknowledged (the mapping of the slot that holds its data), if any.
+    pub(super) fn write_piece(self: &Arc<Self>, b: u64, within: u64, data: Buf, fua: bool, bypass: bool) -> BoxFut<'_, Result<Option<u64>>> {
+        Box::pin(async move {
+            let shard = self.shard(b).clone();
+            let guard = shard.clone().read_owned().await;
+            let n = data.len() as u64;
+            let plan = match self.plan_write(b, within, n, bypass) {
+                WritePlan::NeedSlot => match self.slot_after_commit(b).await {
+                    Some(s) => WritePlan::Promote(s),
+                    None => WritePlan::Origin,
+                },
+                plan => plan,
+            };
+            let slot_change = |s: u32| fua.then(|| self.state.lock().meta.slot_changed(s));
+            match plan {
+                WritePlan::Cache(s) => {
+                    let r = self.cache.write(self.slot_offset(s) + within, data, fua).await;
+                    self.refs[s as usize].fetch_sub(1, Relaxed);
+                    r?;
+                    Ok(slot_change(s))
+                }
+                WritePlan::Both(s) => {
+                    // The slot stays the block's current copy: with FUA it must be durable too.
+                    let copy = Buf::from_slice(&data);
+                    let (a, c) = tokio::join!(
+                        self.write_origin(b, within, data, fua),
+                        self.cache.write(self.slot_offset(s) + within, copy, fua)
+                    );
+                    self.refs[s as usize].fetch_sub(1, Relaxed);
+                    a?;
+                    c?;
+                    Ok(slot_change(s))
+                }
+                WritePlan::Origin => self.write_origin(b, within, data, fua).await.map(|_| None),
+                WritePlan::NeedSlot => unreachable!("resolved above"),
+                WritePlan::Replace(old) => {
+                    drop(guard);
+                    let exclusive = shard.write_owned().await;
+                    self.replace(b, within, data, fua, bypass, old, exclusive).await
+                }
+                WritePlan::Promote(s) => {
+                    drop(guard);
+                    let _exclusive = shard.write_owned().await;
+                    let (ok, writeback) = {
+                        let st = self.state.lock();
+                        (!st.map.contains_key(&b) && st.policy.contains(b), st.meta.sb.mode == Mode::Writeback)
+                    };
+                    if !ok {
+                        self.state.lock().free.push(s);
+                        drop(_exclusive);
+                        return self.write_piece(b, within, data, fua, bypass).await;
+                    }
+                    // A partial write fills the rest of the block from the origin first (one
+                    // read, as a read-miss promotion costs), so the slot holds the whole block.
+                    let len = self.block_len(b);
+                    let (block_data, partial) = if within == 0 && n == len {
+                        (data, None)
+                    } else {
+                        let known_zero = self.state.lock().zeroed.contains(&b);
+                        let read = if known_zero {
+                            Ok(Buf::zeroed(len as usize))
+                        } else {
+                            self.origin_read(b * self.block, Buf::zeroed(len as usize), Kind::Foreground).await
+                        };
+                        let mut full = match read {
+                            Ok(full) => full,
+                            Err(e) => {
+                                let mut st = self.state.lock();
+                                st.policy.remove(b);
+                                st.free.push(s);
+                                return Err(e);
+                            }
+                        };
+                        full[within as usize..(within + n) as usize].copy_from_slice(&data);
+                        (full, Some(data))
+                    };
+                    // Writeback keeps the data (to fall back on); writethrough has it in the origin.
+                    let r: Result<Option<Buf>> = if writeback {
+                        self.cache.write(self.slot_offset(s), block_data, fua).await.map(Some)
+                    } else {
+                        let (to_origin, at) = match partial {
+                            Some(d) => (d, within),
+                            None => (Buf::from_slice(&block_data), 0),
+                        };
+                        let (a, c) = tokio::join!(
+                            self.write_origin(b, at, to_origin, fua),
+                            self.cache.write(self.slot_offset(s), block_data, false)
+                        );
+                        a.and(c).map(|_| None)
+                    };
+                    let homeless = {
+                        let mut st = self.state.lock();
+                        match r {
+                            Ok(_) if st.policy.contains(b) => {
+                                st.map_to(b, s, writeback);
+                                if writeback {
+                                    st.policy.set_dirty(b);
+                                }
+                                st.zeroed.remove(&b);
+                                Counters::bump(&self.counters.promotions);
+                                return Ok((writeback && fua).then(|| st.meta.changes()));
+                            }
+                            // The policy dropped the block while its data was on the way (it
+                            // was chosen as another promotion's victim): the slot goes back,
+                            // and data that lives only there goes to the origin instead.
+                            Ok(Some(data)) => {
+                                st.free.push(s);
+                                data
+                            }
+                            Ok(None) => {
+                                st.free.push(s);
+                                return Ok(None);
+                            }
+                            Err(e) => {
+                                st.policy.remove(b);
+                                st.free.push(s);
+                                return Err(e);
+                            }
+                        }
+                    };
+                    // `homeless` is the whole block (merged if the write was partial).
+                    self.write_origin(b, 0, homeless, fua).await.map(|_| None)
+                }
+            }
+        })
+    }
+
+    /// A write to clean cached block `b` in slot `old`. A clean slot is never overwritten in
+    /// place: its mapping may be durable, and after a crash a clean slot that differs from
+    /// the origin reads one way until it is evicted and another way after. So the block
+    /// moves to a new slot with the write merged in. In writeback the new slot is dirty; in
+    /// writethrough the old mapping's removal is made durable first, then the origin and the
+    /// new slot are written, and the new slot is mapped clean once both hold the data.
+    #[allow(clippy::too_many_arguments)]
+    async fn replace(
+        self: &Arc<Self>,
+        b: u64,
+        within: u64,
+        data: Buf,
+        fua: bool,
+        bypass: bool,
+        old: u32,
+        exclusive: OwnedRwLockWriteGuard<()>,
+    ) -> Result<Option<u64>> {
+        let release_old = || self.refs[old as usize].fetch_sub(1, Relaxed);
+        let (current, writeback) = {
+            let st = self.state.lock();
+            (st.map.get(&b) == Some(&old) && !st.meta.entries[old as usize].dirty, st.meta.sb.mode == Mode::Writeback)
+        };
+        let new = match current {
+            true => self.free_slot().await,
+            false => None,
+        };
+        let Some(new) = new else {
+            release_old();
+            if current {
+                // No slot to move to: drop the cached copy and write the origin only.
+                let mut st = self.state.lock();
+                if st.map.get(&b) == Some(&old) {
+                    st.policy.remove(b);
+                    st.demote(b, &self.counters);
+                }
+            }
+            drop(exclusive);
+            return self.write_piece(b, within, data, fua, bypass).await;
+        };
+        let len = self.block_len(b);
+        let n = data.len() as u64;
+        let block_data = if within == 0 && n == len {
+            Buf::from_slice(&data)
+        } else {
+            let mut full = match self.cache.read(self.slot_offset(old), Buf::zeroed(len as usize)).await {
+                Ok(d) => Ok(d),
+                Err(_) => {
+                    // A clean block: the origin holds the same data.
+                    Counters::bump(&self.counters.cache_read_errors);
+                    self.origin_read(b * self.block, Buf::zeroed(len as usize), Kind::Foreground).await
+                }
+            };
+            if let Ok(full) = &mut full {
+                full[within as usize..(within + n) as usize].copy_from_slice(&data);
+            }
+            full.inspect_err(|_| {
+                release_old();
+                self.state.lock().free.push(new);
+            })?
+        };
+        release_old();
+        if writeback {
+            let r = self.cache.write(self.slot_offset(new), block_data, fua).await;
+            let homeless = {
+                let mut st = self.state.lock();
+                match r {
+                    Err(e) => {
+                        st.free.push(new);
+                        return Err(e);
+                    }
+                    Ok(d) if st.map.get(&b) != Some(&old) => {
+                        // Evicted or invalidated meanwhile: the data lives only in `new`.
+                        st.free.push(new);
+                        d
+                    }
+                    Ok(_) => {
+                        st.unmap(b);
+                        st.map_to(b, new, true);
+                        st.policy.set_dirty(b);
+                        return Ok(fua.then(|| st.meta.changes()));
+                    }
+                }
+            };
+            return self.write_origin(b, 0, homeless, fua).await.map(|_| None);
+        }
+        self.state.lock().unmap(b);
+        let (a, c) = tokio::join!(
+            self.write_origin(b, within, data, fua),
+            self.cache.write(self.slot_offset(new), block_data, false)
+        );
+        let mut st = self.state.lock();
+        let keep = a.is_ok() && c.is_ok() && st.policy.contains(b) && !st.map.contains_key(&b);
+        if keep {
+            st.map_to(b, new, false);
+        } else {
+            st.free.push(new);
+            if !st.map.contains_key(&b) {
+                st.policy.remove(b);
+            }
+        }
+        a.map(|_| None)
+    }
+
+    /// Writes part of block `b` on the origin, once no mapping of `b` that was removed in
+    /// memory can come back over it after a crash (see `settle`).
+    async fn write_origin(&self, b: u64, within: u64, data: Buf, fua: bool) -> Result<Buf> {
+        self.settle(b).await?;
+        self.origin_write(b * self.block + within, data, fua, Kind::Foreground).await
+    }
+
+    fn plan_write(&self, b: u64, within: u64, n: u64, bypass: bool) -> WritePlan {
+        let mut st = self.state.lock();
+        let now = self.now_ns();
+        let full = within == 0 && n == self.block_len(b);
+        let mode = st.meta.sb.mode;
+        st.zeroed.remove(&b);
+        if let Some(&s) = st.map.get(&b) {
+            Counters::bump(&self.counters.write_hits);
+            let dirty = st.meta.entries[s as usize].dirty;
+            if !bypass {
+                st.policy.access(Access::new(b, Op::Write, full, now));
+            }
+            let plan = match (mode, dirty) {
+                // A dirty block's newest data is in its slot: keep writing it there.
+                (Mode::Writethrough, true) => WritePlan::Both(s),
+                (_, true) => WritePlan::Cache(s),
+                (Mode::Writeback | Mode::Writethrough, false) => WritePlan::Replace(s),
+                (Mode::Writearound | Mode::Passthrough | Mode::Cleaner, false) => {
+                    st.policy.remove(b);
+                    st.demote(b, &self.counters);
+                    return WritePlan::Origin;
+                }
+            };
+            if dirty {
+                st.write_gen[s as usize] = st.write_gen[s as usize].wrapping_add(1);
+            }
+            self.refs[s as usize].fetch_add(1, Relaxed);
+            return plan;
+        }
+        Counters::bump(&self.counters.write_misses);
+        if bypass {
+            Counters::bump(&self.counters.bypassed);
+            return WritePlan::Origin;
+        }
+        if !matches!(mode, Mode::Writeback | Mode::Writethrough) {
+            return WritePlan::Origin;
+        }
+        match st.policy.access(Access::new(b, Op::Write, full, now)) {
+            Outcome::Promote { evict } => {
+                let evicted = st.evict(evict, &self.counters);
+                // Whole-block writes are cached without reading the origin; a partial one
+                // reads the rest of its block first (see the promotion in `write_piece`).
+                if !(evicted && self.budget.try_take(self.block)) {
+                    st.policy.remove(b);
+                    return WritePlan::Origin;
+                }
+                match st.reserve(&self.refs) {
+                    Some(s) => WritePlan::Promote(s),
+                    None => WritePlan::NeedSlot,
+                }
+            }
+            _ => WritePlan::Origin,
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Write-back: copying dirty blocks to the origin (one block, a batch with one origin flush)
+//! and the background task that paces it (bcache's controller), commits periodically and
+//! keeps the windowed statistics.
+
+use super::{futures_collect, slot_reserve, Inner};
+use crate::format::Mode;
+use crate::meter::{Counters, Kind};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+use strata_io::Buf;
+
+/// Most blocks one write-back batch takes (one origin flush per batch).
+const WRITEBACK_BATCH_MAX: usize = 256;
+/// Write-backs in flight at once.
+const WRITEBACK_DEPTH: usize = 8;
+/// How often the background task looks at the dirty count and the clock.
+const TICK: Duration = Duration::from_millis(100);
+/// Periodic commit, like dm-thin's: mappings never lag the data by more than this.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Below this foreground share of origin time the origin counts as idle.
+const IDLE_SHARE: f64 = 0.05;
+
+impl Inner {
+    /// Writes back one dirty block; returns what to mark clean once the origin is flushed.
+    async fn writeback_one(&self, b: u64) -> Option<(u64, u32, u32)> {
+        let exclusive = self.shard(b).clone().write_owned().await;
+        let (s, generation) = {
+            let mut st = self.state.lock();
+            let s = *st.map.get(&b)?;
+            if !st.meta.entries[s as usize].dirty {
+                st.policy.set_clean(b);
+                return None;
+            }
+            (s, st.write_gen[s as usize])
+        };
+        self.refs[s as usize].fetch_add(1, Relaxed);
+        let len = self.block_len(b);
+        let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await;
+        self.refs[s as usize].fetch_sub(1, Relaxed);
+        {
+            let mut st = self.state.lock();
+            if st.cache_suspect {
+                // The cache device lost writes in a failed flush: the slot may hold older
+                // data, another block's; copying it to the origin would make that permanent.
+                st.policy.set_dirty(b);
+                return None;
+            }
+        }
+        let data = match data {
+            Ok(d) => d,
+            Err(e) => {
+                let mut st = self.state.lock();
+                st.fault(format!("write-back of block {b}: cache slot {s} unreadable: {e}"));
+                st.policy.set_dirty(b);
+                return None;
+            }
+        };
+        // The block stays locked until the origin has the data, so a later write, discard or
+        // write-zeroes of it can never be overtaken by this older copy.
+        let written = match self.settle(b).await {
+            Ok(()) => self.origin_write(b * self.block, data, false, Kind::Migration).await,
+            Err(e) => Err(e),
+        };
+        drop(exclusive);
+        match written {
+            Ok(_) => {
+                self.counters.migration_bytes.fetch_add(len, Relaxed);
+                Some((b, s, generation))
+            }
+            Err(e) => {
+                let mut st = self.state.lock();
+                st.fault(format!("write-back of block {b} to the origin failed: {e}"));
+                st.policy.set_dirty(b);
+                None
+            }
+        }
+    }
+
+    /// Writes back up to `max` dirty blocks, then flushes the origin and marks them clean.
+    async fn writeback_batch(&self, max: usize) -> usize {
+        let mut picked = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let now = self.now_ns();
+            while picked.len() < max {
+                match st.policy.writeback_candidate(now) {
+                    Some(b) => picked.push(b),
+                    None => break,
+                }
+            }
+        }
+        if picked.is_empty() {
+            return 0;
+        }
+        let mut done = Vec::new();
+        for chunk in picked.chunks(WRITEBACK_DEPTH) {
+            let results = futures_collect(chunk.iter().map(|&b| self.writeback_one(b))).await;
+            done.extend(results.into_iter().flatten());
+        }
+        // Under the commit lock, as every flush is: two flushes of one device in flight at
+        // once can split a failure between them (only one sees the error, as with two fsyncs
+        // of one file), and the other would acknowledge what the failure lost. Latched before
+        // the lock is released, so no commit after it acknowledges anything.
+        let commit_guard = self.commit_lock.lock().await;
+        let flushed = {
+            let _busy = self.meter.start(Kind::Migration);
+            self.origin.flush().await
+        };
+        let mut st = self.state.lock();
+        if let Err(e) = &flushed {
+            st.fail(format!("origin flush after write-back: {e}"), false);
+        }
+        drop(commit_guard);
+        let mut cleaned = 0;
+        for (b, s, generation) in done {
+            let current = st.map.get(&b) == Some(&s) && st.write_gen[s as usize] == generation;
+            if flushed.is_ok() && current {
+                st.meta.set_dirty(s, false);
+                st.policy.set_clean(b);
+                Counters::bump(&self.counters.writebacks);
+                cleaned += 1;
+            } else if st.map.get(&b) == Some(&s) {
+                st.policy.set_dirty(b); // written again meanwhile: offer it again later
+            }
+        }
+        cleaned
+    }
+}
+
+/// The background task: periodic commits, windowed statistics, and paced write-back.
+pub(super) async fn background(weak: std::sync::Weak<Inner>) {
+    let mut last_commit = Instant::now();
+    let mut integral = 0.0f64;
+    let mut last_busy = (Duration::ZERO, Duration::ZERO, Instant::now());
+    let mut credit = 0.0f64;
+    loop {
+        let Some(me) = weak.upgrade() else { return };
+        if me.stop.load(Relaxed) {
+            return;
+        }
+        let woken = tokio::time::timeout(TICK, me.wake.notified()).await.is_ok();
+        if me.stop.load(Relaxed) {
+            return;
+        }
+        me.windows.tick(&me.counters);
+        if me.state.lock().failed.is_some() {
+            continue;
+        }
+        let need_slots = {
+            let st = me.state.lock();
+            !st.freed.is_empty() && st.free.len() <= slot_reserve(st.meta.slots()) / 2
+        };
+        if (need_slots || last_commit.elapsed() >= COMMIT_INTERVAL || woken)
+            && me.commit().await.is_ok() {
+                last_commit = Instant::now();
+            }
+        // Origin time used since the last tick, by foreground and by migration.
+        let (fg, mg) = (me.meter.busy(Kind::Foreground), me.meter.busy(Kind::Migration));
+        let dt = last_busy.2.elapsed().as_secs_f64().max(1e-3);
+        let fg_share = (fg - last_busy.0).as_secs_f64() / dt;
+        let mg_share = (mg - last_busy.1).as_secs_f64() / dt;
+        last_busy = (fg, mg, Instant::now());
+
+        let (dirty, target, flush_all) = {
+            let st = me.state.lock();
+            let slots = st.meta.slots() as f64;
+            let target = if st.meta.sb.mode == Mode::Writeback && !st.flush_all {
+                slots * st.meta.sb.writeback_percent as f64 / 100.0
+            } else {
+                0.0
+            };
+            (st.policy.dirty_len() as f64, target, st.flush_all)
+        };
+        if dirty == 0.0 {
+            if flush_all {
+                me.state.lock().flush_all = false;
+            }
+            integral = 0.0;
+            credit = 0.0;
+            continue;
+        }
+        // bcache's controller, in blocks per second: proportional to how far above target
+        // the dirty count is, plus an integral term; flat out when the origin is idle or a
+        // flush was asked for.
+        let error = dirty - target;
+        let idle = fg_share < IDLE_SHARE;
+        let budget_blocks = match me.budget.rate() {
+            0 => f64::INFINITY,
+            r => r as f64 / me.block as f64,
+        };
+        let rate = if flush_all || idle {
+            budget_blocks
+        } else if error > 0.0 {
+            integral = (integral + error * dt / 10_000.0).max(0.0);
+            (error / 40.0 + integral).max(1.0).min(budget_blocks)
+        } else {
+            integral = 0.0;
+            0.0
+        };
+        // Migration's own share of origin time stays under the cap unless flushing.
+        let cap = *me.share_cap.lock();
+        if mg_share > cap && !flush_all && !idle {
+            continue;
+        }
+        // At most one second of credit, and at most one batch per tick.
+        credit = (credit + rate * dt).min(rate.max(1.0)).min(WRITEBACK_BATCH_MAX as f64);
+        let n = credit.floor() as usize;
+        if n == 0 {
+            continue;
+        }
+        let mut allowed = 0;
+        while allowed < n && me.budget.try_take(me.block) {
+            allowed += 1;
+        }
+        if allowed == 0 {
+            continue;
+        }
+        credit -= allowed as f64;
+        me.writeback_batch(allowed).await;
+    }
+}
