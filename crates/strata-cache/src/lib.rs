@@ -1,7 +1,8 @@
 //! strata-cache: a fast device caching a slow origin, doing what lvmcache (dm-cache with
 //! smq) and bcache do. `format` is the on-disk layout, `meta` the mapping table and its
-//! commits and recovery, `target` the IO paths and background migration, `meter` the
-//! counters, budget and origin accounting, `admin` creation, checking and dumping.
+//! commits and recovery, `target` the IO paths and background migration (one file per
+//! concern), `meter` the counters, budget and origin accounting, `streams` the sequential
+//! detector, `admin` creation, checking and dumping.
 //!
 //! What it must never do: acknowledge a FLUSH or FUA write before the data and the mapping
 //! that finds it are durable; reuse a cache slot before its release is durable; evict a
@@ -11,6 +12,7 @@ pub mod admin;
 pub mod format;
 pub mod meta;
 pub mod meter;
+pub mod streams;
 pub mod target;
 
 pub use format::Mode;

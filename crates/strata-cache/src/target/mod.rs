@@ -23,7 +23,8 @@ mod writeback;
 pub use open::OpenOptions;
 
 use crate::meta::Meta;
-use crate::meter::{Budget, Counters, Kind, OriginMeter, Streams, Windows};
+use crate::meter::{Budget, Counters, Kind, OriginMeter, Windows};
+use crate::streams::Streams;
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
