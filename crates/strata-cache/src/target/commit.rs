@@ -8,7 +8,7 @@ use strata_io::{Buf, Error, Result};
 impl Inner {
     /// Makes every completed write durable: origin flush, cache data flush, then the
     /// changed table pages and another cache flush.
-    pub async fn commit(&self) -> Result<()> {
+    pub(super) async fn commit(&self) -> Result<()> {
         self.state.lock().stopped()?;
         let guard = self.commit_lock.lock().await;
         self.commit_locked(&guard, true).await

@@ -36,10 +36,10 @@ use tokio::sync::{Notify, RwLock};
 
 const SHARDS: usize = 1024;
 
-pub struct State {
-    pub policy: Box<dyn Policy + Send>,
-    pub map: FxHashMap<u64, u32>,
-    pub meta: Meta,
+struct State {
+    policy: Box<dyn Policy + Send>,
+    map: FxHashMap<u64, u32>,
+    meta: Meta,
     /// Slots free on the device (their release is committed).
     free: Vec<u32>,
     /// Slots freed in memory, reusable after the next commit.
@@ -65,7 +65,7 @@ pub struct State {
     /// Write back everything dirty (cache flush, detach).
     flush_all: bool,
     /// Faults that put the volume in a degraded state.
-    pub faults: Vec<String>,
+    faults: Vec<String>,
     /// Why the volume stopped acknowledging writes: a flush or commit failed, so data it
     /// covered may be gone from a device however later flushes fare. Latched until restart.
     failed: Option<String>,
@@ -74,17 +74,17 @@ pub struct State {
     cache_suspect: bool,
 }
 
-pub struct Inner {
-    pub origin: Arc<dyn BlockDev>,
-    pub cache: Arc<dyn BlockDev>,
+struct Inner {
+    origin: Arc<dyn BlockDev>,
+    cache: Arc<dyn BlockDev>,
     block: u64,
     data_offset: u64,
     origin_bytes: u64,
-    pub state: Mutex<State>,
+    state: Mutex<State>,
     shards: Vec<Arc<RwLock<()>>>,
     refs: Vec<AtomicU32>,
     commit_lock: tokio::sync::Mutex<()>,
-    pub counters: Counters,
+    counters: Counters,
     windows: Windows,
     budget: Budget,
     meter: OriginMeter,

@@ -139,10 +139,6 @@ impl CacheDev {
         Ok(CacheDev { inner })
     }
 
-    pub fn inner(&self) -> &Arc<Inner> {
-        &self.inner
-    }
-
     /// The origin blocks whose clean cached copy differs from the origin (there should be
     /// none: a clean slot is a copy of its block, before and after a crash).
     pub async fn verify_clean(&self) -> Result<Vec<u64>> {
