@@ -17,6 +17,10 @@
 //! - The data slots, each one cache block, from `data_offset` (1 MiB aligned).
 
 pub const PAGE: usize = 4096;
+/// Superblock copies, one page each, at the start of the device; written in turn.
+pub const SB_COPIES: usize = 2;
+/// Copies of each table page, side by side; written in turn.
+pub const PAGE_COPIES: usize = 2;
 pub const SB_MAGIC: &[u8; 8] = b"STRATAC1";
 pub const SB_VERSION: u32 = 1;
 pub const PAGE_MAGIC: u32 = 0x5354_5047; // "STPG"
@@ -238,6 +242,17 @@ impl Superblock {
     pub fn origin_blocks(&self) -> u64 {
         self.origin_bytes.div_ceil(self.block_bytes as u64)
     }
+
+    /// Where this superblock goes: the copy its sequence picks, never the one holding the
+    /// previous sequence, so a torn write leaves that one intact.
+    pub fn offset(&self) -> u64 {
+        (self.seq % SB_COPIES as u64) * PAGE as u64
+    }
+}
+
+/// `bytes` rounded up to whole pages (the hints are written and read in pages).
+pub fn page_round_up(bytes: u64) -> u64 {
+    bytes.div_ceil(PAGE as u64) * PAGE as u64
 }
 
 /// Where everything lives for a cache of `slots` blocks of `block_bytes`.
@@ -253,11 +268,11 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(slots: u64, block_bytes: u32) -> Layout {
-        let table_offset = 2 * PAGE as u64;
+        let table_offset = (SB_COPIES * PAGE) as u64;
         let table_pages = slots.div_ceil(ENTRIES_PER_PAGE as u64).max(1);
-        let hints_offset = table_offset + table_pages * 2 * PAGE as u64;
+        let hints_offset = table_offset + table_pages * (PAGE_COPIES * PAGE) as u64;
         // Hints cost a few bytes per cached block in every policy; 32 is generous.
-        let hints_capacity = (slots * 32 + 64 * 1024).div_ceil(PAGE as u64) * PAGE as u64;
+        let hints_capacity = page_round_up(slots * 32 + 64 * 1024);
         let data_offset = (hints_offset + hints_capacity).div_ceil(1 << 20) << 20;
         Layout { table_offset, table_pages, hints_offset, hints_capacity, data_offset, end: data_offset + slots * block_bytes as u64 }
     }
@@ -274,7 +289,12 @@ impl Layout {
 
     /// Offset of copy `copy` (0 or 1) of table page `page`.
     pub fn page_offset(&self, page: u64, copy: u8) -> u64 {
-        self.table_offset + (page * 2 + copy as u64) * PAGE as u64
+        self.table_offset + (page * PAGE_COPIES as u64 + copy as u64) * PAGE as u64
+    }
+
+    /// Bytes of the whole table, both copies of every page.
+    pub fn table_bytes(&self) -> u64 {
+        self.hints_offset - self.table_offset
     }
 }
 
@@ -456,5 +476,19 @@ mod tests {
             assert!(Layout::new(slots + 1, 64 << 10).end > dev);
         }
         assert_eq!(Layout::fit(1 << 20, 64 << 10), 0);
+    }
+
+    #[test]
+    fn superblock_copies_and_table_pages_tile_the_metadata() {
+        let offsets: Vec<u64> = (0..4).map(|seq| Superblock { seq, ..sb() }.offset()).collect();
+        assert_eq!(offsets, [0, PAGE as u64, 0, PAGE as u64], "copies written in turn");
+        let l = Layout::new(1000, 64 << 10);
+        assert_eq!(l.table_offset, (SB_COPIES * PAGE) as u64, "the table follows the superblock copies");
+        assert_eq!(l.page_offset(0, 0), l.table_offset);
+        assert_eq!(l.page_offset(l.table_pages - 1, 1) + PAGE as u64, l.hints_offset, "the hints follow the last page");
+        assert_eq!(l.table_bytes(), l.table_pages * (PAGE_COPIES * PAGE) as u64);
+        assert_eq!(l.hints_capacity % PAGE as u64, 0);
+        assert_eq!(page_round_up(1), PAGE as u64);
+        assert_eq!(page_round_up(PAGE as u64), PAGE as u64);
     }
 }

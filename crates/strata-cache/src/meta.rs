@@ -4,7 +4,7 @@
 //! it needs freed slots back (a slot freed in memory is reused only after the commit that
 //! records it free, so a crash can never leave an old mapping pointing at new data).
 
-use crate::format::{self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, PAGE};
+use crate::format::{self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, PAGE, SB_COPIES};
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 
 pub struct Meta {
@@ -158,7 +158,7 @@ impl Meta {
                 format!("cache device is {} bytes but its superblock needs {}", dev.size(), layout.end),
             ));
         }
-        let table_bytes = (layout.table_pages * 2) as usize * PAGE;
+        let table_bytes = layout.table_bytes() as usize;
         let mut table = Vec::with_capacity(table_bytes);
         let mut pos = 0;
         while pos < table_bytes {
@@ -175,8 +175,8 @@ impl Meta {
         // Pages with one copy torn or damaged: the first commit rewrites that copy.
         let mut rewrite = Vec::new();
         for page in 0..layout.table_pages {
-            let copy = |c: usize| {
-                let at = (page as usize * 2 + c) * PAGE;
+            let copy = |c: u8| {
+                let at = (layout.page_offset(page, c) - layout.table_offset) as usize;
                 decode_page(page, &table[at..at + PAGE])
             };
             let (a, b) = (copy(0), copy(1));
@@ -276,18 +276,17 @@ impl Meta {
     /// Writes the superblock into the copy not holding the current one.
     pub async fn write_superblock(&mut self, dev: &dyn BlockDev) -> Result<()> {
         self.sb.seq += 1;
-        let at = (self.sb.seq % 2) * PAGE as u64;
-        dev.write(at, Buf::from_slice(&self.sb.encode()), true).await?;
+        dev.write(self.sb.offset(), Buf::from_slice(&self.sb.encode()), true).await?;
         Ok(())
     }
 }
 
 /// Reads both superblock copies and returns the newest valid one.
 pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
-    if dev.size() < 2 * PAGE as u64 {
+    if dev.size() < (SB_COPIES * PAGE) as u64 {
         return Err(Error::new(ErrorKind::Invalid, "device too small to hold a strata cache"));
     }
-    let b = dev.read(0, Buf::zeroed(2 * PAGE)).await?;
+    let b = dev.read(0, Buf::zeroed(SB_COPIES * PAGE)).await?;
     let a = Superblock::decode(&b[..PAGE]);
     let c = Superblock::decode(&b[PAGE..]);
     match (a, c) {

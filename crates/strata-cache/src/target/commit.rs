@@ -103,7 +103,7 @@ impl Inner {
         let (bytes, at) = {
             let mut st = self.state.lock();
             st.meta.sb.seq += 1;
-            (st.meta.sb.encode(), (st.meta.sb.seq % 2) * 4096)
+            (st.meta.sb.encode(), st.meta.sb.offset())
         };
         self.cache.write(at, Buf::from_slice(&bytes), true).await.map(|_| ())
     }

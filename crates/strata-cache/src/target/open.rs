@@ -3,7 +3,7 @@
 
 use super::writeback::background;
 use super::{policy_capacity, CacheDev, Inner, State, SHARDS};
-use crate::format::Superblock;
+use crate::format::{page_round_up, Superblock};
 use crate::meta::Meta;
 use crate::meter::{Budget, Counters, OriginMeter, Windows};
 use crate::streams::Streams;
@@ -65,7 +65,7 @@ impl CacheDev {
         }
         free.reverse(); // hand out low slots first
         let hints = if sb.clean_shutdown && sb.hints_len > 0 {
-            let b = cache.read(sb.hints_offset, Buf::zeroed(sb.hints_len.div_ceil(4096) as usize * 4096)).await?;
+            let b = cache.read(sb.hints_offset, Buf::zeroed(page_round_up(sb.hints_len) as usize)).await?;
             let h = b[..sb.hints_len as usize].to_vec();
             (crc32c::crc32c(&h) == sb.hints_crc).then_some(h)
         } else {
@@ -179,7 +179,7 @@ impl Inner {
             (st.policy.save_hints(), st.meta.sb.hints_offset, st.meta.sb.hints_capacity)
         };
         if (hints.len() as u64) <= capacity && !hints.is_empty() {
-            let mut b = Buf::zeroed(hints.len().div_ceil(4096) * 4096);
+            let mut b = Buf::zeroed(page_round_up(hints.len() as u64) as usize);
             b[..hints.len()].copy_from_slice(&hints);
             self.cache.write(offset, b, true).await?;
             let mut st = self.state.lock();
