@@ -45,17 +45,17 @@ impl Inner {
     /// A full commit (`full`) also records the clean mappings made since the last one and
     /// flushes the origin first; a light one flushes the cache device only.
     pub(super) async fn commit_locked(&self, _guard: &tokio::sync::MutexGuard<'_, ()>, full: bool) -> Result<()> {
-        let (batch, freed) = {
+        let batch = {
             let mut st = self.state.lock();
             st.stopped()?;
             if full {
                 st.record_clean();
             }
             if st.meta.has_changes() {
-                let freed = std::mem::take(&mut st.freed);
-                (Some(st.meta.prepare_commit()), freed)
+                st.committing = std::mem::take(&mut st.freed);
+                Some(st.meta.prepare_commit())
             } else {
-                (None, Vec::new())
+                None
             }
         };
         let origin_flush = async {
@@ -81,6 +81,7 @@ impl Inner {
         match (&batch, &result) {
             (Some(b), Ok(())) => {
                 st.meta.commit_done(b);
+                let freed = std::mem::take(&mut st.committing);
                 st.free.extend(freed);
                 st.durable_changes = b.upto;
                 st.pending.retain(|_, n| *n > b.upto);
@@ -88,10 +89,12 @@ impl Inner {
             }
             (Some(b), Err(_)) => {
                 st.meta.commit_failed(b);
+                let freed = std::mem::take(&mut st.committing);
                 st.freed.extend(freed);
             }
             _ => {}
         }
+        st.debug_check();
         result.map_err(|(e, cache_device)| {
             st.fail(format!("{e}"), cache_device);
             e

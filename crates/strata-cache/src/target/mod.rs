@@ -44,6 +44,12 @@ struct State {
     free: Vec<u32>,
     /// Slots freed in memory, reusable after the next commit.
     freed: Vec<u32>,
+    /// The freed slots the commit under way records free: free once it is durable, back to
+    /// `freed` if it fails.
+    committing: Vec<u32>,
+    /// Slots `reserve` gave out for a promotion or a move under way: neither free nor mapped
+    /// until `map_to` maps them or `release` hands them back.
+    reserved: usize,
     /// Per slot: bumped by every write, so a write-back knows whether it is still current.
     write_gen: Vec<u32>,
     streams: Streams,
@@ -251,7 +257,11 @@ impl BlockDev for CacheDev {
 
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         let msg = msg.to_string();
-        Box::pin(async move { self.inner.message(&msg).await })
+        Box::pin(async move {
+            let answer = self.inner.message(&msg).await;
+            self.inner.state.lock().debug_check();
+            answer
+        })
     }
 
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {

@@ -114,6 +114,8 @@ impl CacheDev {
                 meta,
                 free,
                 freed: Vec::new(),
+                committing: Vec::new(),
+                reserved: 0,
                 streams: Streams::new(),
                 zeroed: FxHashSet::default(),
                 pending: FxHashMap::default(),
@@ -135,6 +137,7 @@ impl CacheDev {
         }
         inner.write_superblock().await?;
         inner.commit().await?;
+        inner.state.lock().debug_check();
         tokio::spawn(background(Arc::downgrade(&inner)));
         Ok(CacheDev { inner })
     }

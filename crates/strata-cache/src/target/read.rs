@@ -142,7 +142,7 @@ impl Inner {
             !st.map.contains_key(&b) && st.policy.contains(b)
         };
         if !still_wanted {
-            self.state.lock().free.push(s);
+            self.state.lock().release(s);
             drop(exclusive);
             return self.read_piece(b, within, n, bypass).await;
         }
@@ -162,7 +162,7 @@ impl Inner {
                     let mut st = self.state.lock();
                     for &(fb, fs, _) in &fills {
                         st.policy.remove(fb);
-                        st.free.push(fs);
+                        st.release(fs);
                     }
                     return Err(e);
                 }
@@ -198,10 +198,10 @@ impl Inner {
                         }
                         me.counters.migration_bytes.fetch_add(me.block_len(fb), Relaxed);
                     }
-                    Ok(_) => st.free.push(fs),
+                    Ok(_) => st.release(fs),
                     Err(e) => {
                         st.policy.remove(fb);
-                        st.free.push(fs);
+                        st.release(fs);
                         st.fault(format!("promotion of block {fb} into slot {fs} failed: {e}"));
                     }
                 }
@@ -241,7 +241,7 @@ impl Inner {
             }
             let Some(s) = st.reserve(&self.refs) else { break };
             if st.policy.insert(nb, false).is_err() {
-                st.free.push(s);
+                st.release(s);
                 break;
             }
             got.push((nb, s, guard));

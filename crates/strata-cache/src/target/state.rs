@@ -1,10 +1,12 @@
 //! The books kept under the state lock: a slot is free, reserved by a promotion under way,
 //! mapped, or freed in memory and reusable once a commit records it free. Also the faults
-//! that degrade or stop the volume.
+//! that degrade or stop the volume, and `State::check`, the invariants that tie the books,
+//! the mapping table and the policy together.
 
-use super::{Inner, State};
+use super::{CacheDev, Inner, State};
 use crate::format::Mode;
 use crate::meter::Counters;
+use rustc_hash::FxHashSet;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 use strata_io::{Error, ErrorKind, Result};
@@ -58,9 +60,10 @@ impl State {
         Some(s)
     }
 
-    /// Maps `b` to `s`: dirty, as one table change; clean, in memory until the next full
-    /// commit records it (`unrecorded`).
+    /// Maps `b` to `s`, a slot `reserve` gave out: dirty, as one table change; clean, in
+    /// memory until the next full commit records it (`unrecorded`).
     pub(super) fn map_to(&mut self, b: u64, s: u32, dirty: bool) {
+        self.reserved -= 1;
         self.map.insert(b, s);
         if dirty {
             self.meta.set(s, b, true, true);
@@ -104,10 +107,17 @@ impl State {
         }
     }
 
-    /// A free slot that no IO still uses.
+    /// A free slot that no IO still uses, reserved until `map_to` or `release`.
     pub(super) fn reserve(&mut self, refs: &[AtomicU32]) -> Option<u32> {
         let pos = self.free.iter().rposition(|&s| refs[s as usize].load(Relaxed) == 0)?;
+        self.reserved += 1;
         Some(self.free.swap_remove(pos))
+    }
+
+    /// Hands back a slot `reserve` gave out and that was not mapped after all.
+    pub(super) fn release(&mut self, s: u32) {
+        self.reserved -= 1;
+        self.free.push(s);
     }
 
     /// Applies a promotion decision's eviction. False if the victim turned out dirty (a
@@ -122,6 +132,83 @@ impl State {
         }
         self.demote(v, counters);
         true
+    }
+
+    /// Checks, by walking every slot and mapping, what must hold whenever the state lock is
+    /// free: each slot is exactly one of mapped, free, freed, being committed free, or
+    /// reserved; a valid table entry
+    /// is the mapping of its block, and a mapped slot's entry is valid unless it is a clean
+    /// mapping awaiting a full commit; only valid entries are dirty; every mapped block is
+    /// known to the policy, dirty there exactly when its entry is. `Err` names the first
+    /// broken one.
+    pub(super) fn check(&self) -> std::result::Result<(), String> {
+        let slots = self.meta.slots();
+        let mut place: Vec<Option<&str>> = vec![None; slots];
+        let lists = [
+            ("mapped", self.map.values().copied().collect()),
+            ("free", self.free.clone()),
+            ("freed", self.freed.clone()),
+            ("being committed free", self.committing.clone()),
+        ];
+        for (what, list) in &lists {
+            for &s in list {
+                let at = place.get_mut(s as usize).ok_or_else(|| format!("{what} slot {s} is beyond the {slots} slots"))?;
+                if let Some(before) = at.replace(what) {
+                    return Err(format!("slot {s} is both {before} and {what}"));
+                }
+            }
+        }
+        let (mapped, free, freed, committing) = (self.map.len(), self.free.len(), self.freed.len(), self.committing.len());
+        if mapped + free + freed + committing + self.reserved != slots {
+            return Err(format!(
+                "{mapped} mapped + {free} free + {freed} freed + {committing} being committed free + {} reserved \
+                 slots, but there are {slots}",
+                self.reserved
+            ));
+        }
+        for (s, e) in self.meta.entries.iter().enumerate() {
+            if e.valid && self.map.get(&e.origin_block) != Some(&(s as u32)) {
+                return Err(format!("slot {s}'s table entry maps block {}, the map does not", e.origin_block));
+            }
+            if e.dirty && !e.valid {
+                return Err(format!("slot {s}'s table entry is dirty but not valid"));
+            }
+        }
+        let unrecorded: FxHashSet<(u64, u32)> = self.unrecorded.iter().copied().collect();
+        for (&b, &s) in &self.map {
+            let e = &self.meta.entries[s as usize];
+            if !e.valid && !unrecorded.contains(&(b, s)) {
+                return Err(format!("block {b} is mapped to slot {s}, which is neither in the table nor awaiting it"));
+            }
+            if !self.policy.contains(b) {
+                return Err(format!("block {b} is mapped to slot {s} but unknown to the policy"));
+            }
+            if self.policy.is_dirty(b) != e.dirty {
+                return Err(format!("block {b} in slot {s} is dirty {} in the table, {} in the policy", e.dirty, !e.dirty));
+            }
+        }
+        let dirty = self.meta.entries.iter().filter(|e| e.dirty).count();
+        if self.policy.dirty_len() != dirty {
+            return Err(format!("{dirty} dirty table entries, {} dirty blocks in the policy", self.policy.dirty_len()));
+        }
+        Ok(())
+    }
+
+    /// `check` where it costs nothing that matters: debug builds (tests) panic on a broken
+    /// invariant; release builds do not check.
+    pub(super) fn debug_check(&self) {
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.check() {
+            panic!("cache state: {e}");
+        }
+    }
+}
+
+impl CacheDev {
+    /// Checks the invariants of the cache's in-memory state (see `State::check`); for tests,
+    /// in any build.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.inner.state.lock().check()
     }
 }
 
@@ -166,8 +253,149 @@ impl Inner {
         None
     }
 
-    /// Slots neither mapped nor free: promotions under way.
+    /// Slots neither mapped nor free nor freed: promotions under way, and freed slots whose
+    /// release a commit is making durable.
     fn slots_in_flight(&self, st: &State) -> usize {
-        st.meta.slots() - st.map.len() - st.free.len() - st.freed.len()
+        st.reserved + st.committing.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Layout, Superblock};
+    use crate::meta::Meta;
+    use crate::target::OpenOptions;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::Arc;
+    use strata_io::mem::MemDev;
+    use strata_io::{BlockDev, Buf, ZeroFlags};
+
+    const ORIGIN: u64 = 8 << 20;
+    const BLOCK: u32 = 32 << 10;
+
+    /// A cache of a few dozen slots over 256 origin blocks, formatted in memory.
+    async fn small_cache(mode: Mode, cache: &Arc<MemDev>, origin: &Arc<MemDev>, fresh: bool) -> Arc<CacheDev> {
+        let meta = if fresh {
+            let slots = Layout::fit(cache.size(), BLOCK);
+            let l = Layout::new(slots, BLOCK);
+            Meta::fresh(Superblock {
+                seq: 0,
+                uuid: [7; 16],
+                block_bytes: BLOCK,
+                mode,
+                clean_shutdown: false,
+                slots,
+                origin_bytes: ORIGIN,
+                data_offset: l.data_offset,
+                table_offset: l.table_offset,
+                table_pages: l.table_pages,
+                hints_offset: l.hints_offset,
+                hints_capacity: l.hints_capacity,
+                hints_len: 0,
+                hints_crc: 0,
+                sequential_cutoff_bytes: 512 << 10,
+                migration_budget_bytes_per_s: 0,
+                writeback_percent: 0,
+                readahead_bytes: 128 << 10,
+                policy: strata_policy::DEFAULT_POLICY.into(),
+                origin_spec: "mem:test".into(),
+                origin_id: String::new(),
+            })
+        } else {
+            Meta::load(&**cache).await.unwrap().0
+        };
+        Arc::new(CacheDev::open(cache.clone(), origin.clone(), meta, OpenOptions::default()).await.unwrap())
+    }
+
+    async fn random_ops(dev: Arc<CacheDev>, seed: u64, ops: usize) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for _ in 0..ops {
+            let offset = rng.gen_range(0..ORIGIN / 512) * 512;
+            let len = rng.gen_range(1..=(ORIGIN - offset).min(160 << 10) / 512) * 512;
+            match rng.gen_range(0..10) {
+                0..=3 => drop(dev.read(offset, Buf::zeroed(len as usize)).await.unwrap()),
+                4..=6 => drop(dev.write(offset, Buf::from_slice(&vec![rng.gen(); len as usize]), rng.gen_bool(0.1)).await.unwrap()),
+                7 => dev.discard(offset, len).await.unwrap(),
+                8 => dev.write_zeroes(offset, len, ZeroFlags::default()).await.unwrap(),
+                _ => dev.flush().await.unwrap(),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn random_workloads_keep_the_invariants() {
+        for (seed, mode) in [Mode::Writeback, Mode::Writethrough, Mode::Writearound].into_iter().enumerate() {
+            let (cache, origin) = (Arc::new(MemDev::new(2 << 20)), Arc::new(MemDev::new(ORIGIN)));
+            let dev = small_cache(mode, &cache, &origin, true).await;
+            let clients: Vec<_> = (0..3).map(|c| tokio::spawn(random_ops(dev.clone(), seed as u64 * 10 + c, 300))).collect();
+            let disturber = {
+                let dev = dev.clone();
+                tokio::spawn(async move {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed as u64);
+                    let msgs = ["mode writeback", "mode writethrough", "mode cleaner", "flush", "invalidate", "policy lru", "policy strata"];
+                    for _ in 0..30 {
+                        tokio::time::sleep(std::time::Duration::from_millis(rng.gen_range(1..10))).await;
+                        dev.message(msgs[rng.gen_range(0..msgs.len())]).await.unwrap();
+                        dev.check_invariants().unwrap();
+                    }
+                })
+            };
+            for c in clients {
+                c.await.unwrap();
+            }
+            disturber.await.unwrap();
+            dev.check_invariants().unwrap();
+            let s = dev.status().unwrap();
+            assert!(s["promotions"].as_u64().unwrap() > 0, "the workload never promoted: {s}");
+            // The same holds of the state recovered after a clean shutdown.
+            dev.shutdown().await.unwrap();
+            drop(dev);
+            let dev = small_cache(mode, &cache, &origin, false).await;
+            dev.check_invariants().unwrap();
+        }
+    }
+
+    /// Writes whole blocks until some are cached dirty; returns one of them and its slot.
+    async fn a_dirty_block(dev: &CacheDev) -> (u64, u32) {
+        for round in 0..20u8 {
+            for b in 0..8u64 {
+                dev.write(b * BLOCK as u64, Buf::from_slice(&vec![round; BLOCK as usize]), false).await.unwrap();
+            }
+            let st = dev.inner.state.lock();
+            if let Some((&b, &s)) = st.map.iter().find(|&(_, &s)| st.meta.entries[s as usize].dirty) {
+                return (b, s);
+            }
+        }
+        panic!("no block was cached dirty");
+    }
+
+    #[tokio::test]
+    async fn check_names_each_broken_invariant() {
+        let (cache, origin) = (Arc::new(MemDev::new(2 << 20)), Arc::new(MemDev::new(ORIGIN)));
+        let dev = small_cache(Mode::Writeback, &cache, &origin, true).await;
+        let (b, s) = a_dirty_block(&dev).await;
+        let mut st = dev.inner.state.lock();
+        st.check().unwrap();
+        type Corruption = (&'static str, fn(&mut State, u64, u32), fn(&mut State, u64, u32));
+        let corruptions: [Corruption; 5] = [
+            ("is both mapped and free", |st, _, s| st.free.push(s), |st, _, _| _ = st.free.pop()),
+            ("reserved slots, but there are", |st, _, _| st.reserved += 1, |st, _, _| st.reserved -= 1),
+            ("unknown to the policy", |st, b, _| _ = st.policy.remove(b), |st, b, _| st.policy.insert(b, true).unwrap()),
+            ("dirty false in the table, true in the policy", |st, _, s| st.meta.set_dirty(s, false), |st, _, s| st.meta.set_dirty(s, true)),
+            ("is both mapped and mapped", |st, b, s| _ = st.map.insert(b + 1000, s), |st, b, _| _ = st.map.remove(&(b + 1000))),
+        ];
+        for (what, corrupt, repair) in corruptions {
+            corrupt(&mut st, b, s);
+            let e = st.check().expect_err(what);
+            assert!(e.contains(what), "expected {what:?}, got {e:?}");
+            if cfg!(debug_assertions) {
+                assert!(catch_unwind(AssertUnwindSafe(|| st.debug_check())).is_err(), "debug builds panic on {what:?}");
+            }
+            repair(&mut st, b, s);
+            st.check().unwrap();
+        }
     }
 }

@@ -97,7 +97,7 @@ impl Inner {
                         (!st.map.contains_key(&b) && st.policy.contains(b), st.meta.sb.mode == Mode::Writeback)
                     };
                     if !ok {
-                        self.state.lock().free.push(s);
+                        self.state.lock().release(s);
                         drop(_exclusive);
                         return self.write_piece(b, within, data, fua, bypass).await;
                     }
@@ -118,7 +118,7 @@ impl Inner {
                             Err(e) => {
                                 let mut st = self.state.lock();
                                 st.policy.remove(b);
-                                st.free.push(s);
+                                st.release(s);
                                 return Err(e);
                             }
                         };
@@ -155,16 +155,16 @@ impl Inner {
                             // was chosen as another promotion's victim): the slot goes back,
                             // and data that lives only there goes to the origin instead.
                             Ok(Some(data)) => {
-                                st.free.push(s);
+                                st.release(s);
                                 data
                             }
                             Ok(None) => {
-                                st.free.push(s);
+                                st.release(s);
                                 return Ok(None);
                             }
                             Err(e) => {
                                 st.policy.remove(b);
-                                st.free.push(s);
+                                st.release(s);
                                 return Err(e);
                             }
                         }
@@ -233,7 +233,7 @@ impl Inner {
             }
             full.inspect_err(|_| {
                 release_old();
-                self.state.lock().free.push(new);
+                self.state.lock().release(new);
             })?
         };
         release_old();
@@ -243,12 +243,12 @@ impl Inner {
                 let mut st = self.state.lock();
                 match r {
                     Err(e) => {
-                        st.free.push(new);
+                        st.release(new);
                         return Err(e);
                     }
                     Ok(d) if st.map.get(&b) != Some(&old) => {
                         // Evicted or invalidated meanwhile: the data lives only in `new`.
-                        st.free.push(new);
+                        st.release(new);
                         d
                     }
                     Ok(_) => {
@@ -271,7 +271,7 @@ impl Inner {
         if keep {
             st.map_to(b, new, false);
         } else {
-            st.free.push(new);
+            st.release(new);
             if !st.map.contains_key(&b) {
                 st.policy.remove(b);
             }

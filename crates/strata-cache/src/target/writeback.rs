@@ -123,6 +123,7 @@ impl Inner {
                 st.policy.set_dirty(b); // written again meanwhile: offer it again later
             }
         }
+        st.debug_check();
         cleaned
     }
 }
