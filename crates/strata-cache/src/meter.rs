@@ -23,6 +23,8 @@ pub struct Counters {
     pub promotions_skipped: AtomicU64,
     pub commits: AtomicU64,
     pub cache_read_errors: AtomicU64,
+    /// Eviction victims the policy chose dirty, which the engine refused (a policy bug).
+    pub dirty_victims_refused: AtomicU64,
 }
 
 impl Counters {

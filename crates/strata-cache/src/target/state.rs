@@ -120,13 +120,17 @@ impl State {
         self.free.push(s);
     }
 
-    /// Applies a promotion decision's eviction. False if the victim turned out dirty (a
-    /// policy bug the engine refuses to act on: the victim is put back).
+    /// Applies a promotion decision's eviction. False if the victim turned out dirty: a
+    /// policy bug (a policy never picks a dirty victim), which fails debug builds and is
+    /// counted in `dirty_victims_refused`; the engine refuses to act on it and puts the
+    /// victim back.
     pub(super) fn evict(&mut self, victim: Option<u64>, counters: &Counters) -> bool {
         let Some(v) = victim else { return true };
         if let Some(&s) = self.map.get(&v) {
             if self.meta.entries[s as usize].dirty {
+                Counters::bump(&counters.dirty_victims_refused);
                 let _ = self.policy.insert(v, true);
+                debug_assert!(false, "policy {} chose dirty block {v} (slot {s}) as a victim", self.policy.name());
                 return false;
             }
         }
@@ -397,5 +401,22 @@ mod tests {
             repair(&mut st, b, s);
             st.check().unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn a_dirty_victim_is_refused_and_counted() {
+        let (cache, origin) = (Arc::new(MemDev::new(2 << 20)), Arc::new(MemDev::new(ORIGIN)));
+        let dev = small_cache(Mode::Writeback, &cache, &origin, true).await;
+        let (b, s) = a_dirty_block(&dev).await;
+        let counters = &dev.inner.counters;
+        let mut st = dev.inner.state.lock();
+        let evicted = catch_unwind(AssertUnwindSafe(|| st.evict(Some(b), counters)));
+        // Debug builds stop at it; release builds go on without evicting.
+        assert_eq!(evicted.ok(), if cfg!(debug_assertions) { None } else { Some(false) });
+        assert_eq!(st.map.get(&b), Some(&s), "the dirty block stays mapped");
+        assert_eq!(counters.dirty_victims_refused.load(Relaxed), 1);
+        st.check().unwrap();
+        drop(st);
+        assert_eq!(dev.status().unwrap()["dirty_victims_refused"], 1);
     }
 }

@@ -39,6 +39,7 @@ impl Inner {
             "bypassed": c.bypassed.load(R),
             "promotions_skipped": c.promotions_skipped.load(R),
             "commits": c.commits.load(R),
+            "dirty_victims_refused": c.dirty_victims_refused.load(R),
             "hit_ratio_10s": self.windows.ratio(c, Duration::from_secs(10)),
             "hit_ratio_1m": self.windows.ratio(c, Duration::from_secs(60)),
             "hit_ratio_1h": self.windows.ratio(c, Duration::from_secs(3600)),
