@@ -34,6 +34,24 @@ pub const MAX_ORIGIN_SPEC: usize = 2048;
 pub const MAX_ORIGIN_ID: usize = 256;
 pub const MIN_BLOCK_BYTES: u32 = 32 << 10;
 pub const MAX_BLOCK_BYTES: u32 = 1 << 30;
+/// The superblock's variable fields: the policy name (NUL-padded), then the origin spec and
+/// the origin identity, each after its length (u16).
+const SB_POLICY_AT: usize = 144;
+const SB_POLICY_MAX: usize = 16;
+const SB_ORIGIN_SPEC_AT: usize = 160;
+const SB_ORIGIN_ID_AT: usize = 2302;
+
+// What the layout takes for granted, checked when compiling.
+const _: () = assert!(ENTRIES_PER_PAGE == 254, "table page geometry is part of the on-disk format");
+const _: () = assert!(ORIGIN_MASK & (FLAG_VALID | FLAG_DIRTY) == 0, "entry flags lie above the origin block");
+const _: () = assert!(SB_COPIES == 2 && PAGE_COPIES == 2, "copies alternate: recovery compares two");
+const _: () = assert!(SB_POLICY_AT + SB_POLICY_MAX <= SB_ORIGIN_SPEC_AT);
+const _: () = assert!(SB_ORIGIN_SPEC_AT + 2 + MAX_ORIGIN_SPEC <= SB_ORIGIN_ID_AT);
+const _: () = assert!(SB_ORIGIN_ID_AT + 2 + MAX_ORIGIN_ID <= PAGE, "the superblock fits its page");
+const _: () = assert!(MAX_ORIGIN_SPEC <= u16::MAX as usize && MAX_ORIGIN_ID <= u16::MAX as usize);
+const _: () = assert!(MIN_BLOCK_BYTES.is_power_of_two() && MAX_BLOCK_BYTES.is_power_of_two());
+const _: () = assert!(MIN_BLOCK_BYTES <= MAX_BLOCK_BYTES);
+const _: () = assert!(MIN_BLOCK_BYTES as usize % PAGE == 0, "slots start on page boundaries");
 
 /// Cache modes, as stored and as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +142,19 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
+/// Puts at most `max` bytes of `v` at `at`, after their length.
+fn put_sized(b: &mut [u8], at: usize, v: &[u8], max: usize) {
+    let v = &v[..v.len().min(max)];
+    b[at..at + 2].copy_from_slice(&(v.len() as u16).to_le_bytes());
+    b[at + 2..at + 2 + v.len()].copy_from_slice(v);
+}
+
+/// What `put_sized` put at `at`, as text; `None` if its length is over `max`.
+fn get_sized(b: &[u8], at: usize, max: usize) -> Option<String> {
+    let len = u16::from_le_bytes(b[at..at + 2].try_into().unwrap()) as usize;
+    (len <= max).then(|| String::from_utf8_lossy(&b[at + 2..at + 2 + len]).into_owned())
+}
+
 /// crc32c of a page with its checksum field (4 bytes at `at`) taken as zero.
 fn page_crc(b: &[u8], at: usize) -> u32 {
     let mut c = crc32c::crc32c(&b[..at]);
@@ -155,14 +186,10 @@ impl Superblock {
         put_u32(&mut b, 136, self.writeback_percent);
         put_u32(&mut b, 140, self.readahead_bytes);
         let p = self.policy.as_bytes();
-        b[144..144 + p.len().min(16)].copy_from_slice(&p[..p.len().min(16)]);
-        let o = self.origin_spec.as_bytes();
-        let n = o.len().min(MAX_ORIGIN_SPEC);
-        b[160..162].copy_from_slice(&(n as u16).to_le_bytes());
-        b[162..162 + n].copy_from_slice(&o[..n]);
-        let id = &self.origin_id.as_bytes()[..self.origin_id.len().min(MAX_ORIGIN_ID)];
-        b[2302..2304].copy_from_slice(&(id.len() as u16).to_le_bytes());
-        b[2304..2304 + id.len()].copy_from_slice(id);
+        let n = p.len().min(SB_POLICY_MAX);
+        b[SB_POLICY_AT..SB_POLICY_AT + n].copy_from_slice(&p[..n]);
+        put_sized(&mut b, SB_ORIGIN_SPEC_AT, self.origin_spec.as_bytes(), MAX_ORIGIN_SPEC);
+        put_sized(&mut b, SB_ORIGIN_ID_AT, self.origin_id.as_bytes(), MAX_ORIGIN_ID);
         let crc = page_crc(&b, 12);
         put_u32(&mut b, 12, crc);
         b
@@ -181,14 +208,8 @@ impl Superblock {
             return Err(FormatError::Version(version));
         }
         let cstr = |bytes: &[u8]| String::from_utf8_lossy(bytes.split(|&c| c == 0).next().unwrap_or(&[])).into_owned();
-        let spec_len = u16::from_le_bytes(b[160..162].try_into().unwrap()) as usize;
-        if spec_len > MAX_ORIGIN_SPEC {
-            return Err(FormatError::Field("origin_spec"));
-        }
-        let id_len = u16::from_le_bytes(b[2302..2304].try_into().unwrap()) as usize;
-        if id_len > MAX_ORIGIN_ID {
-            return Err(FormatError::Field("origin_id"));
-        }
+        let origin_spec = get_sized(b, SB_ORIGIN_SPEC_AT, MAX_ORIGIN_SPEC).ok_or(FormatError::Field("origin_spec"))?;
+        let origin_id = get_sized(b, SB_ORIGIN_ID_AT, MAX_ORIGIN_ID).ok_or(FormatError::Field("origin_id"))?;
         let sb = Superblock {
             seq: get_u64(b, 16),
             uuid: b[24..40].try_into().unwrap(),
@@ -208,9 +229,9 @@ impl Superblock {
             migration_budget_bytes_per_s: get_u64(b, 128),
             writeback_percent: get_u32(b, 136),
             readahead_bytes: get_u32(b, 140),
-            policy: cstr(&b[144..160]),
-            origin_spec: String::from_utf8_lossy(&b[162..162 + spec_len]).into_owned(),
-            origin_id: String::from_utf8_lossy(&b[2304..2304 + id_len]).into_owned(),
+            policy: cstr(&b[SB_POLICY_AT..SB_POLICY_AT + SB_POLICY_MAX]),
+            origin_spec,
+            origin_id,
         };
         sb.validate()?;
         Ok(sb)

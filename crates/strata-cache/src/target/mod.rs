@@ -34,7 +34,10 @@ use strata_io::{BlockDev, BoxFut, Buf, Error, Extent, Geometry, Result, ZeroFlag
 use strata_policy::Policy;
 use tokio::sync::{Notify, RwLock};
 
-const SHARDS: usize = 1024;
+/// Block locks: each origin block hashes to one of `SHARDS`, by the top `SHARD_BITS` bits of
+/// a multiplicative hash.
+const SHARD_BITS: u32 = 10;
+const SHARDS: usize = 1 << SHARD_BITS;
 
 struct State {
     policy: Box<dyn Policy + Send>,
@@ -109,7 +112,7 @@ pub struct CacheDev {
 
 impl Inner {
     fn shard(&self, b: u64) -> &Arc<RwLock<()>> {
-        &self.shards[(b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % SHARDS]
+        &self.shards[(b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS)) as usize]
     }
 
     fn slot_offset(&self, s: u32) -> u64 {

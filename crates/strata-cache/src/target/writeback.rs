@@ -20,6 +20,10 @@ const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Below this foreground share of origin time the origin counts as idle.
 const IDLE_SHARE: f64 = 0.05;
 
+const _: () = assert!(0 < WRITEBACK_DEPTH && WRITEBACK_DEPTH <= WRITEBACK_BATCH_MAX, "a batch is written in chunks of the depth");
+const _: () = assert!(TICK.as_millis() < COMMIT_INTERVAL.as_millis(), "the task that commits looks more often");
+const _: () = assert!(0.0 < IDLE_SHARE && IDLE_SHARE < 1.0);
+
 impl Inner {
     /// Writes back one dirty block; returns what to mark clean once the origin is flushed.
     async fn writeback_one(&self, b: u64) -> Option<(u64, u32, u32)> {
