@@ -47,11 +47,10 @@ const _: () = assert!(ORIGIN_MASK & (FLAG_VALID | FLAG_DIRTY) == 0, "entry flags
 const _: () = assert!(SB_COPIES == 2 && PAGE_COPIES == 2, "copies alternate: recovery compares two");
 const _: () = assert!(SB_POLICY_AT + SB_POLICY_MAX <= SB_ORIGIN_SPEC_AT);
 const _: () = assert!(SB_ORIGIN_SPEC_AT + 2 + MAX_ORIGIN_SPEC <= SB_ORIGIN_ID_AT);
-const _: () = assert!(SB_ORIGIN_ID_AT + 2 + MAX_ORIGIN_ID <= PAGE, "the superblock fits its page");
-const _: () = assert!(MAX_ORIGIN_SPEC <= u16::MAX as usize && MAX_ORIGIN_ID <= u16::MAX as usize);
+const _: () = assert!(SB_ORIGIN_ID_AT + 2 + MAX_ORIGIN_ID <= PAGE, "the superblock fits its page (so u16 lengths do)");
 const _: () = assert!(MIN_BLOCK_BYTES.is_power_of_two() && MAX_BLOCK_BYTES.is_power_of_two());
 const _: () = assert!(MIN_BLOCK_BYTES <= MAX_BLOCK_BYTES);
-const _: () = assert!(MIN_BLOCK_BYTES as usize % PAGE == 0, "slots start on page boundaries");
+const _: () = assert!((MIN_BLOCK_BYTES as usize).is_multiple_of(PAGE), "slots start on page boundaries");
 
 /// Cache modes, as stored and as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
