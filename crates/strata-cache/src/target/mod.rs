@@ -8,8 +8,8 @@
 //! writes and promotes or moves blocks, `discard` drops cached copies before a discard or
 //! write-zeroes reaches the origin, `commit` makes mappings durable, `writeback` copies dirty
 //! blocks to the origin and runs the background controller, `state` keeps the slots' books
-//! under the state lock, `open` recovers a cache and shuts it down, `status` reports and
-//! takes messages.
+//! under the state lock and checks the invariants, `open` recovers a cache and shuts it
+//! down, `status` reports and takes messages.
 
 mod commit;
 mod discard;
@@ -39,6 +39,8 @@ use tokio::sync::{Notify, RwLock};
 const SHARD_BITS: u32 = 10;
 const SHARDS: usize = 1 << SHARD_BITS;
 
+/// Everything that changes under the state lock: the mapping, the policy, the table, the
+/// slots' books (kept, and checked, in `state.rs`) and the faults.
 struct State {
     policy: Box<dyn Policy + Send>,
     map: FxHashMap<u64, u32>,
@@ -83,6 +85,7 @@ struct State {
     cache_suspect: bool,
 }
 
+/// The target, shared by the IO paths and the background task.
 struct Inner {
     origin: Arc<dyn BlockDev>,
     cache: Arc<dyn BlockDev>,
