@@ -2,7 +2,8 @@
 //! smq) and bcache do. `format` is the on-disk layout, `meta` the mapping table and its
 //! commits and recovery, `target` the IO paths and background migration (one file per
 //! concern), `meter` the counters, budget and origin accounting, `streams` the sequential
-//! detector, `admin` creation, checking and dumping.
+//! detector, `status` what the target reports (`/status`, `/metrics`), `admin` creation,
+//! checking and dumping.
 //!
 //! What it must never do: acknowledge a FLUSH or FUA write before the data and the mapping
 //! that finds it are durable; reuse a cache slot before its release is durable; evict a
@@ -12,8 +13,10 @@ pub mod admin;
 pub mod format;
 pub mod meta;
 pub mod meter;
+pub mod status;
 pub mod streams;
 pub mod target;
 
 pub use format::Mode;
+pub use status::CacheStatus;
 pub use target::{CacheDev, OpenOptions};

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use strata_cache::admin::{create, CreateOptions};
 use strata_cache::meta::Meta;
-use strata_cache::{CacheDev, OpenOptions};
+use strata_cache::{CacheDev, CacheStatus, OpenOptions};
 use strata_io::fault::{FaultDev, Faults, Rule};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Buf, ErrorKind};
@@ -49,20 +49,20 @@ async fn read(dev: &CacheDev, block: u64) -> strata_io::Result<Vec<u8>> {
     dev.read(block * BLOCK, Buf::zeroed(BLOCK as usize)).await.map(|b| b.to_vec())
 }
 
-fn status(dev: &CacheDev, key: &str) -> serde_json::Value {
-    dev.status().unwrap()[key].clone()
+fn status(dev: &CacheDev) -> CacheStatus {
+    CacheStatus::of(dev).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_block_unreadable_in_cache_is_served_from_origin_and_dropped() {
     let r = rig("writethrough").await;
     r.dev.write(3 * BLOCK, fill(7), false).await.unwrap(); // promoted, clean
-    assert_eq!(status(&r.dev, "cached_blocks"), 1);
+    assert_eq!(status(&r.dev).cached_blocks, 1);
     let id = r.cache_faults.add(Rule::read_error(r.data.clone()).always());
     assert_eq!(read(&r.dev, 3).await.unwrap(), vec![7; BLOCK as usize], "served from the origin");
     assert!(r.cache_faults.fired(id) >= 1);
-    assert_eq!(status(&r.dev, "cached_blocks"), 0, "dropped from the cache");
-    assert_eq!(status(&r.dev, "degraded"), false, "nothing was lost");
+    assert_eq!(status(&r.dev).cached_blocks, 0, "dropped from the cache");
+    assert!(!status(&r.dev).degraded, "nothing was lost");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,13 +70,13 @@ async fn dirty_block_unreadable_is_reported_never_dropped() {
     let r = rig("writeback").await;
     r.dev.write(5 * BLOCK, fill(9), false).await.unwrap(); // dirty in the cache only
     r.dev.write(6 * BLOCK, fill(4), false).await.unwrap();
-    assert_eq!(status(&r.dev, "dirty_blocks"), 2);
+    assert_eq!(status(&r.dev).dirty_blocks, 2);
     let id = r.cache_faults.add(Rule::read_error(r.data.clone()).always());
     let err = read(&r.dev, 5).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Io);
-    assert_eq!(status(&r.dev, "degraded"), true);
-    assert_eq!(status(&r.dev, "mode"), "writethrough", "safe mode: no new dirty data");
-    assert_eq!(status(&r.dev, "dirty_blocks"), 2, "the dirty blocks are still tracked");
+    assert!(status(&r.dev).degraded);
+    assert_eq!(status(&r.dev).mode, "writethrough", "safe mode: no new dirty data");
+    assert_eq!(status(&r.dev).dirty_blocks, 2, "the dirty blocks are still tracked");
     // Other IO keeps working meanwhile.
     r.dev.write(40 * BLOCK, fill(1), false).await.unwrap();
     assert_eq!(read(&r.dev, 41).await.unwrap(), vec![0; BLOCK as usize]);
@@ -85,12 +85,12 @@ async fn dirty_block_unreadable_is_reported_never_dropped() {
     assert_eq!(read(&r.dev, 5).await.unwrap(), vec![9; BLOCK as usize]);
     r.dev.message("flush").await.unwrap();
     for _ in 0..300 {
-        if status(&r.dev, "dirty_blocks") == 0 {
+        if status(&r.dev).dirty_blocks == 0 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert_eq!(status(&r.dev, "dirty_blocks"), 0);
+    assert_eq!(status(&r.dev).dirty_blocks, 0);
     let mut o = vec![0u8; BLOCK as usize];
     r.origin.inner().read_into(5 * BLOCK, &mut o).unwrap();
     assert_eq!(o, vec![9; BLOCK as usize]);
@@ -104,17 +104,17 @@ async fn origin_failing_write_back_keeps_the_block_dirty() {
     r.dev.message("flush").await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     assert!(r.origin_faults.fired(id) >= 1, "write-back was tried");
-    assert_eq!(status(&r.dev, "dirty_blocks"), 1, "still dirty, not dropped");
-    assert_eq!(status(&r.dev, "degraded"), true);
+    assert_eq!(status(&r.dev).dirty_blocks, 1, "still dirty, not dropped");
+    assert!(status(&r.dev).degraded);
     assert_eq!(read(&r.dev, 2).await.unwrap(), vec![3; BLOCK as usize], "readable from the cache");
     r.origin_faults.remove(id);
     for _ in 0..300 {
-        if status(&r.dev, "dirty_blocks") == 0 {
+        if status(&r.dev).dirty_blocks == 0 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert_eq!(status(&r.dev, "dirty_blocks"), 0);
+    assert_eq!(status(&r.dev).dirty_blocks, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,11 +140,11 @@ async fn failed_metadata_commit_fails_every_flush_until_restart() {
     r.dev.write(BLOCK, fill(8), false).await.unwrap();
     let id = r.cache_faults.add(Rule::write_error(0..r.data.start).always());
     assert!(r.dev.flush().await.is_err(), "a flush that could not commit says so");
-    assert_eq!(status(&r.dev, "degraded"), true);
+    assert!(status(&r.dev).degraded);
     r.cache_faults.remove(id);
     let err = r.dev.flush().await.unwrap_err();
     assert!(err.context.contains("until restarted"), "{err}");
-    assert!(status(&r.dev, "stopped").as_str().unwrap().contains("metadata write"));
+    assert!(status(&r.dev).stopped.unwrap().contains("metadata write"));
     // The cache device lost what the failed commit covered: its slots are not read any more
     // (one may hold an older block's data); uncached blocks still read from the origin.
     assert_eq!(read(&r.dev, 1).await.unwrap_err().kind, ErrorKind::Io, "a cached block is refused");

@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use strata_cache::admin::{create, CreateOptions};
 use strata_cache::meta::Meta;
-use strata_cache::{CacheDev, Mode, OpenOptions};
+use strata_cache::{CacheDev, CacheStatus, Mode, OpenOptions};
 use strata_io::latency::{LatencyDev, SsdParams};
 use strata_io::mem::MemDev;
 use strata_io::testing::{check_model, random_ops, Slice, Workload};
@@ -101,7 +101,7 @@ async fn exercise(dev: Arc<CacheDev>, seed: u64, clients: u64, modes: &[Mode]) {
 const SMALL_CACHE: u64 = 2 << 20;
 
 /// Runs three seeds; returns the status of each volume after its workload.
-async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<serde_json::Value> {
+async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<CacheStatus> {
     let mut seen = Vec::new();
     for seed in 1..=3u64 {
         // Free slots (readahead) are what a big cache is for: give its writes time to race.
@@ -111,8 +111,8 @@ async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<serde_json
         let mut modes = vec![mode];
         modes.extend_from_slice(also);
         exercise(dev.clone(), seed, 4, &modes).await;
-        let s = dev.status().unwrap();
-        assert!(s["promotions"].as_u64().unwrap() > 0, "no promotions happened: {s}");
+        let s = CacheStatus::of(&*dev).unwrap();
+        assert!(s.promotions > 0, "no promotions happened: {s:?}");
         seen.push(s);
         // Clean shutdown, reopen: the contents seen through the cache are the same.
         let before = dev.read(0, Buf::zeroed(ORIGIN as usize)).await.unwrap();
@@ -133,12 +133,12 @@ async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<serde_json
 
 async fn wait_clean(dev: &CacheDev) {
     for _ in 0..600 {
-        if dev.status().unwrap()["dirty_blocks"].as_u64() == Some(0) {
+        if CacheStatus::of(dev).unwrap().dirty_blocks == 0 {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    panic!("dirty blocks never reached 0: {}", dev.status().unwrap());
+    panic!("dirty blocks never reached 0: {:?}", CacheStatus::of(dev).unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,7 +166,7 @@ async fn mode_switches_under_load_match_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readahead_neighbours_stay_coherent() {
     let seen = run_mode(Mode::Writeback, &[Mode::Writethrough], 12 << 20).await;
-    let ahead: u64 = seen.iter().map(|s| s["readahead_blocks"].as_u64().unwrap()).sum();
+    let ahead: u64 = seen.iter().map(|s| s.readahead_blocks).sum();
     assert!(ahead > 0, "no readahead happened: {seen:?}");
 }
 
@@ -188,7 +188,7 @@ async fn writethrough_leaves_nothing_dirty() {
     let slice = Slice { inner: dev.clone(), offset: 0, len: ORIGIN };
     let ops = random_ops(5, 300, ORIGIN, &Workload { granularity: 4096, max_granules: 16, span: ORIGIN });
     check_model(&slice, &ops).await.unwrap();
-    assert_eq!(dev.status().unwrap()["dirty_blocks"], 0);
+    assert_eq!(CacheStatus::of(&*dev).unwrap().dirty_blocks, 0);
     let (meta, _) = Meta::load(&*r.cache_dev).await.unwrap();
     assert!(meta.entries.iter().all(|e| !e.dirty));
 }

@@ -550,6 +550,10 @@ impl<D: BlockDev> BlockDev for FaultDev<D> {
         self.inner.status()
     }
 
+    fn metrics(&self) -> Vec<crate::metrics::Sample> {
+        self.inner.metrics()
+    }
+
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         self.inner.message(msg)
     }

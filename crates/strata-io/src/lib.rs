@@ -9,6 +9,7 @@ pub mod fault;
 pub mod file;
 pub mod latency;
 pub mod mem;
+pub mod metrics;
 pub mod powercut;
 pub mod spec;
 pub mod stats;
@@ -129,6 +130,12 @@ pub trait BlockDev: Send + Sync + 'static {
         None
     }
 
+    /// The same state as [`BlockDev::status`], as Prometheus samples for `/metrics`: counters
+    /// and gauges with their help lines. Plain devices have none.
+    fn metrics(&self) -> Vec<metrics::Sample> {
+        Vec::new()
+    }
+
     /// A target-specific control message (like `dmsetup message`), e.g. `mode writethrough`.
     /// Returns a short human answer. Plain devices accept none.
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
@@ -189,6 +196,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn status(&self) -> Option<serde_json::Value> {
         (**self).status()
+    }
+    fn metrics(&self) -> Vec<metrics::Sample> {
+        (**self).metrics()
     }
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         (**self).message(msg)

@@ -134,6 +134,9 @@ impl<D: BlockDev> BlockDev for StatsDev<D> {
     fn status(&self) -> Option<serde_json::Value> {
         self.inner.status()
     }
+    fn metrics(&self) -> Vec<crate::metrics::Sample> {
+        self.inner.metrics()
+    }
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         self.inner.message(msg)
     }

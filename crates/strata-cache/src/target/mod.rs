@@ -258,7 +258,11 @@ impl BlockDev for CacheDev {
     }
 
     fn status(&self) -> Option<serde_json::Value> {
-        Some(self.inner.status())
+        Some(self.inner.status().to_json())
+    }
+
+    fn metrics(&self) -> Vec<strata_io::metrics::Sample> {
+        self.inner.status().samples()
     }
 
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {

@@ -4,54 +4,55 @@
 use super::{policy_capacity, Inner};
 use crate::format::Mode;
 use crate::meter::{Kind, Windows};
+use crate::status::CacheStatus;
 use std::time::Duration;
 use strata_io::{Error, ErrorKind, Result};
 use strata_policy::Params;
 
 impl Inner {
-    pub(super) fn status(&self) -> serde_json::Value {
+    pub(super) fn status(&self) -> CacheStatus {
         use std::sync::atomic::Ordering::Relaxed as R;
         let c = &self.counters;
         let st = self.state.lock();
         let sb = &st.meta.sb;
         let up = self.epoch.elapsed().as_secs_f64().max(1e-9);
-        serde_json::json!({
-            "mode": sb.mode.name(),
-            "policy": sb.policy,
-            "block_size": sb.block_bytes,
-            "read_hits": c.read_hits.load(R),
-            "read_misses": c.read_misses.load(R),
-            "write_hits": c.write_hits.load(R),
-            "write_misses": c.write_misses.load(R),
-            "promotions": c.promotions.load(R),
-            "demotions": c.demotions.load(R),
-            "writebacks": c.writebacks.load(R),
-            "dirty_blocks": st.policy.dirty_len(),
-            "cached_blocks": st.map.len(),
-            "cache_blocks": sb.slots,
-            "free_blocks": st.free.len() + st.freed.len(),
-            "migration_bytes": c.migration_bytes.load(R),
-            "migration_budget_bytes_per_s": self.budget.rate(),
-            "sequential_cutoff_bytes": sb.sequential_cutoff_bytes,
-            "writeback_percent": sb.writeback_percent,
-            "readahead_bytes": sb.readahead_bytes,
-            "readahead_blocks": c.readahead_blocks.load(R),
-            "bypassed": c.bypassed.load(R),
-            "promotions_skipped": c.promotions_skipped.load(R),
-            "commits": c.commits.load(R),
-            "dirty_victims_refused": c.dirty_victims_refused.load(R),
-            "hit_ratio_10s": self.windows.ratio(c, Duration::from_secs(10)),
-            "hit_ratio_1m": self.windows.ratio(c, Duration::from_secs(60)),
-            "hit_ratio_1h": self.windows.ratio(c, Duration::from_secs(3600)),
-            "hit_ratio_total": Windows::total(c),
-            "origin_busy_foreground_s": self.meter.busy(Kind::Foreground).as_secs_f64(),
-            "origin_busy_migration_s": self.meter.busy(Kind::Migration).as_secs_f64(),
-            "origin_busy_share": (self.meter.busy(Kind::Foreground) + self.meter.busy(Kind::Migration)).as_secs_f64() / up,
-            "flushing": st.flush_all,
-            "faults": st.faults.iter().rev().take(8).cloned().collect::<Vec<_>>(),
-            "degraded": !st.faults.is_empty(),
-            "stopped": st.failed,
-        })
+        CacheStatus {
+            mode: sb.mode.name().to_string(),
+            policy: sb.policy.clone(),
+            block_size: sb.block_bytes,
+            read_hits: c.read_hits.load(R),
+            read_misses: c.read_misses.load(R),
+            write_hits: c.write_hits.load(R),
+            write_misses: c.write_misses.load(R),
+            promotions: c.promotions.load(R),
+            demotions: c.demotions.load(R),
+            writebacks: c.writebacks.load(R),
+            dirty_blocks: st.policy.dirty_len() as u64,
+            cached_blocks: st.map.len() as u64,
+            cache_blocks: sb.slots,
+            free_blocks: (st.free.len() + st.freed.len()) as u64,
+            migration_bytes: c.migration_bytes.load(R),
+            migration_budget_bytes_per_s: self.budget.rate(),
+            sequential_cutoff_bytes: sb.sequential_cutoff_bytes,
+            writeback_percent: sb.writeback_percent,
+            readahead_bytes: sb.readahead_bytes,
+            readahead_blocks: c.readahead_blocks.load(R),
+            bypassed: c.bypassed.load(R),
+            promotions_skipped: c.promotions_skipped.load(R),
+            commits: c.commits.load(R),
+            dirty_victims_refused: c.dirty_victims_refused.load(R),
+            hit_ratio_10s: self.windows.ratio(c, Duration::from_secs(10)),
+            hit_ratio_1m: self.windows.ratio(c, Duration::from_secs(60)),
+            hit_ratio_1h: self.windows.ratio(c, Duration::from_secs(3600)),
+            hit_ratio_total: Windows::total(c),
+            origin_busy_foreground_s: self.meter.busy(Kind::Foreground).as_secs_f64(),
+            origin_busy_migration_s: self.meter.busy(Kind::Migration).as_secs_f64(),
+            origin_busy_share: (self.meter.busy(Kind::Foreground) + self.meter.busy(Kind::Migration)).as_secs_f64() / up,
+            flushing: st.flush_all,
+            faults: st.faults.iter().rev().take(8).cloned().collect(),
+            degraded: !st.faults.is_empty(),
+            stopped: st.failed.clone(),
+        }
     }
 
     pub(super) async fn message(&self, msg: &str) -> Result<String> {
