@@ -963,7 +963,7 @@ impl CrashTarget for CacheTarget {
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let dirty = vol.status().and_then(|s| s["dirty_blocks"].as_u64()).unwrap_or(0);
+            let dirty = strata_cache::CacheStatus::of(vol).map_or(0, |s| s.dirty_blocks);
             if dirty == 0 {
                 break;
             }
@@ -1249,20 +1249,20 @@ pub async fn powercut_run<T: CrashTarget>(
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
     tokio::time::sleep(Duration::from_micros(rng.gen_range(0..2000))).await;
-    if let Some(st) = vol.status() {
-        let keys = [
-            "mode",
-            "read_hits",
-            "promotions",
-            "demotions",
-            "writebacks",
-            "commits",
-            "dirty_blocks",
-            "cached_blocks",
-            "cache_blocks",
-        ];
-        let kv: Vec<String> = keys.iter().map(|k| format!("{k} {}", st[*k])).collect();
-        detail.push_str(&format!("status at the cut: {}\n", kv.join(", ")));
+    if let Some(s) = strata_cache::CacheStatus::of(&vol) {
+        detail.push_str(&format!(
+            "status at the cut: mode {:?}, read_hits {}, promotions {}, demotions {}, writebacks {}, commits {}, \
+             dirty_blocks {}, cached_blocks {}, cache_blocks {}\n",
+            s.mode,
+            s.read_hits,
+            s.promotions,
+            s.demotions,
+            s.writebacks,
+            s.commits,
+            s.dirty_blocks,
+            s.cached_blocks,
+            s.cache_blocks
+        ));
     }
     run.cut.store(true, SeqCst);
     if rng.gen_bool(0.5) {

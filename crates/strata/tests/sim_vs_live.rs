@@ -6,7 +6,7 @@ use std::sync::Arc;
 use strata_cache::admin::{create, CreateOptions};
 use strata_cache::meta::Meta;
 use strata_cache::target::policy_capacity;
-use strata_cache::{CacheDev, OpenOptions};
+use strata_cache::{CacheDev, CacheStatus, OpenOptions};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Buf};
 use strata_policy::{Op, Params};
@@ -37,21 +37,21 @@ async fn live_hits(policy: &str, trace: &[u64]) -> (u64, usize, u64) {
         buf = dev.read(b * BLOCK, buf).await.unwrap();
         if i % 1000 == 0 {
             // Once the promotions in flight land, every slot is cached or free: none leaks.
-            let mut s = dev.status().unwrap();
+            let mut s = CacheStatus::of(&dev).unwrap();
             for _ in 0..200 {
-                if s["cached_blocks"].as_u64().unwrap() + s["free_blocks"].as_u64().unwrap() == sb.slots {
+                if s.cached_blocks + s.free_blocks == sb.slots {
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                s = dev.status().unwrap();
+                s = CacheStatus::of(&dev).unwrap();
             }
-            let accounted = s["cached_blocks"].as_u64().unwrap() + s["free_blocks"].as_u64().unwrap();
-            assert_eq!(accounted, sb.slots, "{policy}: step {i}: every slot cached or free: {s}");
+            let accounted = s.cached_blocks + s.free_blocks;
+            assert_eq!(accounted, sb.slots, "{policy}: step {i}: every slot cached or free: {s:?}");
         }
     }
-    let s = dev.status().unwrap();
-    assert_eq!(s["promotions_skipped"], 0, "{s}");
-    (s["read_hits"].as_u64().unwrap(), policy_capacity(sb.slots as usize), s["promotions"].as_u64().unwrap())
+    let s = CacheStatus::of(&dev).unwrap();
+    assert_eq!(s.promotions_skipped, 0, "{s:?}");
+    (s.read_hits, policy_capacity(sb.slots as usize), s.promotions)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! `strata cache`: create a cache, change a running one, write back its dirty blocks, detach
 //! it, and check or dump its metadata offline.
 
-use crate::admin;
+use crate::http;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -119,7 +119,7 @@ pub fn run(args: CacheArgs) -> Result<()> {
             CacheCommand::Set(a) => {
                 for kv in &a.settings {
                     let (k, v) = kv.split_once('=').with_context(|| format!("expected KEY=VALUE, got {kv:?}"))?;
-                    let answer = admin::message(&a.admin, &a.name, &format!("{} {v}", k.replace('-', "_"))).await?;
+                    let answer = http::message(&a.admin, &a.name, &format!("{} {v}", k.replace('-', "_"))).await?;
                     print!("{}: {answer}", a.name);
                 }
                 Ok(())
@@ -127,7 +127,7 @@ pub fn run(args: CacheArgs) -> Result<()> {
             CacheCommand::Flush(a) => control(a, "flush").await,
             CacheCommand::Detach(a) => control(a, "detach").await,
             CacheCommand::Invalidate(a) => {
-                print!("{}: {}\n", a.name, admin::message(&a.admin, &a.name, "invalidate").await?);
+                print!("{}: {}\n", a.name, http::message(&a.admin, &a.name, "invalidate").await?);
                 Ok(())
             }
             CacheCommand::Check(a) => run_check(a).await,
@@ -178,21 +178,20 @@ async fn run_create(a: CreateArgs) -> Result<()> {
 }
 
 async fn control(a: ControlArgs, what: &str) -> Result<()> {
-    let answer = admin::message(&a.admin, &a.name, what).await?;
+    let answer = http::message(&a.admin, &a.name, what).await?;
     print!("{}: {answer}", a.name);
     if a.no_wait {
         return Ok(());
     }
-    let dirty = |v: &serde_json::Value| -> Option<u64> {
-        v["volumes"].as_array()?.iter().find(|x| x["name"] == a.name.as_str())?["target"]["dirty_blocks"].as_u64()
+    let dirty = |v: http::ServerStatus| -> Option<u64> {
+        let target = v.volumes.into_iter().find(|x| x.name == a.name)?.target?;
+        Some(strata_cache::CacheStatus::from_json(target)?.dirty_blocks)
     };
-    let status: serde_json::Value = serde_json::from_str(&admin::get(&a.admin, "/status").await?)?;
-    let start = dirty(&status).context("that volume is not a cache")?;
+    let start = dirty(http::status(&a.admin).await?).context("that volume is not a cache")?;
     let bar = ProgressBar::new(start.max(1));
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} blocks written back  {msg}")?);
     loop {
-        let status: serde_json::Value = serde_json::from_str(&admin::get(&a.admin, "/status").await?)?;
-        let d = dirty(&status).unwrap_or(0);
+        let d = dirty(http::status(&a.admin).await?).unwrap_or(0);
         bar.set_position(start.saturating_sub(d));
         if d == 0 {
             break;

@@ -1,7 +1,7 @@
 //! `strata serve`: open the volumes, serve them over NBD, and on SIGTERM/SIGINT finish what
 //! is in flight, flush every volume and exit 0.
 
-use crate::admin::{self, Admin, Volume};
+use crate::http::{self, Admin, Volume};
 use crate::config::Config;
 use crate::volume;
 use anyhow::{bail, Context, Result};
@@ -156,7 +156,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         });
         if let Some(addr) = &admin_addr {
             let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin {addr}"))?;
-            tokio::spawn(admin::serve(l, admin.clone()));
+            tokio::spawn(http::serve(l, admin.clone()));
             eprintln!("strata: admin endpoint on http://{addr}/status and /metrics");
         }
         for v in &admin.volumes {

@@ -1,6 +1,6 @@
 //! `strata status`: what a running server is doing, from its admin endpoint.
 
-use crate::admin;
+use crate::http::{self, ServerStatus};
 use anyhow::Result;
 use clap::Args;
 
@@ -17,37 +17,32 @@ pub struct StatusArgs {
 
 pub fn run(args: StatusArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let body = rt.block_on(admin::get(&args.admin, "/status"))?;
+    let body = rt.block_on(http::get(&args.admin, "/status"))?;
     if args.json {
         print!("{body}");
         return Ok(());
     }
-    let v: serde_json::Value = serde_json::from_str(&body)?;
-    print!("{}", render(&v));
+    let status: ServerStatus = serde_json::from_str(&body)?;
+    print!("{}", render(&status));
     Ok(())
 }
 
 /// The human view of `/status`.
-pub fn render(v: &serde_json::Value) -> String {
+pub fn render(status: &ServerStatus) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "uptime {:.0} s, {} connection(s)",
-        v["uptime_s"].as_f64().unwrap_or(0.0),
-        v["connections"].as_u64().unwrap_or(0)
-    );
-    for vol in v["volumes"].as_array().into_iter().flatten() {
+    let _ = writeln!(out, "uptime {:.0} s, {} connection(s)", status.uptime_s, status.connections);
+    for vol in &status.volumes {
         let _ = writeln!(
             out,
             "\nvolume {}  {}  {}{}",
-            vol["name"].as_str().unwrap_or("?"),
-            strata_io::units::format_size(vol["size_bytes"].as_u64().unwrap_or(0)),
-            vol["device"].as_str().unwrap_or(""),
-            if vol["read_only"].as_bool() == Some(true) { "  (read-only)" } else { "" }
+            vol.name,
+            strata_io::units::format_size(vol.size_bytes),
+            vol.device,
+            if vol.read_only { "  (read-only)" } else { "" }
         );
         let _ = writeln!(out, "  {:<13} {:>12} {:>14} {:>8} {:>12}", "op", "requests", "bytes", "errors", "avg lat us");
-        if let Some(ops) = vol["ops"].as_object() {
+        if let Some(ops) = vol.ops.as_object() {
             for (name, s) in ops {
                 let n = s["requests"].as_u64().unwrap_or(0);
                 if n == 0 {
@@ -65,7 +60,8 @@ pub fn render(v: &serde_json::Value) -> String {
                 );
             }
         }
-        if let Some(t) = vol["target"].as_object() {
+        // Whatever the target reports, key by key (for a cache, the fields of `CacheStatus`).
+        if let Some(serde_json::Value::Object(t)) = &vol.target {
             for (k, val) in t {
                 let _ = writeln!(out, "  {k}: {val}");
             }

@@ -1,9 +1,15 @@
-//! The admin endpoint: `GET /status` (JSON) and `GET /metrics` (Prometheus text) over plain
-//! HTTP/1.1 on loopback. One small request per connection; anything else gets 404 or 400.
+//! The admin endpoint over HTTP: `GET /status` (JSON), `GET /metrics` (Prometheus text) and
+//! `POST /volumes/NAME/message`, over plain HTTP/1.1 on loopback, one small request per
+//! connection (anything else gets 404 or 400); and the client side that `strata status` and
+//! `strata cache set|flush|detach` use. It knows volumes and the `BlockDev` trait, not the
+//! targets: each target describes itself through `status()` and `metrics()`.
 
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
+use strata_io::metrics::MetricKind;
 use strata_io::stats::{StatsDev, LATENCY_BUCKETS_US, OPS};
 use strata_io::BlockDev;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,27 +28,57 @@ pub struct Admin {
     pub connections: Box<dyn Fn() -> usize + Send + Sync>,
 }
 
+/// The `/status` document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub uptime_s: f64,
+    /// Open NBD connections.
+    pub connections: u64,
+    pub volumes: Vec<VolumeStatus>,
+}
+
+/// One volume in `/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeStatus {
+    pub name: String,
+    /// What it was opened from and what it stacks on.
+    pub device: String,
+    pub size_bytes: u64,
+    pub read_only: bool,
+    /// Per operation: requests, bytes, errors, latency sum and histogram (`StatsDev::counters`).
+    pub ops: serde_json::Value,
+    /// The target's own state (for a cache, `strata_cache::CacheStatus`); null for a plain
+    /// device.
+    pub target: Option<serde_json::Value>,
+}
+
 impl Admin {
-    pub fn status_json(&self) -> serde_json::Value {
-        let volumes: Vec<serde_json::Value> = self
+    pub fn status(&self) -> ServerStatus {
+        let volumes = self
             .volumes
             .iter()
-            .map(|v| {
-                serde_json::json!({
-                    "name": v.name,
-                    "device": v.dev.describe(),
-                    "size_bytes": v.dev.size(),
-                    "read_only": v.read_only,
-                    "ops": v.dev.counters(),
-                    "target": v.dev.status(),
-                })
+            .map(|v| VolumeStatus {
+                name: v.name.clone(),
+                device: v.dev.describe(),
+                size_bytes: v.dev.size(),
+                read_only: v.read_only,
+                ops: v.dev.counters(),
+                target: v.dev.status(),
             })
             .collect();
-        serde_json::json!({
-            "uptime_s": self.started.elapsed().as_secs_f64(),
-            "connections": (self.connections)(),
-            "volumes": volumes,
-        })
+        ServerStatus {
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            connections: (self.connections)() as u64,
+            volumes,
+        }
+    }
+
+    /// `/status` as sent: pretty JSON with its keys in sorted order, as it always was.
+    pub fn status_text(&self) -> String {
+        let sorted = serde_json::to_value(self.status()).expect("a status serialises");
+        let mut s = serde_json::to_string_pretty(&sorted).expect("a status serialises");
+        s.push('\n');
+        s
     }
 
     pub fn metrics_text(&self) -> String {
@@ -96,15 +132,20 @@ impl Admin {
                 let _ = writeln!(out, "strata_request_duration_seconds_count{{{labels}}} {cumulative}");
             }
         }
-        // Target-specific numbers (cache counters and the like) as gauges.
-        let mut target_lines: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        // What each target reports about itself: one family per name, across the volumes.
+        let mut families: BTreeMap<&str, (MetricKind, &str, Vec<String>)> = BTreeMap::new();
         for v in &self.volumes {
-            if let Some(serde_json::Value::Object(m)) = v.dev.status() {
-                flatten_numbers(&v.name, "strata_target", &serde_json::Value::Object(m), &mut target_lines);
+            for s in v.dev.metrics() {
+                let mut labels = format!("volume=\"{}\"", escape(&v.name));
+                for (k, value) in &s.labels {
+                    let _ = write!(labels, ",{k}=\"{}\"", escape(value));
+                }
+                let lines = &mut families.entry(s.name).or_insert((s.kind, s.help, Vec::new())).2;
+                lines.push(format!("{}{{{labels}}} {}", s.name, number(s.value)));
             }
         }
-        for (metric, lines) in target_lines {
-            head(&metric, "gauge", "Target state (see strata status).", &mut out);
+        for (name, (kind, help, lines)) in families {
+            head(name, kind.name(), help, &mut out);
             for l in lines {
                 out.push_str(&l);
                 out.push('\n');
@@ -114,29 +155,17 @@ impl Admin {
     }
 }
 
-fn flatten_numbers(
-    volume: &str,
-    prefix: &str,
-    v: &serde_json::Value,
-    out: &mut std::collections::BTreeMap<String, Vec<String>>,
-) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, child) in m {
-                let name: String =
-                    k.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
-                flatten_numbers(volume, &format!("{prefix}_{name}"), child, out);
-            }
-        }
-        serde_json::Value::Number(n) => {
-            if let Some(f) = n.as_f64() {
-                out.entry(prefix.to_string()).or_default().push(format!("{prefix}{{volume=\"{volume}\"}} {f}"));
-            }
-        }
-        serde_json::Value::Bool(b) => {
-            out.entry(prefix.to_string()).or_default().push(format!("{prefix}{{volume=\"{volume}\"}} {}", *b as u8));
-        }
-        _ => {}
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A sample value in the text format (infinities are `+Inf` and `-Inf`).
+fn number(v: f64) -> String {
+    if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.to_string()
+    } else {
+        v.to_string()
     }
 }
 
@@ -156,11 +185,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
             };
             let route = path.split('?').next().unwrap_or("").to_string();
             let (code, ctype, body) = match (method.as_str(), route.as_str()) {
-                ("GET", "/status") => {
-                    let mut s = serde_json::to_string_pretty(&admin.status_json()).unwrap_or_default();
-                    s.push('\n');
-                    ("200 OK", "application/json", s)
-                }
+                ("GET", "/status") => ("200 OK", "application/json", admin.status_text()),
                 ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
                 ("POST", r) if r.starts_with("/volumes/") && r.ends_with("/message") => {
                     let name = &r["/volumes/".len()..r.len() - "/message".len()];
@@ -224,6 +249,11 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(St
 /// Fetches `path` from an admin endpoint (for `strata status` and friends).
 pub async fn get(addr: &str, path: &str) -> anyhow::Result<String> {
     request(addr, "GET", path, "").await
+}
+
+/// The `/status` of a running server.
+pub async fn status(addr: &str) -> anyhow::Result<ServerStatus> {
+    Ok(serde_json::from_str(&get(addr, "/status").await?)?)
 }
 
 /// Sends a control message to a volume of a running server.
