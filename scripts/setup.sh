@@ -16,6 +16,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# promtool (from Debian's prometheus package) checks /metrics in the tests. Only the tool is
+# wanted: where the package's server was started by the install, stop and disable it.
+if ! command -v promtool >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing prometheus (for promtool)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [ -d /run/systemd/system ]; then
+    $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+fi
 if ! python3 -c "import matplotlib" >/dev/null 2>&1; then
   echo "setup: installing matplotlib (for the benchmark plots)"
   python3 -m pip install --quiet matplotlib
