@@ -1,12 +1,10 @@
-//! Creating, opening, checking and dumping caches: everything `strata cache ...` does to a
-//! cache device, apart from serving it.
+//! Creating, checking and dumping caches: what `strata cache ...` does to a cache device
+//! offline. Opening one for serving (its origin, identity checks, reporting what recovery
+//! repaired) is the caller's, through `Meta::load` and `CacheDev::open`.
 
 use crate::format::{recognise, Layout, Mode, Superblock, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, PAGE};
 use crate::meta::{Findings, Meta};
-use crate::target::{CacheDev, OpenOptions};
-use std::sync::Arc;
-use strata_io::file::{FileDev, FileOptions};
-use strata_io::{spec, BlockDev, Buf, Error, ErrorKind, Result};
+use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 
 pub struct CreateOptions {
     pub block_bytes: u32,
@@ -18,6 +16,9 @@ pub struct CreateOptions {
     pub readahead_bytes: u32,
     /// How to open the origin again (recorded in the superblock).
     pub origin_spec: String,
+    /// What identifies the origin (device and inode of its file; empty when nothing does),
+    /// recorded so that serving refuses another device at the same path.
+    pub origin_id: String,
     pub force: bool,
 }
 
@@ -32,6 +33,7 @@ impl Default for CreateOptions {
             writeback_percent: 10,
             readahead_bytes: DEFAULT_READAHEAD_BYTES,
             origin_spec: String::new(),
+            origin_id: String::new(),
             force: false,
         }
     }
@@ -52,35 +54,6 @@ pub fn check_readahead(bytes: u64) -> Result<()> {
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Invalid, msg)
-}
-
-/// The identity of the origin behind a spec: device and inode for files, empty otherwise.
-pub fn origin_identity(origin_spec: &str) -> String {
-    use std::os::unix::fs::MetadataExt;
-    if origin_spec.starts_with("mem:") {
-        return String::new();
-    }
-    let path = origin_spec.strip_prefix("hdd:").or_else(|| origin_spec.strip_prefix("ssd:")).unwrap_or(origin_spec);
-    let path = spec::split_query(path).0;
-    match std::fs::metadata(path) {
-        Ok(m) if m.file_type().is_file() => format!("{}:{}", m.dev(), m.ino()),
-        Ok(m) => format!("rdev {}", m.rdev()),
-        Err(_) => String::new(),
-    }
-}
-
-/// The origin spec to record: `size=` dropped, so reopening never creates an empty origin.
-pub fn recordable_spec(origin_spec: &str) -> String {
-    let (head, query) = match origin_spec.split_once('?') {
-        Some((h, q)) => (h, q),
-        None => return origin_spec.to_string(),
-    };
-    let kept: Vec<&str> = query.split('&').filter(|kv| !kv.starts_with("size=") && !kv.is_empty()).collect();
-    if kept.is_empty() {
-        head.to_string()
-    } else {
-        format!("{head}?{}", kept.join("&"))
-    }
 }
 
 /// Formats `cache` as a cache of `origin`. Refuses a device holding recognisable data
@@ -138,7 +111,7 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
         readahead_bytes: o.readahead_bytes,
         policy: o.policy.clone(),
         origin_spec: o.origin_spec.clone(),
-        origin_id: origin_identity(&o.origin_spec),
+        origin_id: o.origin_id.clone(),
     };
     // Zero the metadata area (old superblocks included), then write an empty table.
     let mut pos = 0;
@@ -161,44 +134,6 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
     meta.write_superblock(cache).await?;
     cache.flush().await?;
     Ok(meta.sb)
-}
-
-/// Opens the cache device at `path` (a file or block device, O_DIRECT where possible).
-pub fn open_cache_device(path: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
-    let opts = FileOptions { read_only, ..FileOptions::default() };
-    Ok(Arc::new(FileDev::open(std::path::Path::new(path), &opts)?))
-}
-
-/// Opens a cache for serving: `cache:PATH[?origin=SPEC]` minus the `cache:` prefix.
-pub async fn open(spec_rest: &str, opts: OpenOptions) -> Result<CacheDev> {
-    let (path, query) = spec::split_query(spec_rest);
-    let mut options = spec::Options::parse(spec_rest, query);
-    let origin_override = options.take("origin");
-    options.finish()?;
-    let cache = open_cache_device(path, false)?;
-    let (meta, findings) = Meta::load(&*cache).await.map_err(|e| Error::new(e.kind, format!("{path}: {}", e.context)))?;
-    if !findings.errors.is_empty() {
-        return Err(invalid(format!(
-            "{path}: metadata is damaged ({}); run `strata cache check {path}`",
-            findings.errors.join("; ")
-        )));
-    }
-    for r in &findings.repaired {
-        eprintln!("strata: {path}: recovery: {r}");
-    }
-    let origin_spec = origin_override.unwrap_or_else(|| meta.sb.origin_spec.clone());
-    if origin_spec.is_empty() {
-        return Err(invalid(format!("{path}: the superblock names no origin; give cache:{path}?origin=SPEC")));
-    }
-    let id = origin_identity(&origin_spec);
-    if !meta.sb.origin_id.is_empty() && !id.is_empty() && id != meta.sb.origin_id {
-        return Err(invalid(format!(
-            "{path}: wrong origin: {origin_spec} is not the device this cache was created for (identity {id}, expected {})",
-            meta.sb.origin_id
-        )));
-    }
-    let origin = spec::open(&origin_spec, false).map_err(|e| Error::new(e.kind, format!("origin of {path}: {}", e.context)))?;
-    CacheDev::open(cache, origin, meta, opts).await
 }
 
 /// `strata cache check`: the superblock and findings.

@@ -5,6 +5,10 @@
 //! detector, `status` what the target reports (`/status`, `/metrics`), `admin` creation,
 //! checking and dumping.
 //!
+//! The target takes devices already opened: it never sees a device spec, a command-line flag,
+//! or a terminal. Opening a cache from its spec (and its origin from the superblock) is the
+//! `strata` crate's opener.
+//!
 //! What it must never do: acknowledge a FLUSH or FUA write before the data and the mapping
 //! that finds it are durable; reuse a cache slot before its release is durable; evict a
 //! dirty block; read a clock inside a policy (time is passed in).

@@ -11,7 +11,7 @@ pub mod latency;
 pub mod mem;
 pub mod metrics;
 pub mod powercut;
-pub mod spec;
+pub mod query;
 pub mod stats;
 pub mod testing;
 pub mod timer;

@@ -57,6 +57,16 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// Formats a byte count as `parse_size` reads it back exactly, in the largest binary unit
+/// that divides it: `4GiB`, `64KiB`, `1000`. For specs and flag defaults.
+pub fn format_size_exact(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 5] = [("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    match UNITS.iter().find(|(_, shift)| bytes != 0 && bytes.trailing_zeros() >= *shift) {
+        Some((unit, shift)) => format!("{}{unit}", bytes >> shift),
+        None => bytes.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

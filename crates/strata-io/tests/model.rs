@@ -6,7 +6,7 @@ use strata_io::latency::{HddParams, LatencyDev, SsdParams};
 use strata_io::engine::EngineKind;
 use strata_io::mem::MemDev;
 use strata_io::testing::{check_all_blocks_at_once, check_model, random_ops, Workload};
-use strata_io::{spec, BlockDev, Buf};
+use strata_io::{BlockDev, Buf};
 
 const SIZE: u64 = 4 << 20;
 
@@ -86,31 +86,12 @@ async fn hdd_model_charges_seeks_and_spares_sequential_io() {
     assert!(busy >= random / 2, "busy time {busy:?} accounts for the random reads");
 }
 
-#[test]
-fn specs_parse_and_reject() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let p = dir.path().join("s.img");
-    let dev = spec::open(&format!("{}?size=1MiB", p.display()), false).unwrap();
-    assert_eq!(dev.size(), 1 << 20);
-    // Reopening with a different size must not resize existing data.
-    let err = spec::open(&format!("{}?size=2MiB", p.display()), false).err().unwrap();
-    assert!(err.to_string().contains("refusing to resize"), "{err}");
-    drop(dev); // the file's claim goes with it; a second writer would be refused
-    assert!(spec::open(&format!("hdd:{}?rpm=5400&seek_max_ms=12", p.display()), false).is_ok());
-    let err = spec::open(&format!("{}?bogus=1", p.display()), false).err().unwrap();
-    assert!(err.to_string().contains("unknown option(s): bogus"), "{err}");
-    let err = spec::open("/nonexistent/dir/x.img", false).err().unwrap();
-    assert!(err.to_string().contains("cannot open"), "{err}");
-    assert_eq!(spec::open("mem:64KiB", false).unwrap().size(), 65536);
-    assert!(spec::open("mem:lots", false).is_err());
-}
-
 #[tokio::test]
 async fn read_only_file_refuses_writes() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let p = dir.path().join("ro.img");
     std::fs::write(&p, vec![7u8; 8192]).unwrap();
-    let dev = spec::open(&format!("{}?ro", p.display()), false).unwrap();
+    let dev = FileDev::open(&p, &FileOptions { read_only: true, ..FileOptions::default() }).unwrap();
     let err = dev.write(0, Buf::zeroed(4096), false).await.unwrap_err();
     assert_eq!(err.kind, strata_io::ErrorKind::ReadOnly);
     let got = dev.read(0, Buf::zeroed(4096)).await.unwrap();

@@ -396,7 +396,8 @@ async fn simple_replies_for_every_command_and_error() {
 #[tokio::test]
 async fn agreed_block_sizes_are_enforced() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let dev = strata_io::spec::open(&format!("{}?size=1MiB", dir.path().join("f").display()), false).unwrap();
+    let opts = strata_io::file::FileOptions { create_size: Some(1 << 20), ..Default::default() };
+    let dev: Arc<dyn BlockDev> = Arc::new(strata_io::file::FileDev::open(&dir.path().join("f"), &opts).unwrap());
     let min = dev.geometry().min_block_bytes;
     let s = Server::new(vec![Export { name: "f".into(), description: String::new(), dev, read_only: false }], Limits::default()).unwrap();
     let mut c = Client::new(&s).await;

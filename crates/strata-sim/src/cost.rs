@@ -93,22 +93,11 @@ impl FromStr for DeviceModel {
             Some(i) => (&s[..i], Some(&s[i + 1..])),
             None => (s, None),
         };
-        let mut opts = strata_io::spec::Options::parse(s, query);
+        let mut opts = strata_io::query::Options::parse(s, query);
         let e = |e: strata_io::Error| e.to_string();
         let model = match kind.to_ascii_lowercase().as_str() {
             "hdd" => {
-                let mut p = HddParams::default();
-                p.seek_min_ms = opts
-                    .take_parsed("seek_min_ms")
-                    .map_err(e)?
-                    .unwrap_or(p.seek_min_ms);
-                p.seek_max_ms = opts
-                    .take_parsed("seek_max_ms")
-                    .map_err(e)?
-                    .unwrap_or(p.seek_max_ms);
-                p.rpm = opts.take_parsed("rpm").map_err(e)?.unwrap_or(p.rpm);
-                p.mib_s = opts.take_parsed("mib_s").map_err(e)?.unwrap_or(p.mib_s);
-                p.seed = opts.take_parsed("seed").map_err(e)?.unwrap_or(p.seed);
+                let p = strata_io::query::take_hdd(&mut opts).map_err(e)?;
                 if p.seek_min_ms.is_nan()
                     || p.seek_min_ms < 0.0
                     || p.seek_max_ms.is_nan()
@@ -122,17 +111,7 @@ impl FromStr for DeviceModel {
                 DeviceModel::Hdd(p)
             }
             "ssd" => {
-                let mut p = SsdParams::default();
-                p.read_us = opts.take_parsed("read_us").map_err(e)?.unwrap_or(p.read_us);
-                p.write_us = opts
-                    .take_parsed("write_us")
-                    .map_err(e)?
-                    .unwrap_or(p.write_us);
-                p.channels = opts
-                    .take_parsed("channels")
-                    .map_err(e)?
-                    .unwrap_or(p.channels);
-                p.mib_s = opts.take_parsed("mib_s").map_err(e)?.unwrap_or(p.mib_s);
+                let p = strata_io::query::take_ssd(&mut opts).map_err(e)?;
                 if p.read_us.is_nan() || p.read_us < 0.0 || p.write_us.is_nan() || p.write_us < 0.0
                 {
                     return Err(format!("{s}: read_us and write_us must not be negative"));

@@ -5,7 +5,8 @@ pub mod cmd;
 pub mod config;
 pub mod crashtest;
 pub mod http;
-pub mod volume;
+pub mod open;
+pub mod spec;
 
 /// fio's JSON report, skipping any notes it prints before it.
 pub fn fio_json(stdout: &[u8]) -> anyhow::Result<serde_json::Value> {

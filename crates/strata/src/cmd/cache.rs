@@ -2,11 +2,14 @@
 //! it, and check or dump its metadata offline.
 
 use crate::http;
+use crate::open::{cache_device, open, open_file};
+use crate::spec::Spec;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
-use strata_cache::admin::{create, recordable_spec, CreateOptions};
+use strata_cache::admin::CreateOptions;
+use strata_cache::format::Superblock;
 use strata_cache::Mode;
 use strata_io::units::{format_size, parse_rate, parse_size};
 
@@ -43,10 +46,10 @@ Example:
 pub struct CreateArgs {
     /// The slow device to cache (any device spec; recorded in the superblock).
     #[arg(long, value_name = "SPEC")]
-    pub origin: String,
+    pub origin: Spec,
     /// The fast device to format (a file or block device; PATH?size=1GiB creates a file).
     #[arg(long, value_name = "SPEC")]
-    pub cache: String,
+    pub cache: Spec,
     /// Cache block size (32KiB to 1GiB, a power of two).
     #[arg(long, default_value = "64KiB", value_parser = |s: &str| parse_size(s))]
     pub block_size: u64,
@@ -127,12 +130,12 @@ pub fn run(args: CacheArgs) -> Result<()> {
             CacheCommand::Flush(a) => control(a, "flush").await,
             CacheCommand::Detach(a) => control(a, "detach").await,
             CacheCommand::Invalidate(a) => {
-                print!("{}: {}\n", a.name, http::message(&a.admin, &a.name, "invalidate").await?);
+                println!("{}: {}", a.name, http::message(&a.admin, &a.name, "invalidate").await?);
                 Ok(())
             }
             CacheCommand::Check(a) => run_check(a).await,
             CacheCommand::Dump(a) => {
-                let dev = strata_cache::admin::open_cache_device(&a.path, true)?;
+                let dev = cache_device(a.path.as_ref(), true)?;
                 let d = strata_cache::admin::dump(&*dev).await.with_context(|| a.path.clone())?;
                 println!("{}", serde_json::to_string_pretty(&d)?);
                 Ok(())
@@ -145,12 +148,6 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     if a.mode == Mode::Cleaner {
         bail!("a cache cannot be created in cleaner mode");
     }
-    let origin = strata_io::spec::open(&a.origin, true).with_context(|| format!("cannot open the origin {}", a.origin))?;
-    let cache = strata_io::spec::open(&a.cache, false).with_context(|| format!("cannot open the cache device {}", a.cache))?;
-    let path = strata_io::spec::split_query(&a.cache).0;
-    if a.cache.starts_with("mem:") || a.cache.starts_with("hdd:") || a.cache.starts_with("ssd:") {
-        bail!("the cache device must be a file or block device path, not {:?}", a.cache);
-    }
     let opts = CreateOptions {
         block_bytes: u32::try_from(a.block_size).unwrap_or(u32::MAX),
         mode: a.mode,
@@ -159,10 +156,11 @@ async fn run_create(a: CreateArgs) -> Result<()> {
         migration_budget_bytes_per_s: a.migration_budget,
         writeback_percent: a.writeback_percent,
         readahead_bytes: u32::try_from(a.readahead).unwrap_or(u32::MAX),
-        origin_spec: recordable_spec(&a.origin),
         force: a.force,
+        ..CreateOptions::default()
     };
-    let sb = create(&*cache, &*origin, &opts).await.with_context(|| format!("cannot create a cache on {path}"))?;
+    let sb = create(&a.origin, &a.cache, opts).await?;
+    let path = a.cache.path().expect("create refuses a cache spec without a path").display();
     println!(
         "created cache {path}: {} blocks of {} ({}) for origin {} ({}), mode {}, policy {}",
         sb.slots,
@@ -175,6 +173,20 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     );
     println!("serve it with: strata serve --unix /tmp/strata.sock NAME=cache:{path}");
     Ok(())
+}
+
+/// Formats the file or block device `cache` as a cache of `origin`, recording the origin's
+/// spec (without `size=`) and identity in the superblock so that serving reopens it.
+pub async fn create(origin: &Spec, cache: &Spec, mut opts: CreateOptions) -> Result<Superblock> {
+    let Spec::File(file) = cache else {
+        bail!("the cache device must be a file or block device path, not {:?}", cache.to_string());
+    };
+    let origin_dev = open(origin, true).await.with_context(|| format!("cannot open the origin {origin}"))?;
+    let cache_dev = open_file(file, false).with_context(|| format!("cannot open the cache device {cache}"))?;
+    opts.origin_spec = origin.recordable().to_string();
+    opts.origin_id = origin.identity();
+    let sb = strata_cache::admin::create(&cache_dev, &*origin_dev, &opts).await;
+    sb.with_context(|| format!("cannot create a cache on {}", file.path.display()))
 }
 
 async fn control(a: ControlArgs, what: &str) -> Result<()> {
@@ -208,7 +220,7 @@ async fn control(a: ControlArgs, what: &str) -> Result<()> {
 }
 
 async fn run_check(a: PathArgs) -> Result<()> {
-    let dev = strata_cache::admin::open_cache_device(&a.path, true)?;
+    let dev = cache_device(a.path.as_ref(), true)?;
     let (sb, findings) = strata_cache::admin::check(&*dev).await.with_context(|| a.path.clone())?;
     if a.json {
         println!(

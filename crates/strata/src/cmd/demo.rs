@@ -3,7 +3,8 @@
 //! spot through the cache while it warms, showing live IOPS and hit ratio from the server's
 //! own counters, and ends with a table against the origin alone.
 
-use crate::volume;
+use crate::open::open;
+use crate::spec::{FileSpec, Spec};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -12,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_io::latency::HddParams;
 use strata_io::stats::StatsDev;
 use strata_io::BlockDev;
 use strata_nbd::{Export, Limits, Server};
@@ -43,21 +45,20 @@ pub fn run(args: DemoArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize()?;
     let sock = dir.join("nbd.sock");
-    let origin_spec = format!("hdd:{}", dir.join("origin.img").display());
+    let origin_file = FileSpec::new(dir.join("origin.img"));
+    let hdd = |file| Spec::Hdd { file, params: HddParams::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
     // An origin four times the data, and a cache as big as the data.
-    let origin = strata_io::spec::open(&format!("{origin_spec}?size={}", args.data * 4), false)?;
+    let origin = hdd(FileSpec { size: Some(args.data * 4), ..origin_file.clone() });
     let cache_path = dir.join("cache.img");
-    let cache = strata_io::spec::open(&format!("{}?size={}", cache_path.display(), args.data + (8 << 20)), false)?;
-    let opts = strata_cache::admin::CreateOptions { origin_spec: origin_spec.clone(), ..Default::default() };
-    rt.block_on(strata_cache::admin::create(&*cache, &*origin, &opts))?;
-    drop((origin, cache));
+    let cache = Spec::File(FileSpec { size: Some(args.data + (8 << 20)), ..FileSpec::new(&cache_path) });
+    rt.block_on(super::cache::create(&origin, &cache, Default::default()))?;
 
-    let open = |spec: String| -> Result<Vol> { Ok(Arc::new(StatsDev::new(rt.block_on(volume::open(&spec, false))?))) };
-    let cached = open(format!("cache:{}", cache_path.display()))?;
+    let volume = |spec: Spec| -> Result<Vol> { Ok(Arc::new(StatsDev::new(rt.block_on(open(&spec, false))?))) };
+    let cached = volume(Spec::Cache { path: cache_path, origin: None })?;
     // The cache holds the origin's claim; the origin phase only reads, beside it.
-    let plain = open(format!("{origin_spec}?ro&shared"))?;
+    let plain = volume(hdd(FileSpec { ro: true, shared: true, ..origin_file }))?;
     let exports = [("cached", &cached), ("origin", &plain)]
         .map(|(n, d)| Export { name: n.into(), description: d.describe(), dev: d.clone() as Arc<dyn BlockDev>, read_only: false });
     let server = Server::new(exports.into(), Limits::default()).map_err(anyhow::Error::msg)?;

@@ -3,7 +3,8 @@
 
 use crate::http::{self, Admin, Volume};
 use crate::config::Config;
-use crate::volume;
+use crate::open::open;
+use crate::spec::Spec;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -29,7 +30,8 @@ Volume specs:
                        (seek_min_ms, seek_max_ms, rpm, mib_s, seed)
   ssd:PATH[?opts]      PATH behind an emulated SSD (read_us, write_us, channels, mib_s)
   cache:PATH           a cache made by `strata cache create` (its superblock names the
-                       origin; cache:PATH?origin=SPEC overrides it)
+                       origin; cache:PATH?origin=SPEC overrides it, and everything after
+                       origin= is that spec, e.g. cache:PATH?origin=hdd:O.img?rpm=5400&seed=2)
   fault:RULE[,RULE]...@SPEC
                        SPEC behind injected faults (tests and drills): each RULE is
                        OPS:EFFECT[:FIELD]..., OPS read|write|flush|discard|zero|any joined
@@ -37,6 +39,8 @@ Volume specs:
                        once|always|times=N, after=N, p=PROB, seed=N
                        e.g. fault:read:eio:0-1MiB:once@/var/tmp/vol0.img
                        (an origin too: cache:PATH?origin=fault:write:enospc:after=100@PATH)
+A word before ':' that is none of these kinds is refused unless a file of that name exists
+(write ./foo:bar for a file to be created).
 
 Examples:
   strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
@@ -67,8 +71,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<usize>,
     /// Volumes to export, as NAME=SPEC. The first is also the default export.
-    #[arg(value_name = "NAME=SPEC", value_parser = volume::parse_named)]
-    pub volumes: Vec<(String, String)>,
+    #[arg(value_name = "NAME=SPEC", value_parser = parse_named)]
+    pub volumes: Vec<(String, Spec)>,
+}
+
+/// Parses `NAME=SPEC`.
+pub fn parse_named(arg: &str) -> Result<(String, Spec), String> {
+    match arg.split_once('=') {
+        Some((name, spec)) if !name.is_empty() && !spec.is_empty() && !name.contains(['/', '?']) => {
+            Ok((name.to_string(), spec.parse().map_err(|e: strata_io::Error| e.to_string())?))
+        }
+        _ => Err(format!("expected NAME=SPEC (e.g. vol0=/var/lib/strata/vol0.img), got {arg:?}")),
+    }
 }
 
 /// TCP addresses without a host bind loopback.
@@ -91,8 +105,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let tcp = args.tcp.clone().or(cfg.tcp.clone()).map(|s| tcp_addr(&s));
     let admin_addr = args.admin.clone().or(cfg.admin.clone()).map(|s| tcp_addr(&s));
     let all_ro = args.read_only || cfg.read_only;
-    let mut wanted: Vec<(String, String, bool)> =
-        cfg.volumes.iter().map(|v| (v.name.clone(), v.spec.clone(), v.read_only || all_ro)).collect();
+    let mut wanted = Vec::new();
+    for v in &cfg.volumes {
+        let spec: Spec = v.spec.parse().with_context(|| format!("volume {}", v.name))?;
+        wanted.push((v.name.clone(), spec, v.read_only || all_ro));
+    }
     wanted.extend(args.volumes.iter().map(|(n, s)| (n.clone(), s.clone(), all_ro)));
     if wanted.is_empty() {
         bail!("no volumes to serve: give NAME=SPEC arguments or [[volume]] entries in --config");
@@ -107,7 +124,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let mut volumes = Vec::new();
         let mut exports = Vec::new();
         for (name, spec, ro) in wanted {
-            let dev = volume::open(&spec, ro).await.with_context(|| format!("volume {name}"))?;
+            let dev = open(&spec, ro).await.with_context(|| format!("volume {name}"))?;
             let stats = Arc::new(StatsDev::new(dev));
             exports.push(Export {
                 name: name.clone(),

@@ -1,0 +1,190 @@
+//! The `?key=value&flag` options a device spec carries after its path: reading them (each
+//! taken once by name, any left over named in the error) and writing them back in a fixed
+//! order. The latency models' options are read and written here too, so the `hdd:`/`ssd:`
+//! device specs and the simulator's cost models (`hdd?rpm=5400`) accept the same words.
+//!
+//! Which kinds of spec exist and how each opens is the `strata` crate's `spec` and `open`;
+//! nothing here opens a device or knows a prefix.
+
+use crate::latency::{HddParams, SsdParams};
+use crate::units::parse_size;
+use crate::{Error, ErrorKind, Result};
+use std::fmt;
+
+/// The options of a spec: `key=value` pairs (or bare flags) after `?`, each taken once by name.
+pub struct Options {
+    spec: String,
+    pairs: Vec<(String, String, bool)>,
+}
+
+impl Options {
+    /// `spec` is the whole spec, for error messages; `query` what follows its `?`.
+    pub fn parse(spec: &str, query: Option<&str>) -> Options {
+        let pairs = query
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) => (k.to_string(), v.to_string(), false),
+                None => (p.to_string(), String::new(), false),
+            })
+            .collect();
+        Options { spec: spec.to_string(), pairs }
+    }
+
+    /// An `Invalid` error naming the spec.
+    pub fn invalid(&self, msg: impl fmt::Display) -> Error {
+        invalid_spec(&self.spec, msg)
+    }
+
+    pub fn take(&mut self, key: &str) -> Option<String> {
+        self.pairs.iter_mut().find(|(k, _, used)| k == key && !*used).map(|(_, v, used)| {
+            *used = true;
+            v.clone()
+        })
+    }
+
+    pub fn take_parsed<T: std::str::FromStr>(&mut self, key: &str) -> Result<Option<T>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| self.invalid(format!("bad value {v:?} for {key}"))),
+        }
+    }
+
+    pub fn take_bool(&mut self, key: &str) -> Result<Option<bool>> {
+        match self.take(key).as_deref() {
+            None => Ok(None),
+            Some("" | "1" | "on" | "true" | "yes") => Ok(Some(true)),
+            Some("0" | "off" | "false" | "no") => Ok(Some(false)),
+            Some(v) => Err(self.invalid(format!("bad value {v:?} for {key} (on or off)"))),
+        }
+    }
+
+    pub fn take_size(&mut self, key: &str) -> Result<Option<u64>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => parse_size(&v).map(Some).map_err(|e| self.invalid(e)),
+        }
+    }
+
+    /// Fails naming any option nobody took.
+    pub fn finish(self) -> Result<()> {
+        let unknown: Vec<&str> = self.pairs.iter().filter(|(_, _, used)| !used).map(|(k, _, _)| k.as_str()).collect();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(self.invalid(format!("unknown option(s): {}", unknown.join(", "))))
+        }
+    }
+}
+
+/// An `Invalid` error about the spec `spec`, in the form every spec error takes.
+pub fn invalid_spec(spec: &str, msg: impl fmt::Display) -> Error {
+    Error::new(ErrorKind::Invalid, format!("device spec {spec:?}: {msg}"))
+}
+
+/// Splits `PATH?opts` into the path and its options.
+pub fn split_query(s: &str) -> (&str, Option<&str>) {
+    match s.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (s, None),
+    }
+}
+
+/// Options written back: `?a=1&b`, in the order they were added; nothing when empty.
+#[derive(Default)]
+pub struct Written(Vec<String>);
+
+impl Written {
+    pub fn flag(&mut self, key: &str, on: bool) {
+        if on {
+            self.0.push(key.to_string());
+        }
+    }
+
+    pub fn pair(&mut self, key: &str, value: impl fmt::Display) {
+        self.0.push(format!("{key}={value}"));
+    }
+
+    /// `key=value` unless `value` is the default, which goes without saying.
+    pub fn unless_default<T: PartialEq + fmt::Display>(&mut self, key: &str, value: T, default: T) {
+        if value != default {
+            self.pair(key, value);
+        }
+    }
+}
+
+impl fmt::Display for Written {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            write!(f, "?{}", self.0.join("&"))
+        }
+    }
+}
+
+/// The HDD model's options (`seek_min_ms`, `seek_max_ms`, `rpm`, `mib_s`, `seed`) over the
+/// defaults.
+pub fn take_hdd(opts: &mut Options) -> Result<HddParams> {
+    let mut p = HddParams::default();
+    p.seek_min_ms = opts.take_parsed("seek_min_ms")?.unwrap_or(p.seek_min_ms);
+    p.seek_max_ms = opts.take_parsed("seek_max_ms")?.unwrap_or(p.seek_max_ms);
+    p.rpm = opts.take_parsed("rpm")?.unwrap_or(p.rpm);
+    p.mib_s = opts.take_parsed("mib_s")?.unwrap_or(p.mib_s);
+    p.seed = opts.take_parsed("seed")?.unwrap_or(p.seed);
+    Ok(p)
+}
+
+/// Writes the HDD model's options that differ from the defaults, in `take_hdd`'s order.
+pub fn write_hdd(w: &mut Written, p: &HddParams) {
+    let d = HddParams::default();
+    w.unless_default("seek_min_ms", p.seek_min_ms, d.seek_min_ms);
+    w.unless_default("seek_max_ms", p.seek_max_ms, d.seek_max_ms);
+    w.unless_default("rpm", p.rpm, d.rpm);
+    w.unless_default("mib_s", p.mib_s, d.mib_s);
+    w.unless_default("seed", p.seed, d.seed);
+}
+
+/// The SSD model's options (`read_us`, `write_us`, `channels`, `mib_s`) over the defaults.
+pub fn take_ssd(opts: &mut Options) -> Result<SsdParams> {
+    let mut p = SsdParams::default();
+    p.read_us = opts.take_parsed("read_us")?.unwrap_or(p.read_us);
+    p.write_us = opts.take_parsed("write_us")?.unwrap_or(p.write_us);
+    p.channels = opts.take_parsed("channels")?.unwrap_or(p.channels);
+    p.mib_s = opts.take_parsed("mib_s")?.unwrap_or(p.mib_s);
+    Ok(p)
+}
+
+/// Writes the SSD model's options that differ from the defaults, in `take_ssd`'s order.
+pub fn write_ssd(w: &mut Written, p: &SsdParams) {
+    let d = SsdParams::default();
+    w.unless_default("read_us", p.read_us, d.read_us);
+    w.unless_default("write_us", p.write_us, d.write_us);
+    w.unless_default("channels", p.channels, d.channels);
+    w.unless_default("mib_s", p.mib_s, d.mib_s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_taken_once_and_leftovers_named() {
+        let mut o = Options::parse("x?a=1&b&c=on&rpm=5400", Some("a=1&b&c=on&rpm=5400"));
+        assert_eq!(o.take_parsed::<u32>("a").unwrap(), Some(1));
+        assert_eq!(o.take("a"), None, "taken once");
+        assert_eq!(o.take_bool("b").unwrap(), Some(true));
+        let hdd = take_hdd(&mut o).unwrap();
+        assert_eq!(hdd, HddParams { rpm: 5400.0, ..HddParams::default() });
+        let err = o.finish().unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Invalid);
+        assert!(err.context.ends_with("unknown option(s): c"), "{err}");
+        let mut w = Written::default();
+        write_hdd(&mut w, &hdd);
+        w.flag("ro", true);
+        w.flag("shared", false);
+        assert_eq!(w.to_string(), "?rpm=5400&ro");
+        assert_eq!(Written::default().to_string(), "");
+    }
+}

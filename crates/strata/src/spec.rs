@@ -1,0 +1,518 @@
+//! Device specs: how a device, or a stack of targets over devices, is named on the command
+//! line and in config files. A spec is parsed once into a `Spec`, printed back in one
+//! canonical form (`Display`: options in a fixed order, only those that differ from their
+//! defaults), and opened into a stack of `BlockDev`s by `crate::open`. Targets take devices
+//! already opened and never see these strings.
+//!
+//! - `PATH[?opts]` — a file or block device. Options: `size=4GiB` (create a sparse file of
+//!   that size if missing), `direct=on|off`, `engine=uring|pool`, `ro`, `shared` (with `ro`
+//!   only: no claim on the file, to read beside a writer; see `strata_io::file`)
+//! - `mem:SIZE` — RAM
+//! - `hdd:PATH[?opts]` — `PATH` behind the HDD latency model; the file's options plus
+//!   `seek_min_ms`, `seek_max_ms`, `rpm`, `mib_s`, `seed`
+//! - `ssd:PATH[?opts]` — `PATH` behind the SSD model; the file's options plus `read_us`,
+//!   `write_us`, `channels`, `mib_s`
+//! - `fault:RULE[,RULE]...@SPEC` — the device `SPEC` names, behind the fault-injection device,
+//!   with rules in the text form `strata_io::fault::parse_rule` reads, e.g.
+//!   `fault:read:eio:0-1MiB:once,flush:eio:after=10@/var/tmp/o.img`
+//! - `cache:PATH[?origin=SPEC]` — a cache made by `strata cache create`; its superblock
+//!   records the spec of its origin, which `origin=` overrides. Everything after `origin=` is
+//!   the origin's spec, its own options included, so `origin=` comes last:
+//!   `cache:/var/tmp/c.img?origin=hdd:/var/tmp/o.img?rpm=5400&seek_max_ms=12`.
+//!
+//! A word before the first `:` that names no kind (`foo:bar`) is refused with the list of
+//! kinds, unless a file of that name exists: a typo in a prefix should not read as a missing
+//! file. (`./foo:bar` names a file to be created.)
+//!
+//! Adding a target (a write-log cache, thin volumes, an IO controller, a remote origin) adds:
+//! 1. a variant of `Spec` holding, typed, what its spec says (devices it stacks on as `Spec`s);
+//! 2. its prefix in `KINDS`, an arm in `Spec::parse` and one in `Display` (and a case in the
+//!    round-trip test's generator);
+//! 3. an arm in `crate::open::open` that opens what it stacks on and hands the devices to the
+//!    target's constructor.
+//!
+//! Nothing else: the commands take a `Spec` and call `open`. `identity` and `recordable` need
+//! an arm of their own only if the new variant names a file itself.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use strata_io::engine::{EngineKind, DEFAULT_ENGINE};
+use strata_io::fault::{parse_rule, Rule};
+use strata_io::file::FileOptions;
+use strata_io::latency::{HddParams, SsdParams};
+use strata_io::query::{self, invalid_spec, split_query, Options, Written};
+use strata_io::units::{format_size_exact, parse_size};
+use strata_io::{Error, Result};
+
+/// The kinds of spec, as an error lists them.
+pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:";
+
+/// A device or a stack of targets, as a spec names it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    /// `PATH[?opts]`
+    File(FileSpec),
+    /// `mem:SIZE`
+    Mem { bytes: u64 },
+    /// `hdd:PATH[?opts]`
+    Hdd { file: FileSpec, params: HddParams },
+    /// `ssd:PATH[?opts]`
+    Ssd { file: FileSpec, params: SsdParams },
+    /// `fault:RULES@SPEC`
+    Fault { rules: Vec<Rule>, inner: Box<Spec> },
+    /// `cache:PATH[?origin=SPEC]`; without `origin` the superblock's recorded spec is used.
+    Cache { path: PathBuf, origin: Option<Box<Spec>> },
+}
+
+/// A file or block device and the options it opens with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileSpec {
+    pub path: PathBuf,
+    /// `size=`: create a sparse file of this size if the path does not exist.
+    pub size: Option<u64>,
+    /// `direct=`: try O_DIRECT.
+    pub direct: bool,
+    /// `engine=`
+    pub engine: EngineKind,
+    /// `ro`
+    pub ro: bool,
+    /// `shared` (only with `ro`): take no claim on the file.
+    pub shared: bool,
+}
+
+impl FileSpec {
+    /// `path` with every option at its default.
+    pub fn new(path: impl Into<PathBuf>) -> FileSpec {
+        FileSpec {
+            path: path.into(),
+            size: None,
+            direct: FileOptions::default().direct,
+            engine: DEFAULT_ENGINE,
+            ro: false,
+            shared: false,
+        }
+    }
+
+    /// Reads `PATH[?opts]` and the file's options; the caller takes its own options from
+    /// what is left, then calls `finish`.
+    fn parse(spec: &str, text: &str) -> Result<(FileSpec, Options)> {
+        let (path, q) = split_query(text);
+        if path.is_empty() {
+            return Err(invalid_spec(spec, "no path"));
+        }
+        let mut opts = Options::parse(spec, q);
+        let mut f = FileSpec::new(path);
+        f.size = opts.take_size("size")?;
+        f.direct = opts.take_bool("direct")?.unwrap_or(f.direct);
+        f.engine = opts.take_parsed("engine")?.unwrap_or(f.engine);
+        f.ro = opts.take_bool("ro")? == Some(true);
+        f.shared = opts.take_bool("shared")? == Some(true);
+        if f.shared && !f.ro {
+            return Err(opts.invalid(
+                "shared is only allowed with ro (?ro&shared): an open that takes no claim must not write",
+            ));
+        }
+        Ok((f, opts))
+    }
+
+    /// The file's options that differ from the defaults, in `parse`'s order.
+    fn written(&self) -> Written {
+        let d = FileSpec::new("");
+        let mut w = Written::default();
+        if let Some(size) = self.size {
+            w.pair("size", format_size_exact(size));
+        }
+        if self.direct != d.direct {
+            w.pair("direct", if self.direct { "on" } else { "off" });
+        }
+        if self.engine != d.engine {
+            w.pair("engine", engine_name(self.engine));
+        }
+        w.flag("ro", self.ro);
+        w.flag("shared", self.shared);
+        w
+    }
+}
+
+fn engine_name(e: EngineKind) -> &'static str {
+    match e {
+        EngineKind::Uring => "uring",
+        EngineKind::Pool => "pool",
+    }
+}
+
+impl Spec {
+    /// Parses a spec (see the module docs); errors name the spec and what is wrong with it.
+    pub fn parse(s: &str) -> Result<Spec> {
+        let invalid = |msg: String| invalid_spec(s, msg);
+        let Some((kind, rest)) = s.split_once(':') else { return Spec::file(s) };
+        match kind {
+            "mem" => Ok(Spec::Mem { bytes: parse_size(rest).map_err(invalid)? }),
+            "hdd" => {
+                let (file, mut opts) = FileSpec::parse(s, rest)?;
+                let params = query::take_hdd(&mut opts)?;
+                opts.finish()?;
+                Ok(Spec::Hdd { file, params })
+            }
+            "ssd" => {
+                let (file, mut opts) = FileSpec::parse(s, rest)?;
+                let params = query::take_ssd(&mut opts)?;
+                opts.finish()?;
+                Ok(Spec::Ssd { file, params })
+            }
+            "fault" => {
+                let (rules, inner) =
+                    rest.split_once('@').ok_or_else(|| invalid("expected fault:RULE[,RULE]...@SPEC".into()))?;
+                if inner.is_empty() {
+                    return Err(invalid("no device after '@'".into()));
+                }
+                let rules: std::result::Result<Vec<Rule>, String> = rules.split(',').map(parse_rule).collect();
+                Ok(Spec::Fault { rules: rules.map_err(invalid)?, inner: Box::new(Spec::parse(inner)?) })
+            }
+            "cache" => {
+                let (path, q) = split_query(rest);
+                if path.is_empty() {
+                    return Err(invalid("no path".into()));
+                }
+                let (others, origin) = split_origin(q.unwrap_or(""));
+                Options::parse(s, Some(&others)).finish()?;
+                let origin = match origin {
+                    None => None,
+                    Some("") => return Err(invalid("no spec after origin=".into())),
+                    Some(o) => Some(Box::new(Spec::parse(o)?)),
+                };
+                Ok(Spec::Cache { path: path.into(), origin })
+            }
+            _ if looks_like_kind(kind) && !may_exist(Path::new(split_query(s).0)) => {
+                Err(invalid(format!("unknown device kind {kind:?} ({KINDS})")))
+            }
+            _ => Spec::file(s),
+        }
+    }
+
+    fn file(s: &str) -> Result<Spec> {
+        let (file, opts) = FileSpec::parse(s, s)?;
+        opts.finish()?;
+        Ok(Spec::File(file))
+    }
+
+    /// The spec to record for opening this device again later: every `size=` dropped, so
+    /// that a reopen never creates an empty device in place of a lost one.
+    pub fn recordable(&self) -> Spec {
+        let mut s = self.clone();
+        s.for_each_file(&mut |f| f.size = None);
+        s
+    }
+
+    fn for_each_file(&mut self, each: &mut dyn FnMut(&mut FileSpec)) {
+        match self {
+            Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => each(f),
+            Spec::Fault { inner, .. } => inner.for_each_file(each),
+            Spec::Cache { origin, .. } => {
+                if let Some(o) = origin {
+                    o.for_each_file(each)
+                }
+            }
+            Spec::Mem { .. } => {}
+        }
+    }
+
+    /// The file or block device this spec's device lives on, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => Some(&f.path),
+            Spec::Fault { inner, .. } => inner.path(),
+            Spec::Cache { path, .. } => Some(path),
+            Spec::Mem { .. } => None,
+        }
+    }
+
+    /// What tells this device apart from another at the same path, recorded by a cache for
+    /// its origin: `DEV:INODE` of a file, `rdev N` of a block device; empty for RAM, or when
+    /// the file cannot be read now (then nothing is compared).
+    pub fn identity(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        match self.path().map(std::fs::metadata) {
+            Some(Ok(m)) if m.file_type().is_file() => format!("{}:{}", m.dev(), m.ino()),
+            Some(Ok(m)) => format!("rdev {}", m.rdev()),
+            _ => String::new(),
+        }
+    }
+}
+
+/// Splits a cache's options into those before `origin=` and the origin's spec: everything
+/// after `origin=`, `&` and `?` included.
+fn split_origin(q: &str) -> (String, Option<&str>) {
+    let mut others = Vec::new();
+    let mut rest = q;
+    loop {
+        if let Some(origin) = rest.strip_prefix("origin=") {
+            return (others.join("&"), Some(origin));
+        }
+        match rest.split_once('&') {
+            Some((opt, more)) => {
+                others.push(opt);
+                rest = more;
+            }
+            None => {
+                others.push(rest);
+                return (others.join("&"), None);
+            }
+        }
+    }
+}
+
+/// A bare word such as a kind would be (`nbd`, `thin`, `nbd+unix`), not a path's first part.
+fn looks_like_kind(word: &str) -> bool {
+    word.starts_with(|c: char| c.is_ascii_alphabetic())
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '_'))
+}
+
+/// False only when the path certainly does not exist.
+fn may_exist(path: &Path) -> bool {
+    !matches!(path.try_exists(), Ok(false))
+}
+
+impl FromStr for Spec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Spec> {
+        Spec::parse(s)
+    }
+}
+
+impl fmt::Display for Spec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Spec::File(file) => write!(f, "{}{}", file.path.display(), file.written()),
+            Spec::Mem { bytes } => write!(f, "mem:{}", format_size_exact(*bytes)),
+            Spec::Hdd { file, params } => {
+                let mut w = file.written();
+                query::write_hdd(&mut w, params);
+                write!(f, "hdd:{}{w}", file.path.display())
+            }
+            Spec::Ssd { file, params } => {
+                let mut w = file.written();
+                query::write_ssd(&mut w, params);
+                write!(f, "ssd:{}{w}", file.path.display())
+            }
+            Spec::Fault { rules, inner } => {
+                let rules: Vec<String> = rules.iter().map(Rule::to_string).collect();
+                write!(f, "fault:{}@{inner}", rules.join(","))
+            }
+            Spec::Cache { path, origin } => {
+                write!(f, "cache:{}", path.display())?;
+                match origin {
+                    Some(o) => write!(f, "?origin={o}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+    use strata_io::fault::{Effect, Ops};
+    use strata_io::ErrorKind;
+
+    fn parse(s: &str) -> Spec {
+        Spec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn refused(s: &str) -> String {
+        let e = Spec::parse(s).expect_err(s);
+        assert_eq!(e.kind, ErrorKind::Invalid, "{s}: {e}");
+        e.context
+    }
+
+    #[test]
+    fn the_accepted_syntax_and_its_canonical_form() {
+        for (text, canonical) in [
+            ("/var/tmp/v.img", "/var/tmp/v.img"),
+            ("/var/tmp/v.img?size=4GiB", "/var/tmp/v.img?size=4GiB"),
+            ("/v.img?size=4096&direct=on", "/v.img?size=4KiB"),
+            ("/v.img?ro&direct=off&engine=pool", "/v.img?direct=off&engine=pool&ro"),
+            ("/v.img?engine=io_uring&shared&ro=yes", "/v.img?ro&shared"),
+            ("/v.img?size=1.5G", "/v.img?size=1536MiB"),
+            ("/dir/a:b.img", "/dir/a:b.img"),
+            ("relative.img", "relative.img"),
+            ("mem:1GiB", "mem:1GiB"),
+            ("mem:1000", "mem:1000"),
+            ("mem:10MB", "mem:10000000"),
+            ("hdd:/o.img", "hdd:/o.img"),
+            ("hdd:/o.img?rpm=7200&seek_max_ms=12&size=8GiB", "hdd:/o.img?size=8GiB&seek_max_ms=12"),
+            ("hdd:/o.img?seed=7&mib_s=120.5&seek_min_ms=0.25", "hdd:/o.img?seek_min_ms=0.25&mib_s=120.5&seed=7"),
+            ("ssd:/s.img?channels=4&direct=off", "ssd:/s.img?direct=off&channels=4"),
+            ("ssd:/s.img?read_us=100&write_us=30&mib_s=900", "ssd:/s.img?read_us=100&write_us=30&mib_s=900"),
+            ("fault:read:eio:0-1MiB:once,flush:eio@mem:4MiB", "fault:read:eio:0-1048576:once,flush:eio@mem:4MiB"),
+            ("fault:write:enospc:after=100@/o.img?ro", "fault:write:enospc:after=100@/o.img?ro"),
+            (
+                "fault:any:delay=5ms:p=0.01:seed=3@fault:flush:eio@mem:1MiB",
+                "fault:any:delay=5000us:p=0.01:seed=3@fault:flush:eio@mem:1MiB",
+            ),
+            ("cache:/c.img", "cache:/c.img"),
+            ("cache:/c.img?origin=/o.img", "cache:/c.img?origin=/o.img"),
+            (
+                "cache:/c.img?origin=hdd:/o.img?rpm=5400&seek_max_ms=12",
+                "cache:/c.img?origin=hdd:/o.img?seek_max_ms=12&rpm=5400",
+            ),
+            ("cache:/c.img?origin=fault:write:eio:after=100@/o.img", "cache:/c.img?origin=fault:write:eio:after=100@/o.img"),
+            ("cache:/c.img?origin=cache:/d.img?origin=mem:1GiB", "cache:/c.img?origin=cache:/d.img?origin=mem:1GiB"),
+        ] {
+            let spec = parse(text);
+            assert_eq!(spec.to_string(), canonical, "{text}");
+            assert_eq!(parse(canonical), spec, "{canonical}");
+        }
+    }
+
+    #[test]
+    fn what_each_spec_holds() {
+        let mut f = FileSpec::new("/o.img");
+        f.size = Some(8 << 30);
+        let hdd = HddParams { rpm: 5400.0, seek_max_ms: 12.0, ..HddParams::default() };
+        assert_eq!(parse("hdd:/o.img?size=8GiB&rpm=5400&seek_max_ms=12"), Spec::Hdd { file: f.clone(), params: hdd });
+        let origin = parse("cache:/c.img?origin=hdd:/o.img?size=8GiB&rpm=5400&seek_max_ms=12");
+        let hdd = Spec::Hdd { file: f, params: hdd };
+        assert_eq!(origin, Spec::Cache { path: "/c.img".into(), origin: Some(Box::new(hdd)) });
+        let Spec::Fault { rules, inner } = parse("fault:read:eio:0-1MiB:once,flush:eio@mem:4MiB") else { panic!() };
+        assert_eq!(rules, [Rule::read_error(0..1 << 20).once(), Rule::flush_error()]);
+        assert_eq!(*inner, Spec::Mem { bytes: 4 << 20 });
+        let Spec::File(ro) = parse("/v.img?ro&shared&direct=off&engine=pool") else { panic!() };
+        assert!(ro.ro && ro.shared && !ro.direct && ro.engine == EngineKind::Pool && ro.size.is_none());
+    }
+
+    #[test]
+    fn recordable_drops_every_create_size() {
+        let spec = parse("cache:/c.img?origin=fault:flush:eio@hdd:/o.img?size=8GiB&ro&rpm=5400");
+        assert_eq!(spec.recordable().to_string(), "cache:/c.img?origin=fault:flush:eio@hdd:/o.img?ro&rpm=5400");
+        assert_eq!(parse("/o.img?size=1MiB").recordable().to_string(), "/o.img");
+        assert_eq!(parse("mem:1MiB").recordable(), parse("mem:1MiB"));
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        for (text, why) in [
+            ("", "no path"),
+            ("?size=1MiB", "no path"),
+            ("hdd:", "no path"),
+            ("cache:?origin=/o.img", "no path"),
+            ("cache:/c.img?origin=", "no spec after origin="),
+            ("cache:/c.img?ro&origin=/o.img", "unknown option(s): ro"),
+            ("cache:/c.img?origin=/o.img?bogus=1", "unknown option(s): bogus"),
+            ("/v.img?bogus=1&size=1MiB&other", "unknown option(s): bogus, other"),
+            ("/v.img?shared", "shared is only allowed with ro"),
+            ("/v.img?direct=maybe", "bad value \"maybe\" for direct (on or off)"),
+            ("/v.img?engine=aio", "bad value \"aio\" for engine"),
+            ("/v.img?size=lots", "expected a number"),
+            ("hdd:/o.img?rpm=fast", "bad value \"fast\" for rpm"),
+            ("ssd:/o.img?rpm=5400", "unknown option(s): rpm"),
+            ("hdd:/o.img?rpm=5400&rpm=7200", "unknown option(s): rpm"),
+            ("mem:lots", "expected a number"),
+            ("fault:read:eio", "expected fault:RULE[,RULE]...@SPEC"),
+            ("fault:read:eio@", "no device after '@'"),
+            ("fault:nope:eio@mem:1MiB", "unknown operation"),
+            ("fault:@mem:1MiB", "unknown operation"),
+            ("fault:read:boom@mem:1MiB", "expected an effect"),
+            ("fault:read:eio:p=2@mem:1MiB", "probability"),
+            ("fault:read:eio@mem:lots", "expected a number"),
+            ("foo:bar", "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:)"),
+            ("nbd+unix:///vol?socket=/s", "unknown device kind \"nbd+unix\""),
+        ] {
+            let e = refused(text);
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
+        // The error names the spec it is about: the inner one when nested.
+        assert!(refused("cache:/c.img?origin=mem:lots").starts_with("device spec \"mem:lots\""));
+    }
+
+    /// Paths: absolute, so that no first part can read as a kind; ':' and '@' allowed inside.
+    fn path() -> impl Strategy<Value = PathBuf> {
+        "(/[a-z0-9._:@-]{1,8}){1,3}".prop_map(PathBuf::from)
+    }
+
+    fn size() -> impl Strategy<Value = u64> {
+        prop_oneof![0..1u64 << 52, (1..1u64 << 20).prop_map(|n| n << 20), (1..1u64 << 10).prop_map(|n| n << 30)]
+    }
+
+    fn file() -> impl Strategy<Value = FileSpec> {
+        let engine = prop_oneof![Just(EngineKind::Uring), Just(EngineKind::Pool)];
+        (path(), proptest::option::of(size()), any::<bool>(), engine, any::<bool>(), any::<bool>()).prop_map(
+            |(path, size, direct, engine, ro, shared)| {
+                FileSpec { path, size, direct, engine, ro, shared: shared && ro }
+            },
+        )
+    }
+
+    /// Finite, non-negative figures, including the defaults (which print as nothing).
+    fn figure(default: f64) -> impl Strategy<Value = f64> {
+        prop_oneof![Just(default), 0.0..1e6f64, (0..100_000u32).prop_map(|n| n as f64 / 8.0)]
+    }
+
+    fn hdd() -> impl Strategy<Value = HddParams> {
+        let d = HddParams::default();
+        let seed = prop_oneof![Just(d.seed), any::<u64>()];
+        (figure(d.seek_min_ms), figure(d.seek_max_ms), figure(d.rpm), figure(d.mib_s), seed)
+            .prop_map(|(seek_min_ms, seek_max_ms, rpm, mib_s, seed)| HddParams { seek_min_ms, seek_max_ms, rpm, mib_s, seed })
+    }
+
+    fn ssd() -> impl Strategy<Value = SsdParams> {
+        let d = SsdParams::default();
+        (figure(d.read_us), figure(d.write_us), prop_oneof![Just(d.channels), 1..64usize], figure(d.mib_s))
+            .prop_map(|(read_us, write_us, channels, mib_s)| SsdParams { read_us, write_us, channels, mib_s })
+    }
+
+    fn rule() -> impl Strategy<Value = Rule> {
+        let ops = proptest::sample::subsequence(vec![Ops::READ, Ops::WRITE, Ops::FLUSH, Ops::DISCARD, Ops::ZERO], 1..=5)
+            .prop_map(|v| v.iter().fold(v[0], |a, o| a | *o));
+        let effect = prop_oneof![
+            Just(Effect::Fail(ErrorKind::Io)),
+            Just(Effect::Fail(ErrorKind::NoSpace)),
+            (0..10_000_000u64).prop_map(|us| Effect::Delay(Duration::from_micros(us))),
+        ];
+        let range = proptest::option::of((0..1u64 << 40, 1..1u64 << 30).prop_map(|(a, n)| a..a + n));
+        let limit = proptest::option::of(0..1000u64);
+        let chance = prop_oneof![Just((1.0, 0)), (0.0..1.0f64, any::<u64>())];
+        (ops, effect, range, limit, 0..1000u64, chance).prop_map(|(ops, effect, range, limit, after, (p, seed))| Rule {
+            ops,
+            effect,
+            range,
+            limit,
+            after,
+            probability: p,
+            seed,
+        })
+    }
+
+    fn spec() -> impl Strategy<Value = Spec> {
+        let leaf = prop_oneof![
+            file().prop_map(Spec::File),
+            size().prop_map(|bytes| Spec::Mem { bytes }),
+            (file(), hdd()).prop_map(|(file, params)| Spec::Hdd { file, params }),
+            (file(), ssd()).prop_map(|(file, params)| Spec::Ssd { file, params }),
+            path().prop_map(|path| Spec::Cache { path, origin: None }),
+        ];
+        leaf.prop_recursive(4, 16, 3, |inner| {
+            prop_oneof![
+                (proptest::collection::vec(rule(), 1..4), inner.clone())
+                    .prop_map(|(rules, inner)| Spec::Fault { rules, inner: Box::new(inner) }),
+                (path(), inner).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn display_parses_back_to_the_same_spec(s in spec()) {
+            let text = s.to_string();
+            let back = Spec::parse(&text).map_err(|e| TestCaseError::fail(format!("{text}: {e}")))?;
+            prop_assert_eq!(&back, &s, "{}", text);
+            prop_assert_eq!(back.to_string(), text);
+        }
+    }
+}
