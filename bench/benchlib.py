@@ -564,12 +564,10 @@ def fill_random(path, size_bytes):
 
 def cache_create(ctx, origin, cache, **opts):
     """`strata cache create`; returns the number of cache blocks it made."""
-    argv = [ctx.strata, "cache", "create", "--origin", origin, "--cache", cache, "--force"]
+    argv = [ctx.strata, "cache", "create", "--json", "--origin", origin, "--cache", cache, "--force"]
     for k, v in opts.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
-    out = run(argv).stdout
-    # "created cache PATH: N blocks of ..."
-    return int(out.split(": ", 1)[1].split(" blocks", 1)[0])
+    return json.loads(run(argv).stdout)["cache_blocks"]
 
 
 def cache_file_bytes(data_bytes, block_bytes):

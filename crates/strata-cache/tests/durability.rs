@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use strata_cache::admin::{create, CreateOptions};
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
 use strata_cache::{CacheDev, OpenOptions};
 use strata_io::fault::{FaultDev, Faults, Ops, Rule};

@@ -4,7 +4,7 @@
 //! mode, and the data stays readable where it is once the device answers again.
 
 use std::sync::Arc;
-use strata_cache::admin::{create, CreateOptions};
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
 use strata_cache::{CacheDev, CacheStatus, OpenOptions};
 use strata_io::fault::{FaultDev, Faults, Rule};

@@ -6,7 +6,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use strata_cache::admin::{create, CreateOptions};
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
 use strata_cache::{CacheDev, CacheStatus, Mode, OpenOptions};
 use strata_io::latency::{LatencyDev, SsdParams};

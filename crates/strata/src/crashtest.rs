@@ -783,7 +783,7 @@ pub async fn writeback_cache(
     origin: std::sync::Arc<dyn strata_io::BlockDev>,
     seed: u64,
 ) -> anyhow::Result<strata_cache::CacheDev> {
-    use strata_cache::admin::{create, CreateOptions};
+    use strata_cache::{offline::create, CreateOptions};
     use strata_cache::meta::Meta;
     use strata_cache::{CacheDev, OpenOptions};
     let opts = CreateOptions {
@@ -899,7 +899,7 @@ impl CrashTarget for CacheTarget {
         mode: &str,
         seed: u64,
     ) -> anyhow::Result<strata_cache::CacheDev> {
-        use strata_cache::admin::{create, CreateOptions};
+        use strata_cache::{offline::create, CreateOptions};
         use strata_cache::meta::Meta;
         use strata_cache::{CacheDev, OpenOptions};
         let opts = CreateOptions {

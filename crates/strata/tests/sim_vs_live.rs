@@ -3,7 +3,7 @@
 //! same hit count, policy by policy.
 
 use std::sync::Arc;
-use strata_cache::admin::{create, CreateOptions};
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
 use strata_cache::target::policy_capacity;
 use strata_cache::{CacheDev, CacheStatus, OpenOptions};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use strata::cmd::cache::create;
 use strata::open::open;
 use strata::spec::Spec;
-use strata_cache::admin::CreateOptions;
+use strata_cache::CreateOptions;
 use strata_io::{BlockDev, Buf, ErrorKind, Result};
 
 async fn open_str(spec: &str, read_only: bool) -> Result<Arc<dyn BlockDev>> {
@@ -106,9 +106,16 @@ fn a_typo_in_a_prefix_names_the_kinds_but_a_file_of_that_name_opens() {
     assert!(!d.path().join("c.img").exists(), "nothing was created");
     // A relative path whose first part reads like a kind is a file once it exists.
     std::fs::write(d.path().join("hdx:o.img"), vec![1u8; 16 << 20]).unwrap();
-    let o = strata_in(d.path(), &["cache", "create", "--origin", "hdx:o.img", "--cache", "c.img?size=8MiB"]);
+    let o = strata_in(d.path(), &["cache", "create", "--json", "--origin", "hdx:o.img", "--cache", "c.img?size=8MiB"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("for origin hdx:o.img (16 MiB)"), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["path"], "c.img");
+    assert_eq!(v["origin_spec"], "hdx:o.img");
+    assert_eq!(v["origin_bytes"], 16 << 20);
+    assert_eq!(v["block_size"], 64 << 10);
+    assert_eq!(v["mode"], "writeback");
+    assert_eq!(v["policy"], strata_policy::DEFAULT_POLICY);
+    assert!(v["cache_blocks"].as_u64().unwrap() > 0, "{v}");
     // A cache device must be a file, not a model or RAM.
     let o = strata_in(d.path(), &["cache", "create", "--origin", "hdx:o.img", "--cache", "mem:8MiB"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("must be a file or block device path"), "{o:?}");

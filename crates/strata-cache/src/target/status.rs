@@ -92,7 +92,7 @@ impl Inner {
                 }
                 "readahead" => {
                     let r = strata_io::units::parse_size(value).map_err(invalid)?;
-                    crate::admin::check_readahead(r)?;
+                    crate::options::check_readahead(r)?;
                     st.meta.sb.readahead_bytes = r as u32;
                     format!("readahead {r} bytes")
                 }

@@ -7,11 +7,17 @@ use crate::spec::Spec;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
-use strata_cache::admin::CreateOptions;
 use strata_cache::format::Superblock;
-use strata_cache::Mode;
-use strata_io::units::{format_size, parse_rate, parse_size};
+use strata_cache::options::{
+    DEFAULT_BLOCK_BYTES, DEFAULT_MIGRATION_BUDGET_BYTES_PER_S, DEFAULT_MODE, DEFAULT_READAHEAD_BYTES,
+    DEFAULT_SEQUENTIAL_CUTOFF_BYTES, DEFAULT_WRITEBACK_PERCENT, MAX_BLOCK_BYTES, MAX_READAHEAD_BYTES,
+    MAX_WRITEBACK_PERCENT, MIN_BLOCK_BYTES,
+};
+use strata_cache::{offline, CreateOptions, Mode};
+use strata_io::units::{format_size, format_size_exact, parse_rate, parse_size};
 
 #[derive(Args, Debug)]
 pub struct CacheArgs {
@@ -50,32 +56,75 @@ pub struct CreateArgs {
     /// The fast device to format (a file or block device; PATH?size=1GiB creates a file).
     #[arg(long, value_name = "SPEC")]
     pub cache: Spec,
-    /// Cache block size (32KiB to 1GiB, a power of two).
-    #[arg(long, default_value = "64KiB", value_parser = |s: &str| parse_size(s))]
-    pub block_size: u64,
+    #[arg(long, default_value_t = Bytes(DEFAULT_BLOCK_BYTES as u64), help = format!(
+        "Cache block size ({} to {}, a power of two)",
+        format_size_exact(MIN_BLOCK_BYTES as u64),
+        format_size_exact(MAX_BLOCK_BYTES as u64)
+    ))]
+    pub block_size: Bytes,
     /// writeback, writethrough, writearound or passthrough.
-    #[arg(long, default_value = "writeback")]
+    #[arg(long, default_value = DEFAULT_MODE.name())]
     pub mode: Mode,
     /// Replacement policy (strata, smq, lru, fifo, clock, 2q, arc, lirs, s3fifo, sieve, tinylfu).
     #[arg(long, default_value = strata_policy::DEFAULT_POLICY)]
     pub policy: String,
     /// Streams that run contiguously beyond this bypass the cache (0 disables).
-    #[arg(long, default_value = "4MiB", value_parser = |s: &str| parse_size(s))]
-    pub sequential_cutoff: u64,
-    /// While the cache has unused blocks, read misses are rounded out to this aligned window
-    /// and the neighbours fill free blocks, so an empty cache warms at the origin's streaming
-    /// rate (0 disables; at most 16MiB).
-    #[arg(long, default_value = "1MiB", value_parser = |s: &str| parse_size(s))]
-    pub readahead: u64,
+    #[arg(long, default_value_t = Bytes(DEFAULT_SEQUENTIAL_CUTOFF_BYTES))]
+    pub sequential_cutoff: Bytes,
+    #[arg(long, default_value_t = Bytes(DEFAULT_READAHEAD_BYTES as u64), help = format!(
+        "While the cache has unused blocks, read misses are rounded out to this aligned window \
+         and the neighbours fill free blocks, so an empty cache warms at the origin's streaming \
+         rate (0 disables; at most {})",
+        format_size_exact(MAX_READAHEAD_BYTES)
+    ))]
+    pub readahead: Bytes,
     /// Bytes per second that promotions and write-backs may move (0 = unlimited).
-    #[arg(long, default_value = "32MiB/s", value_parser = |s: &str| parse_rate(s))]
-    pub migration_budget: u64,
-    /// Dirty share of the cache the write-back controller holds (writeback mode).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = Rate(DEFAULT_MIGRATION_BUDGET_BYTES_PER_S))]
+    pub migration_budget: Rate,
+    #[arg(long, default_value_t = DEFAULT_WRITEBACK_PERCENT, help = format!(
+        "Dirty share of the cache the write-back controller holds (writeback mode; at most {MAX_WRITEBACK_PERCENT})"
+    ))]
     pub writeback_percent: u32,
     /// Format even if the cache device holds recognisable data.
     #[arg(long)]
     pub force: bool,
+    /// Print the new cache's superblock as JSON (for scripts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A byte count as the flags take it and show their defaults: `64KiB`.
+#[derive(Clone, Copy, Debug)]
+pub struct Bytes(pub u64);
+
+impl FromStr for Bytes {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Bytes, String> {
+        parse_size(s).map(Bytes)
+    }
+}
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_size_exact(self.0))
+    }
+}
+
+/// Bytes per second, as the flags take them and show their defaults: `32MiB/s`.
+#[derive(Clone, Copy, Debug)]
+pub struct Rate(pub u64);
+
+impl FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Rate, String> {
+        parse_rate(s).map(Rate)
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/s", Bytes(self.0))
+    }
 }
 
 #[derive(Args, Debug)]
@@ -136,7 +185,7 @@ pub fn run(args: CacheArgs) -> Result<()> {
             CacheCommand::Check(a) => run_check(a).await,
             CacheCommand::Dump(a) => {
                 let dev = cache_device(a.path.as_ref(), true)?;
-                let d = strata_cache::admin::dump(&*dev).await.with_context(|| a.path.clone())?;
+                let d = offline::dump(&*dev).await.with_context(|| a.path.clone())?;
                 println!("{}", serde_json::to_string_pretty(&d)?);
                 Ok(())
             }
@@ -149,18 +198,24 @@ async fn run_create(a: CreateArgs) -> Result<()> {
         bail!("a cache cannot be created in cleaner mode");
     }
     let opts = CreateOptions {
-        block_bytes: u32::try_from(a.block_size).unwrap_or(u32::MAX),
+        block_bytes: u32::try_from(a.block_size.0).unwrap_or(u32::MAX),
         mode: a.mode,
         policy: a.policy,
-        sequential_cutoff_bytes: a.sequential_cutoff,
-        migration_budget_bytes_per_s: a.migration_budget,
+        sequential_cutoff_bytes: a.sequential_cutoff.0,
+        migration_budget_bytes_per_s: a.migration_budget.0,
         writeback_percent: a.writeback_percent,
-        readahead_bytes: u32::try_from(a.readahead).unwrap_or(u32::MAX),
+        readahead_bytes: u32::try_from(a.readahead.0).unwrap_or(u32::MAX),
         force: a.force,
         ..CreateOptions::default()
     };
     let sb = create(&a.origin, &a.cache, opts).await?;
     let path = a.cache.path().expect("create refuses a cache spec without a path").display();
+    if a.json {
+        let mut facts = offline::superblock_json(&sb);
+        facts["path"] = path.to_string().into();
+        println!("{facts}");
+        return Ok(());
+    }
     println!(
         "created cache {path}: {} blocks of {} ({}) for origin {} ({}), mode {}, policy {}",
         sb.slots,
@@ -185,7 +240,7 @@ pub async fn create(origin: &Spec, cache: &Spec, mut opts: CreateOptions) -> Res
     let cache_dev = open_file(file, false).with_context(|| format!("cannot open the cache device {cache}"))?;
     opts.origin_spec = origin.recordable().to_string();
     opts.origin_id = origin.identity();
-    let sb = strata_cache::admin::create(&cache_dev, &*origin_dev, &opts).await;
+    let sb = offline::create(&cache_dev, &*origin_dev, &opts).await;
     sb.with_context(|| format!("cannot create a cache on {}", file.path.display()))
 }
 
@@ -221,7 +276,7 @@ async fn control(a: ControlArgs, what: &str) -> Result<()> {
 
 async fn run_check(a: PathArgs) -> Result<()> {
     let dev = cache_device(a.path.as_ref(), true)?;
-    let (sb, findings) = strata_cache::admin::check(&*dev).await.with_context(|| a.path.clone())?;
+    let (sb, findings) = offline::check(&*dev).await.with_context(|| a.path.clone())?;
     if a.json {
         println!(
             "{}",
