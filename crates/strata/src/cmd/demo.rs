@@ -19,10 +19,11 @@ use strata_io::BlockDev;
 use strata_nbd::{Export, Limits, Server};
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata demo --seconds 60\n  strata demo --dir /var/tmp/strata-demo --data 512MiB")]
+#[command(after_help = "Example:\n  strata demo --seconds 60\n  strata demo --dir /tmp/strata-demo --data 512MiB")]
 pub struct DemoArgs {
-    /// Where the demo keeps its files and socket (recreated on every run).
-    #[arg(long, default_value = "strata-demo")]
+    /// Where the demo keeps its files and socket (recreated on every run; scratch, outside
+    /// any work tree).
+    #[arg(long, default_value = "/var/tmp/strata-demo")]
     pub dir: PathBuf,
     /// Seconds of load through the cache.
     #[arg(long, default_value_t = 40)]
