@@ -36,27 +36,132 @@ pub use policies::opt::Opt;
 /// Name of the policy strata uses when none is given.
 pub const DEFAULT_POLICY: &str = "strata";
 
-/// Every policy [`build`] knows, in the order `--help` lists them. `opt` is not here: it needs
-/// the whole future trace and is built with [`Opt::new`].
-pub const POLICY_NAMES: &[&str] = &[
-    "strata", "smq", "lru", "fifo", "clock", "2q", "arc", "lirs", "s3fifo", "sieve", "tinylfu",
+/// A constructor in the [`POLICIES`] table: capacity in cache blocks, shared parameters.
+pub type Constructor = fn(usize, &Params) -> Box<dyn Policy + Send>;
+
+/// One row of the [`POLICIES`] table.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyInfo {
+    /// The name [`build`] accepts and `--policy` options take.
+    pub name: &'static str,
+    /// One line for `--help` and error messages.
+    pub summary: &'static str,
+    /// How [`build`] makes it; `None` for a policy that needs more than a capacity (`opt`
+    /// needs the whole future trace and is built with [`Opt::new`]).
+    pub new: Option<Constructor>,
+}
+
+/// Every policy there is, in the order `--help` lists them: the one table the name list
+/// ([`POLICY_NAMES`]), the help text ([`help`], [`describe`]) and [`build`] come from. A new
+/// policy is a module in [`policies`] and a row here.
+pub const POLICIES: &[PolicyInfo] = &[
+    PolicyInfo {
+        name: "strata",
+        summary: "default: smq-style clean/dirty queues with frequency-gated admission and a ghost history (few promotions)",
+        new: Some(|c, p| Box::new(policies::strata::Strata::new(c, p))),
+    },
+    PolicyInfo {
+        name: "smq",
+        summary: "dm-cache's stochastic multiqueue, with the Linux 4.12 (2017) fixes",
+        new: Some(|c, p| Box::new(policies::smq::Smq::new(c, p))),
+    },
+    PolicyInfo {
+        name: "lru",
+        summary: "least recently used; promotes every miss",
+        new: Some(|c, _| Box::new(policies::lru::Lru::new(c))),
+    },
+    PolicyInfo {
+        name: "fifo",
+        summary: "first in, first out; promotes every miss",
+        new: Some(|c, _| Box::new(policies::lru::Fifo::new(c))),
+    },
+    PolicyInfo {
+        name: "clock",
+        summary: "second-chance CLOCK",
+        new: Some(|c, _| Box::new(policies::clock::Clock::new(c))),
+    },
+    PolicyInfo {
+        name: "2q",
+        summary: "Johnson & Shasha's full 2Q (A1in 25%, A1out ghost 50%, Am)",
+        new: Some(|c, _| Box::new(policies::twoq::TwoQ::new(c))),
+    },
+    PolicyInfo {
+        name: "arc",
+        summary: "Megiddo & Modha's adaptive replacement cache",
+        new: Some(|c, _| Box::new(policies::arc::Arc::new(c))),
+    },
+    PolicyInfo {
+        name: "lirs",
+        summary: "Jiang & Zhang's low inter-reference recency set (1% HIR)",
+        new: Some(|c, _| Box::new(policies::lirs::Lirs::new(c))),
+    },
+    PolicyInfo {
+        name: "s3fifo",
+        summary: "Yang et al.'s S3-FIFO (10% small FIFO, main FIFO with 2-bit reinsertion, ghost)",
+        new: Some(|c, _| Box::new(policies::s3fifo::S3Fifo::new(c))),
+    },
+    PolicyInfo {
+        name: "sieve",
+        summary: "Zhang et al.'s SIEVE",
+        new: Some(|c, _| Box::new(policies::sieve::Sieve::new(c))),
+    },
+    PolicyInfo {
+        name: "tinylfu",
+        summary: "W-TinyLFU: 1% LRU window, frequency-sketch admission into a segmented LRU, window sized by hill climbing",
+        new: Some(|c, p| Box::new(policies::tinylfu::TinyLfu::new(c, p))),
+    },
+    PolicyInfo {
+        name: "opt",
+        summary: "Belady's offline optimum with bypass (simulator only: needs the future)",
+        new: None,
+    },
 ];
 
-/// One line per policy, for `--help` and error messages.
-pub const POLICY_SUMMARIES: &[(&str, &str)] = &[
-    ("strata", "default: smq-style clean/dirty queues with frequency-gated admission and a ghost history (few promotions)"),
-    ("smq", "dm-cache's stochastic multiqueue, with the Linux 4.12 (2017) fixes"),
-    ("lru", "least recently used; promotes every miss"),
-    ("fifo", "first in, first out; promotes every miss"),
-    ("clock", "second-chance CLOCK"),
-    ("2q", "Johnson & Shasha's full 2Q (A1in 25%, A1out ghost 50%, Am)"),
-    ("arc", "Megiddo & Modha's adaptive replacement cache"),
-    ("lirs", "Jiang & Zhang's low inter-reference recency set (1% HIR)"),
-    ("s3fifo", "Yang et al.'s S3-FIFO (10% small FIFO, main FIFO with 2-bit reinsertion, ghost)"),
-    ("sieve", "Zhang et al.'s SIEVE"),
-    ("tinylfu", "W-TinyLFU: 1% LRU window, frequency-sketch admission into a segmented LRU, window sized by hill climbing"),
-    ("opt", "Belady's offline optimum with bypass (simulator only: needs the future)"),
-];
+const BUILDABLE: usize = {
+    let mut n = 0;
+    let mut i = 0;
+    while i < POLICIES.len() {
+        n += POLICIES[i].new.is_some() as usize;
+        i += 1;
+    }
+    n
+};
+
+const BUILDABLE_NAMES: [&str; BUILDABLE] = {
+    let mut out = [""; BUILDABLE];
+    let (mut i, mut n) = (0, 0);
+    while i < POLICIES.len() {
+        if POLICIES[i].new.is_some() {
+            out[n] = POLICIES[i].name;
+            n += 1;
+        }
+        i += 1;
+    }
+    out
+};
+
+/// The names [`build`] knows, in table order: the rows of [`POLICIES`] with a constructor.
+pub const POLICY_NAMES: &[&str] = &BUILDABLE_NAMES;
+
+/// The row of [`POLICIES`] called `name`, if any (`default` is not resolved here).
+pub fn find(name: &str) -> Option<&'static PolicyInfo> {
+    POLICIES.iter().find(|p| p.name == name)
+}
+
+/// One indented line per policy, `name  summary`, names padded to a column.
+pub fn describe<'a>(policies: impl IntoIterator<Item = &'a PolicyInfo>) -> String {
+    let rows: Vec<&PolicyInfo> = policies.into_iter().collect();
+    let width = rows.iter().map(|p| p.name.len()).max().unwrap_or(0);
+    rows.iter()
+        .map(|p| format!("  {:width$}  {}\n", p.name, p.summary))
+        .collect()
+}
+
+/// The policies [`build`] knows, one line each, for `--help` of commands that run a policy
+/// on a live cache (where `opt` cannot run).
+pub fn help() -> String {
+    describe(POLICIES.iter().filter(|p| p.new.is_some()))
+}
 
 /// Data direction of an access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -268,14 +373,14 @@ impl fmt::Debug for dyn Policy + Send {
     }
 }
 
-/// Build a policy by name (see [`POLICY_NAMES`]; `default` means [`DEFAULT_POLICY`]).
+/// Build a policy by name from the [`POLICIES`] table (see [`POLICY_NAMES`]; `default` means
+/// [`DEFAULT_POLICY`]).
 /// `capacity_blocks` must be at least 1.
 pub fn build(
     name: &str,
     capacity_blocks: usize,
     params: &Params,
 ) -> Result<Box<dyn Policy + Send>, UnknownPolicy> {
-    use policies::*;
     assert!(capacity_blocks >= 1, "a cache needs at least one block");
     assert!(
         capacity_blocks < u32::MAX as usize / 4,
@@ -286,22 +391,10 @@ pub fn build(
     } else {
         name
     };
-    Ok(match name {
-        "strata" => Box::new(strata::Strata::new(capacity_blocks, params)),
-        "smq" => Box::new(smq::Smq::new(capacity_blocks, params)),
-        "lru" => Box::new(lru::Lru::new(capacity_blocks)),
-        "fifo" => Box::new(lru::Fifo::new(capacity_blocks)),
-        "clock" => Box::new(clock::Clock::new(capacity_blocks)),
-        "2q" => Box::new(twoq::TwoQ::new(capacity_blocks)),
-        "arc" => Box::new(arc::Arc::new(capacity_blocks)),
-        "lirs" => Box::new(lirs::Lirs::new(capacity_blocks)),
-        "s3fifo" => Box::new(s3fifo::S3Fifo::new(capacity_blocks)),
-        "sieve" => Box::new(sieve::Sieve::new(capacity_blocks)),
-        "tinylfu" => Box::new(tinylfu::TinyLfu::new(capacity_blocks, params)),
-        _ => {
-            return Err(UnknownPolicy {
-                name: name.to_string(),
-            })
-        }
-    })
+    match find(name).and_then(|p| p.new) {
+        Some(new) => Ok(new(capacity_blocks, params)),
+        None => Err(UnknownPolicy {
+            name: name.to_string(),
+        }),
+    }
 }

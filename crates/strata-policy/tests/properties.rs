@@ -1,7 +1,7 @@
 //! Invariants every policy must keep under random access, dirty marking, removal and hint
 //! round trips; determinism for a seed.
 
-use strata_policy::{build, Access, Op, Outcome, Params, POLICY_NAMES};
+use strata_policy::{build, Access, Op, Outcome, Params, POLICIES, POLICY_NAMES};
 
 /// A small deterministic generator so failures reproduce.
 struct Rng(u64);
@@ -195,6 +195,37 @@ fn unknown_names_are_rejected() {
         build("default", 10, &Params::default()).unwrap().name(),
         strata_policy::DEFAULT_POLICY
     );
+}
+
+/// The table is the one list: names, help and `build` agree with it and with each other.
+#[test]
+fn the_policy_table_drives_names_help_and_build() {
+    let mut seen = std::collections::HashSet::new();
+    for row in POLICIES {
+        assert!(seen.insert(row.name), "{} listed twice", row.name);
+        assert!(!row.summary.is_empty() && !row.summary.contains('\n'), "{}", row.name);
+        match row.new {
+            Some(_) => {
+                let p = build(row.name, 8, &Params::default()).unwrap();
+                assert_eq!(p.name(), row.name);
+                assert!(POLICY_NAMES.contains(&row.name));
+            }
+            None => {
+                assert!(build(row.name, 8, &Params::default()).is_err());
+                assert!(!POLICY_NAMES.contains(&row.name));
+            }
+        }
+    }
+    assert_eq!(POLICY_NAMES.len(), POLICIES.iter().filter(|p| p.new.is_some()).count());
+    assert_eq!(POLICY_NAMES[0], strata_policy::DEFAULT_POLICY);
+    let help = strata_policy::help();
+    for name in POLICY_NAMES {
+        assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{name} "))), "{help}");
+    }
+    assert!(!help.contains("opt "), "{help}");
+    assert!(strata_policy::describe(POLICIES).contains("opt "));
+    let err = build("nope", 8, &Params::default()).unwrap_err().to_string();
+    assert!(POLICY_NAMES.iter().all(|n| err.contains(n)), "{err}");
 }
 
 /// The default promotes far less than LRU on a zipf-like trace without losing hits.

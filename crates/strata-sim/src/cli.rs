@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use strata_policy::{Params, DEFAULT_POLICY, POLICY_SUMMARIES};
+use strata_policy::{Params, DEFAULT_POLICY, POLICIES};
 
 use crate::cost::CostSpec;
 use crate::report;
@@ -191,10 +191,7 @@ pub fn parse_policies(spec: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for p in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let names: Vec<String> = match p {
-            "all" => POLICY_SUMMARIES
-                .iter()
-                .map(|(n, _)| n.to_string())
-                .collect(),
+            "all" => POLICIES.iter().map(|p| p.name.to_string()).collect(),
             "default" => vec![DEFAULT_POLICY.to_string()],
             _ => vec![p.to_ascii_lowercase()],
         };
