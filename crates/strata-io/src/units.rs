@@ -1,6 +1,8 @@
 //! Parsing and printing sizes and rates the way operators write them: `4GiB`, `64KiB`, `512`,
-//! `1.5G`, `32MiB/s`. Binary and decimal suffixes are both read as binary multiples except
-//! where a decimal suffix is explicit (`KB`, `MB`, `GB`, `TB`).
+//! `1.5G`, `32MiB/s`. The one size parser of every command: `K`, `M`, `G`, `T`, `P` and
+//! `KiB`, `MiB`, `GiB`, `TiB`, `PiB` are powers of 1024 (`64M` is 64 MiB, as qemu-img and fio
+//! read it); `KB`, `MB`, `GB`, `TB` are powers of 1000 (`10MB` is 10,000,000 bytes; fio's
+//! default `kb_base` would read it as MiB, strata does not). Units are case-insensitive.
 
 /// Parses a byte size such as `4GiB`, `64k`, `512`, `1.5G`, `10MB`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -78,6 +80,8 @@ mod tests {
         assert_eq!(parse_size("512").unwrap(), 512);
         assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
         assert_eq!(parse_size("10MB").unwrap(), 10_000_000);
+        assert_eq!(parse_size("10M").unwrap(), 10 << 20);
+        assert_eq!(parse_size("10mib").unwrap(), 10 << 20);
         assert_eq!(parse_rate("32MiB/s").unwrap(), 32 << 20);
         assert!(parse_size("").is_err());
         assert!(parse_size("GiB").is_err());

@@ -148,17 +148,35 @@ pub fn find(name: &str) -> Option<&'static PolicyInfo> {
     POLICIES.iter().find(|p| p.name == name)
 }
 
-/// One indented line per policy, `name  summary`, names padded to a column.
+/// One indented entry per policy, `name  summary`, names padded to a column and summaries
+/// wrapped under themselves to fit [`HELP_COLUMNS`].
 pub fn describe<'a>(policies: impl IntoIterator<Item = &'a PolicyInfo>) -> String {
     let rows: Vec<&PolicyInfo> = policies.into_iter().collect();
     let width = rows.iter().map(|p| p.name.len()).max().unwrap_or(0);
-    rows.iter()
-        .map(|p| format!("  {:width$}  {}\n", p.name, p.summary))
-        .collect()
+    let indent = 2 + width + 2;
+    let mut out = String::new();
+    for p in rows {
+        let mut line = format!("  {:width$} ", p.name);
+        for word in p.summary.split(' ') {
+            if line.len() + 1 + word.len() > HELP_COLUMNS && line.len() > indent {
+                out.push_str(&line);
+                out.push('\n');
+                line = " ".repeat(indent - 1);
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
 }
 
-/// The policies [`build`] knows, one line each, for `--help` of commands that run a policy
-/// on a live cache (where `opt` cannot run).
+/// Width [`describe`] wraps to: clap's help width when it cannot ask the terminal.
+pub const HELP_COLUMNS: usize = 100;
+
+/// The policies [`build`] knows, described as by [`describe`], for `--help` of commands that
+/// run a policy on a live cache (where `opt` cannot run).
 pub fn help() -> String {
     describe(POLICIES.iter().filter(|p| p.new.is_some()))
 }

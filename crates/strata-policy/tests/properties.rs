@@ -203,7 +203,11 @@ fn the_policy_table_drives_names_help_and_build() {
     let mut seen = std::collections::HashSet::new();
     for row in POLICIES {
         assert!(seen.insert(row.name), "{} listed twice", row.name);
-        assert!(!row.summary.is_empty() && !row.summary.contains('\n'), "{}", row.name);
+        assert!(
+            !row.summary.is_empty() && !row.summary.contains('\n'),
+            "{}",
+            row.name
+        );
         match row.new {
             Some(_) => {
                 let p = build(row.name, 8, &Params::default()).unwrap();
@@ -216,15 +220,39 @@ fn the_policy_table_drives_names_help_and_build() {
             }
         }
     }
-    assert_eq!(POLICY_NAMES.len(), POLICIES.iter().filter(|p| p.new.is_some()).count());
+    assert_eq!(
+        POLICY_NAMES.len(),
+        POLICIES.iter().filter(|p| p.new.is_some()).count()
+    );
     assert_eq!(POLICY_NAMES[0], strata_policy::DEFAULT_POLICY);
     let help = strata_policy::help();
     for name in POLICY_NAMES {
-        assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{name} "))), "{help}");
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{name} "))),
+            "{help}"
+        );
     }
     assert!(!help.contains("opt "), "{help}");
-    assert!(strata_policy::describe(POLICIES).contains("opt "));
-    let err = build("nope", 8, &Params::default()).unwrap_err().to_string();
+    let all = strata_policy::describe(POLICIES);
+    assert!(all.contains("opt "));
+    assert!(
+        all.lines().all(|l| l.len() <= strata_policy::HELP_COLUMNS),
+        "{all}"
+    );
+    let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let summaries: Vec<String> = POLICIES
+        .iter()
+        .flat_map(|p| [p.name.to_string()].into_iter().chain(words(p.summary)))
+        .collect();
+    assert_eq!(
+        words(&all),
+        summaries,
+        "wrapping keeps every word, in order"
+    );
+    let err = build("nope", 8, &Params::default())
+        .unwrap_err()
+        .to_string();
     assert!(POLICY_NAMES.iter().all(|n| err.contains(n)), "{err}");
 }
 

@@ -303,6 +303,82 @@ pub struct MatrixOptions {
     pub cost: Option<CostSpec>,
 }
 
+/// Parse a list of cache sizes such as `1000,10%,64MiB` into sizes in blocks, each with the
+/// spelling it was given (for the table), duplicates dropped. A plain number counts blocks, a
+/// percentage is of `footprint` blocks, and anything else is bytes as
+/// [`strata_io::units::parse_size`] reads them (`64M` = `64MiB`, `10MB` = 10,000,000 bytes),
+/// rounded down to whole blocks of `block_size`.
+pub fn parse_cache_sizes(
+    spec: &str,
+    footprint: u64,
+    block_size: u64,
+) -> Result<Vec<(usize, String)>, String> {
+    let mut out: Vec<(usize, String)> = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let blocks = if let Some(pct) = part.strip_suffix('%') {
+            let pct: f64 = pct
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad percentage '{part}'"))?;
+            if pct.is_nan() || pct <= 0.0 {
+                return Err(format!("cache size '{part}' must be positive"));
+            }
+            ((footprint as f64 * pct / 100.0).round() as u64).max(1)
+        } else if part.bytes().all(|b| b.is_ascii_digit()) {
+            part.parse::<u64>()
+                .map_err(|e| format!("cache size '{part}': {e}"))?
+        } else {
+            strata_io::units::parse_size(part)? / block_size
+        };
+        if blocks == 0 {
+            return Err(format!(
+                "cache size '{part}' is smaller than one {block_size}-byte block"
+            ));
+        }
+        if blocks >= (u32::MAX / 4) as u64 {
+            return Err(format!(
+                "cache size '{part}' ({blocks} blocks) is too large"
+            ));
+        }
+        if !out.iter().any(|(b, _)| *b == blocks as usize) {
+            out.push((blocks as usize, part.to_string()));
+        }
+    }
+    if out.is_empty() {
+        return Err("no cache sizes given".into());
+    }
+    Ok(out)
+}
+
+/// Parse a list of policy names such as `lru, ARC,opt` (case-insensitive, duplicates
+/// dropped): names from [`strata_policy::POLICIES`], `default`, or `all` for every row.
+pub fn parse_policy_list(spec: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for p in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let names: Vec<String> = match p {
+            "all" => strata_policy::POLICIES
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect(),
+            "default" => vec![strata_policy::DEFAULT_POLICY.to_string()],
+            _ => vec![p.to_ascii_lowercase()],
+        };
+        for n in names {
+            if strata_policy::find(&n).is_none() {
+                let known: Vec<&str> = strata_policy::POLICIES.iter().map(|p| p.name).collect();
+                return Err(format!("unknown policy '{n}'; known: {}", known.join(", ")));
+            }
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err("no policies given".into());
+    }
+    Ok(out)
+}
+
 /// Build a policy for the matrix; `opt` needs the shared next-use table.
 pub fn make_policy(
     name: &str,

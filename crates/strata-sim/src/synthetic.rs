@@ -11,6 +11,10 @@
 
 use std::fmt;
 
+use strata_policy::Op;
+
+use crate::sim::{count_distinct, BlockAccess, Workload};
+
 /// fio's `GOLDEN_RATIO_64`, the multiplier of `__hash_u64`.
 pub const GOLDEN_RATIO_64: u64 = 0x61C8_8646_80B5_83EB;
 /// fio's `ZIPF_MAX_GEN`: zeta(n) is summed over at most this many terms.
@@ -367,5 +371,49 @@ impl Iterator for Generator {
                 }
             }
         })
+    }
+}
+
+/// What a synthetic [`workload`] looks like besides its [`Pattern`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadOptions {
+    /// Device size in blocks (fio's nranges).
+    pub blocks: u64,
+    pub requests: u64,
+    /// Seeds the pattern (fio's zipf/pareto seed, taken as 32 bits) and the read/write mix.
+    pub seed: u64,
+    /// Percentage of reads (fio's rwmixread); the rest are writes.
+    pub read_percent: u8,
+    /// Time between requests, for policies with periods.
+    pub interval_ns: u64,
+    pub block_size: u64,
+}
+
+/// `o.requests` whole-block accesses following `pattern`, request `i` at `i * interval_ns`.
+pub fn workload(pattern: &Pattern, o: &WorkloadOptions) -> Workload {
+    let seed = o.seed as u32;
+    let mut mix = Taus88::new(seed.wrapping_add(0x9e37));
+    let accesses: Vec<BlockAccess> = Generator::new(pattern, o.blocks, seed)
+        .take(o.requests as usize)
+        .enumerate()
+        .map(|(i, block)| {
+            let write = o.read_percent < 100 && mix.between(1, 100) > o.read_percent as u64;
+            BlockAccess {
+                block,
+                time_ns: i as u64 * o.interval_ns,
+                bytes: o.block_size as u32,
+                op: if write { Op::Write } else { Op::Read },
+                full: true,
+            }
+        })
+        .collect();
+    let footprint = count_distinct(accesses.iter().map(|a| a.block));
+    let max_block = accesses.iter().map(|a| a.block).max().unwrap_or(0);
+    Workload {
+        requests: o.requests,
+        block_size: o.block_size,
+        footprint,
+        max_block,
+        accesses,
     }
 }

@@ -26,7 +26,7 @@ enum Command {
     /// Create, tune, flush, detach, check and dump caches.
     Cache(cmd::cache::CacheArgs),
     /// Replay a block trace (or a synthetic workload) through cache policies.
-    Sim(strata_sim::cli::SimArgs),
+    Sim(cmd::sim::SimArgs),
     /// Crash a writeback cache at seeded points and count lost writes.
     Crashtest(cmd::crashtest::CrashtestArgs),
 }
@@ -38,7 +38,7 @@ fn main() {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Cache(a) => cmd::cache::run(a),
-        Command::Sim(a) => strata_sim::cli::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
         Command::Crashtest(a) => cmd::crashtest::run(a),
     };
     if let Err(e) = result {

@@ -3,3 +3,4 @@ pub mod status;
 pub mod demo;
 pub mod cache;
 pub mod crashtest;
+pub mod sim;

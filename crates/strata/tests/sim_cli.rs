@@ -1,7 +1,8 @@
-//! The command line: size and option parsing, and whole runs on small inputs.
+//! `strata sim`'s command line: option parsing, help, and whole runs on small inputs. The
+//! parsers behind `--size` and `--policy` are tested in strata-sim (`tests/options.rs`).
 
 use clap::Parser;
-use strata_sim::cli::{parse_bytes, parse_policies, parse_sizes, run, SimArgs};
+use strata::cmd::sim::{run, SimArgs};
 
 #[derive(Parser)]
 struct Cli {
@@ -13,31 +14,34 @@ fn args(list: &[&str]) -> Result<SimArgs, clap::Error> {
     Cli::try_parse_from(std::iter::once("strata-sim").chain(list.iter().copied())).map(|c| c.args)
 }
 
+/// `--size` and `--block-size` read units as `strata_io::units::parse_size` does everywhere
+/// else, and `--help` says what MB and MiB mean.
 #[test]
-fn sizes_and_bytes() {
-    assert_eq!(parse_bytes("4KiB").unwrap(), 4096);
-    assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
-    assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
-    assert!(parse_bytes("4 parsecs").is_err());
-    let s = parse_sizes("1000,10%,64MiB,1000", 50_000, 4096).unwrap();
-    assert_eq!(
-        s.iter().map(|x| x.0).collect::<Vec<_>>(),
-        vec![1000, 5000, 16384]
+fn sizes_take_the_units_of_the_rest_of_strata() {
+    let synthetic = [
+        "--synthetic",
+        "uniform",
+        "--blocks",
+        "8000",
+        "--requests",
+        "20000",
+        "--policy",
+        "lru",
+    ];
+    let with = |extra: &[&str]| args(&[&synthetic[..], extra].concat()).unwrap();
+    run(with(&["--size", "10MB,10MiB,10M", "--block-size", "4KiB"])).unwrap();
+    let err = run(with(&["--size", "4 parsecs"])).unwrap_err().to_string();
+    assert!(err.contains("parsecs"), "{err}");
+    let err = run(with(&["--block-size", "4 parsecs"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("parsecs"), "{err}");
+    assert!(run(with(&["--block-size", "0.5KiB", "--size", "1%"])).is_ok());
+    let help = args(&["--help"]).unwrap_err().to_string();
+    assert!(
+        help.contains("powers of 1000") && help.contains("powers of 1024"),
+        "{help}"
     );
-    assert!(parse_sizes("0", 10, 4096).is_err());
-    assert!(parse_sizes("1KiB", 10, 4096).is_err());
-    assert!(parse_sizes("-5%", 10, 4096).is_err());
-}
-
-#[test]
-fn policy_lists() {
-    assert_eq!(
-        parse_policies("lru, ARC,lru,opt").unwrap(),
-        vec!["lru", "arc", "opt"]
-    );
-    assert!(parse_policies("all").unwrap().contains(&"opt".to_string()));
-    let err = parse_policies("lru,nope").unwrap_err().to_string();
-    assert!(err.contains("nope") && err.contains("s3fifo"), "{err}");
 }
 
 #[test]
@@ -47,6 +51,14 @@ fn accepts_help_and_rejects_bad_options() {
         help.contains("--synthetic") && help.contains("cloudphysics-w.csv"),
         "{help}"
     );
+    for p in strata_policy::POLICIES {
+        let first_words: String = p.summary.split(' ').take(2).collect::<Vec<_>>().join(" ");
+        assert!(
+            help.contains(&format!("  {} ", p.name)) && help.contains(&first_words),
+            "{} missing from\n{help}",
+            p.name
+        );
+    }
     assert!(args(&["--frobnicate"]).is_err());
     assert!(args(&[]).is_err(), "a trace or --synthetic is required");
     assert!(args(&["t.csv", "--format", "excel"]).is_err());

@@ -1,28 +1,30 @@
-//! The `strata sim` command line. The `strata` binary mounts [`SimArgs`] as a subcommand and
-//! calls [`run`]; everything else about the simulator is reachable from here.
+//! `strata sim`: the command line of the policy simulator. The simulation itself, the trace
+//! parsers, the reports and the cost model are the `strata-sim` library; this module turns
+//! options into its calls and prints what they return.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use strata_policy::{Params, DEFAULT_POLICY, POLICIES};
+use strata_io::units::parse_size;
+use strata_policy::{Params, POLICIES};
+use strata_sim::cost::CostSpec;
+use strata_sim::report;
+use strata_sim::sim::{self, MatrixOptions, Ops, Workload};
+use strata_sim::synthetic::{self, Pattern};
+use strata_sim::trace::{self, Format, Requests};
 
-use crate::cost::CostSpec;
-use crate::report;
-use crate::sim::{self, BlockAccess, MatrixOptions, Ops, Workload};
-use crate::synthetic::{Generator, Pattern, Taus88};
-use crate::trace::{self, Format, Requests};
-
-const AFTER_HELP: &str = "\
-Policies:
-  strata  default: smq-style clean/dirty queues with frequency-gated admission (few promotions)
-  smq     dm-cache's stochastic multiqueue, with the Linux 4.12 (2017) fixes
-  tinylfu W-TinyLFU: LRU window, frequency-sketch admission, SLRU main, hill-climbed window
-  lru, fifo, clock, sieve, 2q, arc, lirs, s3fifo   the classics, for comparison
-  opt     Belady's offline optimum with bypass: the bound every table is read against
-
-Sizes: blocks (5000), percentages of the trace's footprint (10%), or bytes (64MiB, 2GiB).
+/// What `--help` prints after the options: the policy table, how sizes read, the cost model.
+fn after_help() -> String {
+    format!(
+        "\
+Policies (--policy: a comma-separated list, or all):
+{}
+Sizes: cache sizes are blocks (5000), percentages of the trace's footprint (10%), or bytes
+(64MiB, 2GiB). K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024 (64M = 64MiB, as qemu-img
+and fio read 64M); KB, MB, GB, TB are powers of 1000 (10MB = 10,000,000 bytes), as everywhere
+in strata. A byte size is rounded down to whole blocks; --block-size reads the same units.
 Hit ratios count cache-block accesses: a 64 KiB request over 4 KiB blocks is 16 accesses.
 Traces may be gzip or zstd compressed. Requests without a timestamp (lis, fio v2,
 synthetic) get one from a clock of --iops requests per second; smq uses time for its
@@ -40,7 +42,10 @@ Examples:
   strata sim trace.csv.zst --format msr --ops read --size 64MiB,256MiB,1GiB --plot mrc.png
   strata sim --synthetic zipf:1.2 --blocks 262144 --requests 2000000 --seed 1 --csv
   strata sim trace.lis --policy smq,strata --size 10% --prefill junk --windows 20
-  strata sim ../shared/testdata/arc/P6.lis.zst --policy tinylfu,lru,arc --cost hdd,ssd";
+  strata sim ../shared/testdata/arc/P6.lis.zst --policy tinylfu,lru,arc --cost hdd,ssd",
+        strata_policy::describe(POLICIES)
+    )
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Prefill {
@@ -50,7 +55,7 @@ pub enum Prefill {
 
 /// Replay a block trace through cache policies and report hit ratios.
 #[derive(Debug, Clone, Args)]
-#[command(after_help = AFTER_HELP)]
+#[command(after_help = after_help())]
 pub struct SimArgs {
     /// Trace file (plain, .gz or .zst). Omit when using --synthetic.
     #[arg(value_name = "TRACE", required_unless_present = "synthetic")]
@@ -64,7 +69,8 @@ pub struct SimArgs {
     #[arg(short, long, default_value = "strata,smq,lru,arc,lirs,s3fifo")]
     pub policy: String,
 
-    /// Comma-separated cache sizes: blocks, % of footprint, or bytes (KiB, MiB, GiB, TiB).
+    /// Comma-separated cache sizes: blocks, % of footprint, or bytes (64MiB; MB is 10^6 bytes,
+    /// see Sizes below).
     #[arg(short, long, default_value = "1%,5%,10%,25%")]
     pub size: String,
 
@@ -131,125 +137,13 @@ pub struct SimArgs {
     pub cost: Option<CostSpec>,
 }
 
-/// Parse a byte size: `4096`, `4KiB`, `64MiB`, `1GiB`, `4k`, `64M`, `512B`.
-pub fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num
-        .parse()
-        .with_context(|| format!("'{s}' is not a size"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        u => bail!("unknown size unit '{u}' in '{s}' (use B, KiB, MiB, GiB or TiB)"),
-    };
-    Ok((num * mult as f64).round() as u64)
-}
-
-/// Parse `--size` into cache sizes in blocks, keeping the user's spelling for the table.
-pub fn parse_sizes(spec: &str, footprint: u64, block_size: u64) -> Result<Vec<(usize, String)>> {
-    let mut out: Vec<(usize, String)> = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let blocks = if let Some(pct) = part.strip_suffix('%') {
-            let pct: f64 = pct
-                .trim()
-                .parse()
-                .with_context(|| format!("bad percentage '{part}'"))?;
-            if pct.is_nan() || pct <= 0.0 {
-                bail!("cache size '{part}' must be positive");
-            }
-            ((footprint as f64 * pct / 100.0).round() as u64).max(1)
-        } else if part.bytes().all(|b| b.is_ascii_digit()) {
-            part.parse::<u64>()?
-        } else {
-            parse_bytes(part)? / block_size
-        };
-        if blocks == 0 {
-            bail!("cache size '{part}' is smaller than one {block_size}-byte block");
-        }
-        if blocks >= (u32::MAX / 4) as u64 {
-            bail!("cache size '{part}' ({blocks} blocks) is too large");
-        }
-        if !out.iter().any(|(b, _)| *b == blocks as usize) {
-            out.push((blocks as usize, part.to_string()));
-        }
-    }
-    if out.is_empty() {
-        bail!("no cache sizes given");
-    }
-    Ok(out)
-}
-
-/// Parse `--policy`.
-pub fn parse_policies(spec: &str) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    for p in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let names: Vec<String> = match p {
-            "all" => POLICIES.iter().map(|p| p.name.to_string()).collect(),
-            "default" => vec![DEFAULT_POLICY.to_string()],
-            _ => vec![p.to_ascii_lowercase()],
-        };
-        for n in names {
-            if n != "opt" && !strata_policy::POLICY_NAMES.contains(&n.as_str()) {
-                bail!(
-                    "unknown policy '{n}'; known: {}, opt",
-                    strata_policy::POLICY_NAMES.join(", ")
-                );
-            }
-            if !out.contains(&n) {
-                out.push(n);
-            }
-        }
-    }
-    if out.is_empty() {
-        bail!("no policies given");
-    }
-    Ok(out)
-}
-
-/// Build the synthetic workload of `args`.
-pub fn synthetic_workload(pattern: &Pattern, args: &SimArgs, block_size: u64) -> Workload {
-    let n = args.requests.unwrap_or(1_000_000);
-    let interval = 1_000_000_000 / args.iops.max(1);
-    let seed = args.seed as u32;
-    let mut mix = Taus88::new(seed.wrapping_add(0x9e37));
-    let accesses: Vec<BlockAccess> = Generator::new(pattern, args.blocks, seed)
-        .take(n as usize)
-        .enumerate()
-        .map(|(i, block)| {
-            let write = args.rwmix_read < 100 && mix.between(1, 100) > args.rwmix_read as u64;
-            BlockAccess {
-                block,
-                time_ns: i as u64 * interval,
-                bytes: block_size as u32,
-                op: if write {
-                    strata_policy::Op::Write
-                } else {
-                    strata_policy::Op::Read
-                },
-                full: true,
-            }
-        })
-        .collect();
-    let footprint = sim::count_distinct(accesses.iter().map(|a| a.block));
-    let max_block = accesses.iter().map(|a| a.block).max().unwrap_or(0);
-    Workload {
-        requests: n,
-        block_size,
-        footprint,
-        max_block,
-        accesses,
-    }
+/// A byte size option (`--block-size`), in the units of [`parse_size`].
+fn parse_bytes(s: &str) -> Result<u64> {
+    parse_size(s).map_err(|e| anyhow!(e))
 }
 
 /// Read and split the trace of `args`.
-pub fn trace_workload(path: &std::path::Path, args: &SimArgs) -> Result<(Workload, Format)> {
+fn trace_workload(path: &Path, args: &SimArgs) -> Result<(Workload, Format)> {
     let reader = trace::open_reader(path).with_context(|| format!("opening {}", path.display()))?;
     let (requests, format) = Requests::new(reader, args.format)
         .with_context(|| format!("reading {}", path.display()))?;
@@ -274,7 +168,7 @@ pub fn trace_workload(path: &std::path::Path, args: &SimArgs) -> Result<(Workloa
 
 /// Run `strata sim`.
 pub fn run(args: SimArgs) -> Result<()> {
-    let policies = parse_policies(&args.policy)?;
+    let policies = sim::parse_policy_list(&args.policy).map_err(|e| anyhow!(e))?;
     let (workload, source) = match (&args.synthetic, &args.trace) {
         (Some(p), _) => {
             let bs = match &args.block_size {
@@ -284,8 +178,16 @@ pub fn run(args: SimArgs) -> Result<()> {
             if args.blocks == 0 {
                 bail!("--blocks must be at least 1");
             }
+            let options = synthetic::WorkloadOptions {
+                blocks: args.blocks,
+                requests: args.requests.unwrap_or(1_000_000),
+                seed: args.seed,
+                read_percent: args.rwmix_read,
+                interval_ns: 1_000_000_000 / args.iops.max(1),
+                block_size: bs,
+            };
             (
-                synthetic_workload(p, &args, bs),
+                synthetic::workload(p, &options),
                 format!(
                     "synthetic {p} over {} blocks, seed {}",
                     args.blocks, args.seed
@@ -311,7 +213,8 @@ pub fn run(args: SimArgs) -> Result<()> {
             }
         );
     }
-    let sizes = parse_sizes(&args.size, workload.footprint, workload.block_size)?;
+    let sizes = sim::parse_cache_sizes(&args.size, workload.footprint, workload.block_size)
+        .map_err(|e| anyhow!(e))?;
     let params = Params {
         seed: args.seed,
         origin_blocks: Some(workload.max_block + 1),
