@@ -1,5 +1,6 @@
 //! Typed errors for block IO. Every error carries where it happened so an operator can act on
-//! it, and each kind maps onto exactly one NBD error code (see `nbd_errno`).
+//! it, and its kind is coarse enough that whatever serves the device can answer each kind with
+//! one error code of its protocol (strata-nbd's `errno` module does it for NBD).
 
 use std::fmt;
 
@@ -10,14 +11,14 @@ pub enum ErrorKind {
     Io,
     /// No space left on the device, or a write past its end (ENOSPC).
     NoSpace,
-    /// Offset or length lies outside the device (EINVAL for reads, ENOSPC for writes at the
-    /// protocol edge: the server decides which; inside the engine it is this kind).
+    /// Offset or length lies outside the device (a protocol edge may answer EINVAL for reads
+    /// and ENOSPC for writes; inside the engine it is this kind).
     OutOfRange,
     /// A malformed request: misaligned, zero-length where not allowed, unknown flag (EINVAL).
     Invalid,
     /// Write to a read-only device (EPERM).
     ReadOnly,
-    /// Stored data failed its checksum (EIO on the wire).
+    /// Stored data failed its checksum (an EIO to clients).
     Checksum,
     /// The device cannot do this (ENOTSUP), e.g. a fast zero it cannot do quickly.
     Unsupported,
@@ -25,23 +26,8 @@ pub enum ErrorKind {
     Shutdown,
     /// Out of memory or another resource limit (ENOMEM).
     NoMemory,
-    /// The device is claimed by another open of it (EBUSY; EIO on the wire, NBD has no EBUSY).
+    /// The device is claimed by another open of it (EBUSY).
     Busy,
-}
-
-impl ErrorKind {
-    /// The NBD error number for this kind (NBD uses Linux errno values on the wire).
-    pub fn nbd_errno(self) -> u32 {
-        match self {
-            ErrorKind::Io | ErrorKind::Checksum | ErrorKind::Busy => 5,
-            ErrorKind::NoSpace => 28,
-            ErrorKind::OutOfRange | ErrorKind::Invalid => 22,
-            ErrorKind::ReadOnly => 1,
-            ErrorKind::Unsupported => 95,
-            ErrorKind::Shutdown => 108,
-            ErrorKind::NoMemory => 12,
-        }
-    }
 }
 
 /// A block IO error: its kind, and a message that says where (device, offset, structure).

@@ -5,6 +5,7 @@
 //! nothing about caching; volumes are just devices.
 
 pub mod client;
+pub mod errno;
 mod handshake;
 pub mod proto;
 mod server;

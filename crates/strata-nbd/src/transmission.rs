@@ -11,6 +11,7 @@
 //! requests always run to completion, even after the client has gone, so no device ever sees
 //! a request abandoned halfway.
 
+use crate::errno;
 use crate::handshake::{block_sizes, Negotiated};
 use crate::proto::*;
 use crate::server::{stopped, Shared};
@@ -429,7 +430,7 @@ fn validate(c: &Conn, req: &Request) -> Result<(), (u32, String)> {
         return Err((EINVAL, "zero-length request".into()));
     }
     if req.offset.checked_add(req.length as u64).is_none_or(|end| end > c.size) {
-        let errno = if matches!(req.kind, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
+        let errno = errno::for_command(ErrorKind::OutOfRange, req.kind);
         return Err((errno, format!("{} bytes at {} pass the end of the export ({})", req.length, req.offset, c.size)));
     }
     if (!req.offset.is_multiple_of(c.align) || !(req.length as u64).is_multiple_of(c.align))
@@ -536,12 +537,7 @@ fn ok_reply(req: &Request, budget: Option<OwnedSemaphorePermit>) -> Reply {
 }
 
 fn io_error_reply(c: &Conn, req: &Request, e: &Error, budget: Option<OwnedSemaphorePermit>) -> Reply {
-    // Writes past the end are ENOSPC, reads past the end EINVAL; the device only says "range".
-    let errno = match (e.kind, req.kind) {
-        (ErrorKind::OutOfRange, CMD_WRITE | CMD_WRITE_ZEROES) => ENOSPC,
-        (kind, _) => kind.nbd_errno(),
-    };
-    error_reply(c, req, errno, &e.to_string(), budget)
+    error_reply(c, req, errno::for_command(e.kind, req.kind), &e.to_string(), budget)
 }
 
 fn error_reply(c: &Conn, req: &Request, errno: u32, msg: &str, budget: Option<OwnedSemaphorePermit>) -> Reply {
