@@ -2,9 +2,8 @@
 //! EXPORT_NAME). Unknown or malformed options get error replies without losing framing;
 //! only a stream that cannot be framed any more (bad magic, absurd length) is dropped.
 
+use crate::export::{block_sizes, Export, Negotiated, Shared};
 use crate::proto::*;
-use crate::server::{Export, Shared};
-use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Option payloads longer than this are drained and refused with ERR_TOO_BIG.
@@ -13,15 +12,6 @@ const OPTION_MAX_BYTES: u32 = 64 << 10;
 const OPTION_ABSURD_BYTES: u32 = 16 << 20;
 /// Options one connection may send before it must pick an export.
 const OPTIONS_MAX: usize = 1024;
-
-/// What the client negotiated, handed to the transmission phase.
-pub struct Negotiated {
-    pub export: Arc<Export>,
-    pub structured: bool,
-    pub base_allocation: bool,
-    /// The client asked for block sizes, so it promised to honour them.
-    pub block_size_agreed: bool,
-}
 
 #[derive(Debug)]
 pub enum HandshakeEnd {
@@ -92,14 +82,6 @@ pub fn transmission_flags(export: &Export, structured: bool) -> u16 {
         f |= TFLAG_ROTATIONAL;
     }
     f
-}
-
-/// Block size constraints we advertise: (minimum, preferred, maximum).
-pub fn block_sizes(export: &Export, max_request: u32) -> (u32, u32, u32) {
-    let g = export.dev.geometry();
-    let min = g.min_block_bytes.clamp(1, 65536).next_power_of_two();
-    let pref = g.preferred_block_bytes.max(min).max(512);
-    (min, pref, max_request.max(pref))
 }
 
 pub async fn negotiate<R, W>(rd: &mut R, wr: &mut W, shared: &Shared) -> Result<Negotiated, HandshakeEnd>

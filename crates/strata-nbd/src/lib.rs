@@ -6,9 +6,11 @@
 
 pub mod client;
 pub mod errno;
+mod export;
 mod handshake;
 pub mod proto;
 mod server;
 mod transmission;
 
-pub use server::{Export, Limits, Server};
+pub use export::{Export, Limits};
+pub use server::Server;

@@ -1,79 +1,16 @@
-//! The listening side: exports, limits, accepting on Unix sockets and TCP, and a shutdown that
-//! lets in-flight requests finish before the devices are flushed.
+//! The listening side: accepting on Unix sockets and TCP, running each connection through the
+//! handshake and then the transmission phase, and a shutdown that lets in-flight requests
+//! finish before the devices are flushed.
 
+use crate::export::{stopped, Export, Limits, Shared};
 use crate::handshake::{negotiate, HandshakeEnd};
 use crate::transmission::transmit;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_io::BlockDev;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{watch, Notify, Semaphore};
-
-/// One named volume offered to clients.
-pub struct Export {
-    pub name: String,
-    pub description: String,
-    pub dev: Arc<dyn BlockDev>,
-    pub read_only: bool,
-}
-
-/// Bounds on what clients may make the server hold.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Connections served at once; more are closed at accept.
-    pub max_connections: usize,
-    /// Requests in flight per connection; the server stops reading until one completes.
-    pub max_inflight_per_connection: usize,
-    /// Largest READ or WRITE payload (advertised as the maximum block size).
-    pub max_request_bytes: u32,
-    /// Payload bytes held in buffers across all connections.
-    pub buffer_budget_bytes: usize,
-    /// Time a client gets to finish the handshake.
-    pub handshake_timeout: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Limits {
-        Limits {
-            max_connections: 1024,
-            max_inflight_per_connection: 128,
-            max_request_bytes: 32 << 20,
-            buffer_budget_bytes: 1 << 30,
-            handshake_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-pub struct Shared {
-    exports: BTreeMap<String, Arc<Export>>,
-    default_export: Option<String>,
-    pub limits: Limits,
-    pub connections: Arc<Semaphore>,
-    pub buffers: Arc<Semaphore>,
-    shutdown_tx: watch::Sender<bool>,
-    pub shutdown_rx: watch::Receiver<bool>,
-    live: AtomicUsize,
-    idle: Notify,
-    stopping: AtomicBool,
-}
-
-impl Shared {
-    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
-        let key = if name.is_empty() { self.default_export.as_deref()? } else { name };
-        self.exports.get(key).cloned()
-    }
-
-    pub fn exports(&self) -> impl Iterator<Item = &Arc<Export>> {
-        self.exports.values()
-    }
-
-    pub fn shutting_down(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
-    }
-}
 
 #[derive(Clone)]
 pub struct Server {
@@ -93,21 +30,7 @@ impl Server {
                 return Err("two exports with the same name".into());
             }
         }
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        Ok(Server {
-            shared: Arc::new(Shared {
-                exports: map,
-                default_export,
-                connections: Arc::new(Semaphore::new(limits.max_connections)),
-                buffers: Arc::new(Semaphore::new(limits.buffer_budget_bytes)),
-                limits,
-                shutdown_tx,
-                shutdown_rx,
-                live: AtomicUsize::new(0),
-                idle: Notify::new(),
-                stopping: AtomicBool::new(false),
-            }),
-        })
+        Ok(Server { shared: Arc::new(Shared::new(map, default_export, limits)) })
     }
 
     pub fn exports(&self) -> Vec<Arc<Export>> {
@@ -198,11 +121,6 @@ impl Server {
     pub fn live_connections(&self) -> usize {
         self.shared.live.load(Ordering::Acquire)
     }
-}
-
-/// Completes once shutdown has been asked for.
-pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
 }
 
 async fn accept_error(e: std::io::Error) {

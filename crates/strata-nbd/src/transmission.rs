@@ -12,9 +12,8 @@
 //! a request abandoned halfway.
 
 use crate::errno;
-use crate::handshake::{block_sizes, Negotiated};
+use crate::export::{block_sizes, stopped, Negotiated, Shared};
 use crate::proto::*;
-use crate::server::{stopped, Shared};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::collections::VecDeque;
 use std::future::Future;
