@@ -1,0 +1,13 @@
+//! Test support shared by every crate, used by tests only (the runtime decorators that tests
+//! also use, `fault` and `powercut`, are devices of their own: `strata crashtest` and the
+//! `fault:` spec run them).
+//!
+//! - [`model`]: the model checker, random workloads against a device and an in-memory
+//!   reference, compared read by read;
+//! - [`slice`]: a window of a device as a device, to run several checkers on one target.
+
+pub mod model;
+pub mod slice;
+
+pub use model::{check_all_blocks_at_once, check_model, pattern, random_ops, ModelOp, Reference, Workload};
+pub use slice::Slice;
