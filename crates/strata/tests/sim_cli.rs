@@ -37,6 +37,10 @@ fn sizes_take_the_units_of_the_rest_of_strata() {
         .to_string();
     assert!(err.contains("parsecs"), "{err}");
     assert!(run(with(&["--block-size", "0.5KiB", "--size", "1%"])).is_ok());
+    let err = run(with(&["--block-size", "0", "--size", "1MiB"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("block size"), "{err}");
     let help = args(&["--help"]).unwrap_err().to_string();
     assert!(
         help.contains("powers of 1000") && help.contains("powers of 1024"),

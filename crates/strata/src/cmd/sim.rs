@@ -137,9 +137,16 @@ pub struct SimArgs {
     pub cost: Option<CostSpec>,
 }
 
-/// A byte size option (`--block-size`), in the units of [`parse_size`].
-fn parse_bytes(s: &str) -> Result<u64> {
-    parse_size(s).map_err(|e| anyhow!(e))
+/// `--block-size` in bytes (units as [`parse_size`] reads them), or `default`.
+fn block_size(args: &SimArgs, default: u64) -> Result<u64> {
+    let bytes = match &args.block_size {
+        Some(b) => parse_size(b).map_err(|e| anyhow!(e))?,
+        None => default,
+    };
+    if bytes == 0 || bytes > u32::MAX as u64 {
+        bail!("block size must be between 1 byte and 4 GiB");
+    }
+    Ok(bytes)
 }
 
 /// Read and split the trace of `args`.
@@ -147,13 +154,7 @@ fn trace_workload(path: &Path, args: &SimArgs) -> Result<(Workload, Format)> {
     let reader = trace::open_reader(path).with_context(|| format!("opening {}", path.display()))?;
     let (requests, format) = Requests::new(reader, args.format)
         .with_context(|| format!("reading {}", path.display()))?;
-    let block_size = match &args.block_size {
-        Some(b) => parse_bytes(b)?,
-        None => format.native_block_size().unwrap_or(4096),
-    };
-    if block_size == 0 || block_size > u32::MAX as u64 {
-        bail!("block size must be between 1 byte and 4 GiB");
-    }
+    let block_size = block_size(args, format.native_block_size().unwrap_or(4096))?;
     let limit = args.requests.unwrap_or(u64::MAX);
     let interval = 1_000_000_000 / args.iops.max(1);
     let w = sim::split_requests(
@@ -171,10 +172,7 @@ pub fn run(args: SimArgs) -> Result<()> {
     let policies = sim::parse_policy_list(&args.policy).map_err(|e| anyhow!(e))?;
     let (workload, source) = match (&args.synthetic, &args.trace) {
         (Some(p), _) => {
-            let bs = match &args.block_size {
-                Some(b) => parse_bytes(b)?,
-                None => 4096,
-            };
+            let bs = block_size(&args, 4096)?;
             if args.blocks == 0 {
                 bail!("--blocks must be at least 1");
             }
