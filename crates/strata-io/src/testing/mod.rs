@@ -4,7 +4,7 @@
 //!
 //! - [`model`]: the model checker, random workloads against a device and an in-memory
 //!   reference, compared read by read;
-//! - [`slice`]: a window of a device as a device, to run several checkers on one target.
+//! - [`mod@slice`]: a window of a device as a device, to run several checkers on one target.
 
 pub mod model;
 pub mod slice;

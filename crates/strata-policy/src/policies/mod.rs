@@ -1,5 +1,5 @@
 //! One module per policy. Each keeps its entries in a flat arena threaded onto index-linked
-//! lists (see `list.rs`) and finds them through a [`BlockMap`](crate::hash::BlockMap).
+//! lists (see `list.rs`) and finds them through a `BlockMap` (see `hash.rs`).
 
 pub mod arc;
 pub mod clock;
