@@ -1,4 +1,4 @@
-//! Fault injection (test support): a decorator that fails or delays chosen requests of the
+//! Fault injection (tests, `fault:` device specs, `strata crashtest`): a decorator that fails or delays chosen requests of the
 //! device it wraps, steered at run time through a shared handle, so tests (and later the
 //! command line) can make a healthy device misbehave in exactly the way a case needs.
 //!

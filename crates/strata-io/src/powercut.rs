@@ -1,4 +1,4 @@
-//! Power-cut simulation (test support): a decorator that records every write, discard,
+//! Power-cut simulation (tests and `strata crashtest`): a decorator that records every write, discard,
 //! write-zeroes and flush passing through it, with the data written, so a test can ask what
 //! the media could hold if power failed now, or at any earlier point of the recorded history
 //! (replaying to every flush, like dm-log-writes), and get that image back as a `MemDev`.

@@ -97,7 +97,8 @@ impl Inner {
                     format!("readahead {r} bytes")
                 }
                 "writeback_percent" | "writeback-percent" => {
-                    let p: u32 = value.parse().ok().filter(|p| *p <= 100).ok_or_else(|| invalid(format!("bad percent {value:?}")))?;
+                    let p: u32 = value.parse().map_err(|_| invalid(format!("bad percent {value:?}")))?;
+                    crate::options::check_writeback_percent(p)?;
                     st.meta.sb.writeback_percent = p;
                     format!("writeback percent {p}")
                 }

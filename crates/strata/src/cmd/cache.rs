@@ -65,8 +65,8 @@ pub struct CreateArgs {
     /// writeback, writethrough, writearound or passthrough.
     #[arg(long, default_value = DEFAULT_MODE.name())]
     pub mode: Mode,
-    /// Replacement policy (strata, smq, lru, fifo, clock, 2q, arc, lirs, s3fifo, sieve, tinylfu).
-    #[arg(long, default_value = strata_policy::DEFAULT_POLICY)]
+    #[arg(long, default_value = strata_policy::DEFAULT_POLICY,
+        help = format!("Replacement policy ({}; `strata sim --help` describes each)", strata_policy::POLICY_NAMES.join(", ")))]
     pub policy: String,
     /// Streams that run contiguously beyond this bypass the cache (0 disables).
     #[arg(long, default_value_t = Bytes(DEFAULT_SEQUENTIAL_CUTOFF_BYTES))]
