@@ -913,7 +913,7 @@ impl<D: BlockDev> PowerCut<D> {
 
 /// Waits the seeded delay of the request issued at `of`.
 async fn delay(window: &Window, of: u64) {
-    let mut rng = ChaCha8Rng::seed_from_u64(window.seed ^ 0x77_696e_646f_77);
+    let mut rng = ChaCha8Rng::seed_from_u64(window.seed ^ 0x7769_6e64_6f77);
     rng.set_stream(of);
     if window.max_delay.is_zero() {
         for _ in 0..rng.gen_range(0..8) {

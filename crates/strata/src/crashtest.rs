@@ -1123,7 +1123,7 @@ async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::
                 let r = apply_vol(&*vol, &step).await;
                 run.oracle.lock().unwrap().end(t, r.is_ok());
                 if let Err(e) = r {
-                    if !run.cut.load(SeqCst) && !((run.lost)() > 0) {
+                    if !run.cut.load(SeqCst) && (run.lost)() == 0 {
                         run.problems.lock().unwrap().push(format!("client {c}: {step:?} failed before the cut: {e}"));
                     }
                 }
@@ -1148,7 +1148,7 @@ async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::
                             run.problems.lock().unwrap().push(why);
                         }
                     }
-                    Err(e) if !run.cut.load(SeqCst) && !((run.lost)() > 0) => run
+                    Err(e) if !run.cut.load(SeqCst) && (run.lost)() == 0 => run
                         .problems
                         .lock()
                         .unwrap()
