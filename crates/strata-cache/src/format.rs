@@ -71,7 +71,9 @@ impl Mode {
     }
 
     fn from_u8(v: u8) -> Option<Mode> {
-        [Mode::Writeback, Mode::Writethrough, Mode::Writearound, Mode::Passthrough, Mode::Cleaner].get(v as usize).copied()
+        [Mode::Writeback, Mode::Writethrough, Mode::Writearound, Mode::Passthrough, Mode::Cleaner]
+            .get(v as usize)
+            .copied()
     }
 }
 
@@ -294,7 +296,14 @@ impl Layout {
         // Hints cost a few bytes per cached block in every policy; 32 is generous.
         let hints_capacity = page_round_up(slots * 32 + 64 * 1024);
         let data_offset = (hints_offset + hints_capacity).div_ceil(1 << 20) << 20;
-        Layout { table_offset, table_pages, hints_offset, hints_capacity, data_offset, end: data_offset + slots * block_bytes as u64 }
+        Layout {
+            table_offset,
+            table_pages,
+            hints_offset,
+            hints_capacity,
+            data_offset,
+            end: data_offset + slots * block_bytes as u64,
+        }
     }
 
     /// The most slots that fit a device of `device_bytes`.

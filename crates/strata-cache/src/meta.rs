@@ -4,7 +4,9 @@
 //! it needs freed slots back (a slot freed in memory is reused only after the commit that
 //! records it free, so a crash can never leave an old mapping pointing at new data).
 
-use crate::format::{self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, PAGE, SB_COPIES};
+use crate::format::{
+    self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, PAGE, SB_COPIES,
+};
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 
 pub struct Meta {
@@ -184,7 +186,9 @@ impl Meta {
                 (Ok((sa, _)), Ok((sb_, _))) => Some(if sa >= sb_ { 0 } else { 1 }),
                 (Ok(_), Err(p)) | (Err(p), Ok(_)) => {
                     if *p != PageProblem::NeverWritten {
-                        findings.repaired.push(format!("table page {page}: one copy unusable ({p:?}); using the other"));
+                        findings
+                            .repaired
+                            .push(format!("table page {page}: one copy unusable ({p:?}); using the other"));
                         rewrite.push(page);
                     }
                     Some(if a.is_ok() { 0 } else { 1 })

@@ -215,7 +215,13 @@ impl CacheStatus {
                 }
                 Export::Percent { name } => {
                     if let Some(value) = value.number() {
-                        out.push(Sample { name, kind: MetricKind::Gauge, help: f.help, labels: Vec::new(), value: value / 100.0 });
+                        out.push(Sample {
+                            name,
+                            kind: MetricKind::Gauge,
+                            help: f.help,
+                            labels: Vec::new(),
+                            value: value / 100.0,
+                        });
                     }
                 }
                 Export::Info { label } => info.push((label, value.text().unwrap_or_default().to_string())),
@@ -233,12 +239,40 @@ mod tests {
 
     /// The keys `/status` has always had: renaming one breaks its readers (the bench polls them).
     const KEYS: [&str; 34] = [
-        "mode", "policy", "block_size", "read_hits", "read_misses", "write_hits", "write_misses", "promotions",
-        "demotions", "writebacks", "dirty_blocks", "cached_blocks", "cache_blocks", "free_blocks", "migration_bytes",
-        "migration_budget_bytes_per_s", "sequential_cutoff_bytes", "writeback_percent", "readahead_bytes",
-        "readahead_blocks", "bypassed", "promotions_skipped", "commits", "hit_ratio_10s", "hit_ratio_1m", "hit_ratio_1h",
-        "hit_ratio_total", "origin_busy_foreground_s", "origin_busy_migration_s", "origin_busy_share", "flushing",
-        "faults", "degraded", "stopped",
+        "mode",
+        "policy",
+        "block_size",
+        "read_hits",
+        "read_misses",
+        "write_hits",
+        "write_misses",
+        "promotions",
+        "demotions",
+        "writebacks",
+        "dirty_blocks",
+        "cached_blocks",
+        "cache_blocks",
+        "free_blocks",
+        "migration_bytes",
+        "migration_budget_bytes_per_s",
+        "sequential_cutoff_bytes",
+        "writeback_percent",
+        "readahead_bytes",
+        "readahead_blocks",
+        "bypassed",
+        "promotions_skipped",
+        "commits",
+        "hit_ratio_10s",
+        "hit_ratio_1m",
+        "hit_ratio_1h",
+        "hit_ratio_total",
+        "origin_busy_foreground_s",
+        "origin_busy_migration_s",
+        "origin_busy_share",
+        "flushing",
+        "faults",
+        "degraded",
+        "stopped",
     ];
 
     /// Every field set to something other than its default.
@@ -300,7 +334,8 @@ mod tests {
         }
         let samples = s.samples();
         // One sample per numeric field, plus the info sample.
-        let numeric = CacheStatus::FIELDS.iter().filter(|f| matches!(f.export, Export::Metric { .. } | Export::Percent { .. }));
+        let numeric =
+            CacheStatus::FIELDS.iter().filter(|f| matches!(f.export, Export::Metric { .. } | Export::Percent { .. }));
         assert_eq!(samples.len(), numeric.count() + 1);
         let get = |name: &str, label: Option<(&str, &str)>| {
             samples

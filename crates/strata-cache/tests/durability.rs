@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::{CacheDev, OpenOptions};
 use strata_io::fault::{FaultDev, Faults, Ops, Rule};
 use strata_io::mem::MemDev;
@@ -97,7 +97,11 @@ async fn cut(r: Rig) -> Vec<Vec<u8>> {
         assert!(differ.is_empty(), "seed {seed}: clean slots differ from the origin for blocks {differ:?}");
         let first = read_block(&dev, B).await;
         dev.message("invalidate").await.unwrap();
-        assert_eq!(read_block(&dev, B).await, first, "seed {seed}: block {B} reads differently once its clean copy is dropped");
+        assert_eq!(
+            read_block(&dev, B).await,
+            first,
+            "seed {seed}: block {B} reads differently once its clean copy is dropped"
+        );
         seen.push(first);
     }
     seen
@@ -106,7 +110,10 @@ async fn cut(r: Rig) -> Vec<Vec<u8>> {
 fn assert_all(seen: &[Vec<u8>], allowed: &[u8], what: &str) {
     for (seed, data) in seen.iter().enumerate() {
         let v = data[0];
-        assert!(data.iter().all(|&x| x == v) && allowed.contains(&v), "seed {seed}: {what}: block reads {v} (allowed {allowed:?})");
+        assert!(
+            data.iter().all(|&x| x == v) && allowed.contains(&v),
+            "seed {seed}: {what}: block reads {v} (allowed {allowed:?})"
+        );
     }
 }
 
@@ -161,7 +168,8 @@ async fn write_zeroes_on_a_dirty_block_never_exposes_older_data() {
     let r = rig("writeback").await;
     write_block(&r.dev, B, 5, false).await;
     r.dev.flush().await.unwrap();
-    r.origin_faults.add(Rule::delay(Ops::ZERO | Ops::WRITE, Duration::from_millis(300)).range(B * BLOCK..(B + 1) * BLOCK));
+    r.origin_faults
+        .add(Rule::delay(Ops::ZERO | Ops::WRITE, Duration::from_millis(300)).range(B * BLOCK..(B + 1) * BLOCK));
     let dev = r.dev.clone();
     let zeroing = tokio::spawn(async move { dev.write_zeroes(B * BLOCK, BLOCK, ZeroFlags::default()).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -177,7 +185,9 @@ async fn write_zeroes_on_a_dirty_block_never_exposes_older_data() {
 async fn write_back_in_flight_is_never_overtaken() {
     let r = rig("writeback").await;
     write_block(&r.dev, B, 6, false).await;
-    let slow = r.origin_faults.add(Rule::delay(Ops::WRITE, Duration::from_millis(400)).range(B * BLOCK..(B + 1) * BLOCK).once());
+    let slow = r
+        .origin_faults
+        .add(Rule::delay(Ops::WRITE, Duration::from_millis(400)).range(B * BLOCK..(B + 1) * BLOCK).once());
     r.dev.message("flush").await.unwrap();
     for _ in 0..500 {
         if r.origin_faults.fired(slow) > 0 {
@@ -337,5 +347,10 @@ async fn recovery_rewrites_a_torn_table_copy() {
     assert_eq!(read_block(&dev, B).await, fill(2));
     drop(dev);
     let (_, findings) = Meta::load(&*cache).await.unwrap();
-    assert!(findings.repaired.is_empty() && findings.errors.is_empty(), "{:?} {:?}", findings.repaired, findings.errors);
+    assert!(
+        findings.repaired.is_empty() && findings.errors.is_empty(),
+        "{:?} {:?}",
+        findings.repaired,
+        findings.errors
+    );
 }

@@ -4,8 +4,8 @@
 //! mode, and the data stays readable where it is once the device answers again.
 
 use std::sync::Arc;
-use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::{CacheDev, CacheStatus, OpenOptions};
 use strata_io::fault::{FaultDev, Faults, Rule};
 use strata_io::mem::MemDev;

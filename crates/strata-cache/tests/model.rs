@@ -6,8 +6,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::{CacheDev, CacheStatus, Mode, OpenOptions};
 use strata_io::latency::{LatencyDev, SsdParams};
 use strata_io::mem::MemDev;
@@ -158,7 +158,8 @@ async fn writearound_and_passthrough_match_reference() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mode_switches_under_load_match_reference() {
-    run_mode(Mode::Writeback, &[Mode::Writethrough, Mode::Writearound, Mode::Passthrough, Mode::Cleaner], SMALL_CACHE).await;
+    run_mode(Mode::Writeback, &[Mode::Writethrough, Mode::Writearound, Mode::Passthrough, Mode::Cleaner], SMALL_CACHE)
+        .await;
 }
 
 /// A cache larger than the data keeps free slots, so read misses bring their readahead

@@ -6,20 +6,31 @@
 //! Which one is faster depends on the machine; `docs/BENCHMARKS.md` has the measurements.
 
 use crate::{BoxFut, Buf};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use tokio::sync::oneshot;
 
 /// One operation on an open file. The file is shared so it stays open while in flight.
 pub enum Op {
-    Read { offset: u64, buf: Buf },
-    Write { offset: u64, buf: Buf, dsync: bool },
+    Read {
+        offset: u64,
+        buf: Buf,
+    },
+    Write {
+        offset: u64,
+        buf: Buf,
+        dsync: bool,
+    },
     Fdatasync,
     /// fallocate(2) with `mode` (PUNCH_HOLE, ZERO_RANGE, KEEP_SIZE ...).
-    Fallocate { mode: i32, offset: u64, len: u64 },
+    Fallocate {
+        mode: i32,
+        offset: u64,
+        len: u64,
+    },
 }
 
 /// The result: the buffer (for reads and writes) and the byte count or error.
@@ -85,9 +96,7 @@ pub fn run_blocking(file: &File, op: Op) -> Completion {
                 }
                 let rest = &mut buf[done..];
                 // SAFETY: rest is a valid writable slice.
-                let n = unsafe {
-                    libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), (offset + done as u64) as i64)
-                };
+                let n = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), (offset + done as u64) as i64) };
                 match n {
                     n if n > 0 => done += n as usize,
                     0 => {
@@ -429,7 +438,11 @@ fn outcome(f: &mut InFlight, res: i32) -> Option<io::Result<usize>> {
         Op::Write { .. } if n == 0 && f.done_bytes < total => Some(Err(io::Error::from_raw_os_error(libc::ENOSPC))),
         Op::Read { .. } | Op::Write { .. } => {
             f.done_bytes += n;
-            if f.done_bytes < total { None } else { Some(Ok(total)) }
+            if f.done_bytes < total {
+                None
+            } else {
+                Some(Ok(total))
+            }
         }
         _ => Some(Ok(n)),
     }

@@ -63,10 +63,7 @@ impl Error {
     }
 
     pub fn out_of_range(what: &str, offset: u64, len: u64, size: u64) -> Error {
-        Error::new(
-            ErrorKind::OutOfRange,
-            format!("{what}: {len} bytes at offset {offset} exceed device size {size}"),
-        )
+        Error::new(ErrorKind::OutOfRange, format!("{what}: {len} bytes at offset {offset} exceed device size {size}"))
     }
 }
 

@@ -222,11 +222,9 @@ pub fn parse_rule(s: &str) -> Result<Rule, String> {
         ops = ops
             | match name {
                 "any" => Ops::ANY,
-                _ => Ops::NAMES
-                    .iter()
-                    .find(|(_, n)| *n == name)
-                    .map(|(o, _)| *o)
-                    .ok_or_else(|| err(format!("unknown operation {name:?} (read, write, flush, discard, zero or any)")))?,
+                _ => Ops::NAMES.iter().find(|(_, n)| *n == name).map(|(o, _)| *o).ok_or_else(|| {
+                    err(format!("unknown operation {name:?} (read, write, flush, discard, zero or any)"))
+                })?,
             };
     }
     let effect = match fields.next() {

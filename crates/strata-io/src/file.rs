@@ -188,10 +188,14 @@ impl FileDev {
 
     fn writable(&self, what: &str) -> Result<()> {
         if self.read_only {
-            return Err(Error::new(ErrorKind::ReadOnly, format!("{}: {what} on a read-only device", self.path.display())));
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!("{}: {what} on a read-only device", self.path.display()),
+            ));
         }
         if let Some(why) = &*self.stopped.lock() {
-            let msg = format!("{}: {what} refused: a flush failed earlier ({why}); reopen the device", self.path.display());
+            let msg =
+                format!("{}: {what} refused: a flush failed earlier ({why}); reopen the device", self.path.display());
             return Err(Error::new(ErrorKind::Io, msg));
         }
         Ok(())
@@ -294,7 +298,11 @@ impl FileDev {
             let range: [u64; 2] = [offset, len];
             // SAFETY: the ioctl reads a two-u64 range.
             let r = unsafe { libc::ioctl(file.as_raw_fd(), req, range.as_ptr()) };
-            if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
         })
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)))
@@ -324,8 +332,7 @@ impl FileDev {
 
     async fn do_write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         self.writable("write_zeroes")?;
-        check_range("write_zeroes", offset, len, self.size)
-            .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
+        check_range("write_zeroes", offset, len, self.size).map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
         if len == 0 {
             return Ok(());
         }
@@ -553,7 +560,11 @@ fn try_read_nowait(file: &File, offset: u64, mut buf: Buf) -> std::result::Resul
     let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len };
     // SAFETY: iov covers buf, valid for the call.
     let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset as i64, libc::RWF_NOWAIT) };
-    if n == len as isize { Ok(buf) } else { Err(buf) }
+    if n == len as isize {
+        Ok(buf)
+    } else {
+        Err(buf)
+    }
 }
 
 /// The offset alignment O_DIRECT needs on this file, from statx where the kernel reports it.

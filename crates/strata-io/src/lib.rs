@@ -140,7 +140,9 @@ pub trait BlockDev: Send + Sync + 'static {
     /// Returns a short human answer. Plain devices accept none.
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         let msg = msg.to_string();
-        Box::pin(async move { Err(Error::new(ErrorKind::Unsupported, format!("{}: no messages accepted ({msg:?})", self.describe()))) })
+        Box::pin(async move {
+            Err(Error::new(ErrorKind::Unsupported, format!("{}: no messages accepted ({msg:?})", self.describe())))
+        })
     }
 
     /// Called once when the volume is taken down cleanly: make everything durable and save

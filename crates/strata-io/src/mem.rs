@@ -6,8 +6,8 @@
 //! model-based tests compare every other device and target against.
 
 use crate::{check_range, ready, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
-use std::ptr::NonNull;
 use parking_lot::RwLock;
+use std::ptr::NonNull;
 
 const CHUNK_BYTES: u64 = 2 << 20;
 
@@ -61,7 +61,10 @@ impl MemDev {
             let mut slot = self.chunks[idx].write();
             if slot.is_none() {
                 *slot = Some(Chunk::map().ok_or_else(|| {
-                    Error::new(ErrorKind::NoSpace, format!("mem: no memory for the chunk at offset {}", offset + done as u64))
+                    Error::new(
+                        ErrorKind::NoSpace,
+                        format!("mem: no memory for the chunk at offset {}", offset + done as u64),
+                    )
                 })?);
             }
             let chunk = slot.as_mut().expect("mapped above");

@@ -83,12 +83,7 @@ impl<D: BlockDev> StatsDev<D> {
         serde_json::Value::Object(m)
     }
 
-    fn timed<'a, T: Send + 'a>(
-        &'a self,
-        op: usize,
-        bytes: u64,
-        fut: BoxFut<'a, Result<T>>,
-    ) -> BoxFut<'a, Result<T>> {
+    fn timed<'a, T: Send + 'a>(&'a self, op: usize, bytes: u64, fut: BoxFut<'a, Result<T>>) -> BoxFut<'a, Result<T>> {
         Box::pin(async move {
             let start = Instant::now();
             let r = fut.await;

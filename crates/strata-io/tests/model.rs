@@ -1,9 +1,9 @@
 //! Every plain device against the in-memory reference: random reads, writes (some FUA),
 //! flushes, discards and write-zeroes, compared after every read and at the end.
 
+use strata_io::engine::EngineKind;
 use strata_io::file::{FileDev, FileOptions};
 use strata_io::latency::{HddParams, LatencyDev, SsdParams};
-use strata_io::engine::EngineKind;
 use strata_io::mem::MemDev;
 use strata_io::testing::{check_all_blocks_at_once, check_model, random_ops, Workload};
 use strata_io::{BlockDev, Buf};
@@ -59,7 +59,10 @@ async fn latency_models_match_reference() {
     let fast_hdd = HddParams { seek_min_ms: 0.001, seek_max_ms: 0.02, rpm: 6_000_000.0, mib_s: 100_000.0, seed: 7 };
     let hdd = LatencyDev::hdd(file(&dir, "hdd", true, EngineKind::Uring), fast_hdd);
     run(&hdd, &aligned(), 0..2).await;
-    let ssd = LatencyDev::ssd(file(&dir, "ssd", true, EngineKind::Uring), SsdParams { read_us: 5.0, write_us: 2.0, channels: 4, mib_s: 100_000.0 });
+    let ssd = LatencyDev::ssd(
+        file(&dir, "ssd", true, EngineKind::Uring),
+        SsdParams { read_us: 5.0, write_us: 2.0, channels: 4, mib_s: 100_000.0 },
+    );
     run(&ssd, &aligned(), 0..2).await;
 }
 

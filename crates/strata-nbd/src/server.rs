@@ -79,7 +79,10 @@ impl Server {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let Ok(permit) = self.shared.connections.clone().try_acquire_owned() else {
-            eprintln!("strata-nbd: connection limit ({}) reached; closing a new connection", self.shared.limits.max_connections);
+            eprintln!(
+                "strata-nbd: connection limit ({}) reached; closing a new connection",
+                self.shared.limits.max_connections
+            );
             return;
         };
         let shared = self.shared.clone();

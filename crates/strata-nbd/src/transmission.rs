@@ -270,16 +270,18 @@ impl Session {
                 *input = self.admit(req);
                 true
             }
-            Input::Budget(req) => match self.shared.buffers.clone().try_acquire_many_owned(budget_bytes(&self.shared, req.length)) {
-                Ok(permit) => {
-                    *input = self.start(req, permit);
-                    true
+            Input::Budget(req) => {
+                match self.shared.buffers.clone().try_acquire_many_owned(budget_bytes(&self.shared, req.length)) {
+                    Ok(permit) => {
+                        *input = self.start(req, permit);
+                        true
+                    }
+                    Err(_) => {
+                        *input = Input::Budget(req);
+                        false
+                    }
                 }
-                Err(_) => {
-                    *input = Input::Budget(req);
-                    false
-                }
-            },
+            }
             Input::Payload { req, mut buf, mut filled, budget } => {
                 let n = inbox.ready().len().min(buf.len() - filled);
                 buf[filled..filled + n].copy_from_slice(&inbox.ready()[..n]);
@@ -463,7 +465,11 @@ async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, budget: Option<O
         CMD_FLUSH => dev.flush().await,
         CMD_TRIM => {
             let r = dev.discard(off, len).await;
-            if r.is_ok() && fua { dev.flush().await } else { r }
+            if r.is_ok() && fua {
+                dev.flush().await
+            } else {
+                r
+            }
         }
         CMD_WRITE_ZEROES => {
             let flags = ZeroFlags {
@@ -471,7 +477,11 @@ async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, budget: Option<O
                 fast_only: req.flags & CMD_FLAG_FAST_ZERO != 0,
             };
             let r = dev.write_zeroes(off, len, flags).await;
-            if r.is_ok() && fua { dev.flush().await } else { r }
+            if r.is_ok() && fua {
+                dev.flush().await
+            } else {
+                r
+            }
         }
         CMD_CACHE => dev.cache(off, len).await,
         CMD_BLOCK_STATUS => match dev.block_status(off, len).await {

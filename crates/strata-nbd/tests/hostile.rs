@@ -479,10 +479,13 @@ async fn a_session_cut_at_every_byte_answers_exactly_its_whole_frames() {
         assert!(expected[1..].windows(2).all(|w| w[1].len() > w[0].len()), "every frame after the flags is answered");
 
         let all: Vec<u8> = frames.iter().flat_map(|f| f.0.clone()).collect();
-        let ends: Vec<usize> = frames.iter().scan(0, |end, f| {
-            *end += f.0.len();
-            Some(*end)
-        }).collect();
+        let ends: Vec<usize> = frames
+            .iter()
+            .scan(0, |end, f| {
+                *end += f.0.len();
+                Some(*end)
+            })
+            .collect();
         let mut cuts = JoinSet::new();
         for n in 0..=all.len() {
             let whole = ends.iter().filter(|&&e| e <= n).count();
@@ -567,7 +570,8 @@ async fn a_write_flood_on_a_stuck_device_stops_at_the_inflight_limit() {
     neighbour.write_all(&request(CMD_READ, 0, 9, 0, 4096)).await.unwrap();
     let mut h = [0u8; 16];
     within("neighbour read", neighbour.read_exact(&mut h)).await.unwrap();
-    let (err, cookie) = (u32::from_be_bytes(h[4..8].try_into().unwrap()), u64::from_be_bytes(h[8..16].try_into().unwrap()));
+    let (err, cookie) =
+        (u32::from_be_bytes(h[4..8].try_into().unwrap()), u64::from_be_bytes(h[8..16].try_into().unwrap()));
     assert_eq!((err, cookie), (0, 9));
     let mut data = vec![0u8; 4096];
     within("neighbour data", neighbour.read_exact(&mut data)).await.unwrap();

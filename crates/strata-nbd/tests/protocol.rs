@@ -51,7 +51,12 @@ fn server_with(limits: Limits) -> Server {
     let exports = vec![
         Export { name: "mem".into(), description: "test".into(), dev: Arc::new(MemDev::new(SIZE)), read_only: false },
         Export { name: "ro".into(), description: String::new(), dev: Arc::new(MemDev::new(SIZE)), read_only: true },
-        Export { name: "slow".into(), description: String::new(), dev: Arc::new(SlowAtZero(MemDev::new(SIZE))), read_only: false },
+        Export {
+            name: "slow".into(),
+            description: String::new(),
+            dev: Arc::new(SlowAtZero(MemDev::new(SIZE))),
+            read_only: false,
+        },
     ];
     Server::new(exports, limits).unwrap()
 }
@@ -235,7 +240,16 @@ async fn info_reports_size_flags_block_sizes_and_name() {
     let export = r.iter().find(|r| r.kind == REP_INFO && r.data[..2] == [0, 0]).unwrap();
     assert_eq!(u64::from_be_bytes(export.data[2..10].try_into().unwrap()), SIZE);
     let flags = u16::from_be_bytes(export.data[10..12].try_into().unwrap());
-    for f in [TFLAG_HAS_FLAGS, TFLAG_SEND_FLUSH, TFLAG_SEND_FUA, TFLAG_SEND_TRIM, TFLAG_SEND_WRITE_ZEROES, TFLAG_CAN_MULTI_CONN, TFLAG_SEND_CACHE, TFLAG_SEND_FAST_ZERO] {
+    for f in [
+        TFLAG_HAS_FLAGS,
+        TFLAG_SEND_FLUSH,
+        TFLAG_SEND_FUA,
+        TFLAG_SEND_TRIM,
+        TFLAG_SEND_WRITE_ZEROES,
+        TFLAG_CAN_MULTI_CONN,
+        TFLAG_SEND_CACHE,
+        TFLAG_SEND_FAST_ZERO,
+    ] {
         assert_ne!(flags & f, 0, "flag {f:#x} missing from {flags:#x}");
     }
     assert_eq!(flags & TFLAG_READ_ONLY, 0);
@@ -399,7 +413,11 @@ async fn agreed_block_sizes_are_enforced() {
     let opts = strata_io::file::FileOptions { create_size: Some(1 << 20), ..Default::default() };
     let dev: Arc<dyn BlockDev> = Arc::new(strata_io::file::FileDev::open(&dir.path().join("f"), &opts).unwrap());
     let min = dev.geometry().min_block_bytes;
-    let s = Server::new(vec![Export { name: "f".into(), description: String::new(), dev, read_only: false }], Limits::default()).unwrap();
+    let s = Server::new(
+        vec![Export { name: "f".into(), description: String::new(), dev, read_only: false }],
+        Limits::default(),
+    )
+    .unwrap();
     let mut c = Client::new(&s).await;
     c.go("f", &[INFO_BLOCK_SIZE]).await;
     if min > 1 {

@@ -34,10 +34,7 @@ const FONT_FAMILY: &str = "sans-serif";
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
     #[error("font file {path} not found ({source}); install it with `apt-get install -y fonts-dejavu-core` or set {FONT_ENV}")]
-    FontMissing {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    FontMissing { path: PathBuf, source: std::io::Error },
     #[error("{0} is not a usable TrueType font")]
     BadFont(PathBuf),
     #[error("nothing to plot: every series is empty")]
@@ -55,10 +52,7 @@ pub struct Series {
 
 impl Series {
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
-        Series {
-            name: name.into(),
-            points,
-        }
+        Series { name: name.into(), points }
     }
 }
 
@@ -104,24 +98,18 @@ impl Default for ChartSpec {
 /// Register the font once per process.
 fn ensure_font() -> Result<(), PlotError> {
     static FONT: OnceLock<Result<(), String>> = OnceLock::new();
-    let path = std::env::var_os(FONT_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_FONT));
+    let path = std::env::var_os(FONT_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_FONT));
     let r = FONT.get_or_init(|| {
         let bytes = std::fs::read(&path).map_err(|e| format!("missing:{e}"))?;
         // plotters keeps fonts for the life of the process.
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, bytes)
-            .map_err(|_| "bad".to_string())
+        plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, bytes).map_err(|_| "bad".to_string())
     });
     match r {
         Ok(()) => Ok(()),
         Err(e) if e.starts_with("missing:") => Err(PlotError::FontMissing {
             path,
-            source: std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                e.trim_start_matches("missing:").to_string(),
-            ),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, e.trim_start_matches("missing:").to_string()),
         }),
         Err(_) => Err(PlotError::BadFont(path)),
     }
@@ -156,11 +144,7 @@ fn bounds(values: impl Iterator<Item = f64>, log: bool) -> Option<(f64, f64)> {
         }
         Some((lo / 1.15, hi * 1.15))
     } else {
-        let pad = if hi > lo {
-            (hi - lo) * 0.05
-        } else {
-            lo.abs().max(1.0) * 0.1
-        };
+        let pad = if hi > lo { (hi - lo) * 0.05 } else { lo.abs().max(1.0) * 0.1 };
         Some((lo - pad, hi + pad))
     }
 }
@@ -181,18 +165,9 @@ fn moving_average(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
 pub fn line_chart(path: &Path, spec: &ChartSpec) -> Result<(), PlotError> {
     ensure_font()?;
     let all = || spec.series.iter().flat_map(|s| s.points.iter());
-    let x = spec
-        .x_range
-        .or_else(|| bounds(all().map(|p| p.0), spec.log_x))
-        .ok_or(PlotError::Empty)?;
-    let y = spec
-        .y_range
-        .or_else(|| bounds(all().map(|p| p.1), spec.log_y))
-        .ok_or(PlotError::Empty)?;
-    let err = |e: &dyn std::fmt::Display| PlotError::Draw {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    };
+    let x = spec.x_range.or_else(|| bounds(all().map(|p| p.0), spec.log_x)).ok_or(PlotError::Empty)?;
+    let y = spec.y_range.or_else(|| bounds(all().map(|p| p.1), spec.log_y)).ok_or(PlotError::Empty)?;
+    let err = |e: &dyn std::fmt::Display| PlotError::Draw { path: path.to_path_buf(), message: e.to_string() };
     let root = BitMapBackend::new(path, (spec.width, spec.height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     match (spec.log_x, spec.log_y) {
@@ -206,12 +181,7 @@ pub fn line_chart(path: &Path, spec: &ChartSpec) -> Result<(), PlotError> {
     Ok(())
 }
 
-fn draw<X, Y>(
-    root: &DrawingArea<BitMapBackend<'_>, Shift>,
-    spec: &ChartSpec,
-    x: X,
-    y: Y,
-) -> Result<(), String>
+fn draw<X, Y>(root: &DrawingArea<BitMapBackend<'_>, Shift>, spec: &ChartSpec, x: X, y: Y) -> Result<(), String>
 where
     X: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
     Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
@@ -242,10 +212,7 @@ where
         let line = match spec.smooth {
             Some(w) => {
                 chart
-                    .draw_series(
-                        pts.iter()
-                            .map(|&p| Circle::new(p, 2, color.mix(0.25).filled())),
-                    )
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 2, color.mix(0.25).filled())))
                     .map_err(|e| e.to_string())?;
                 moving_average(&pts, w)
             }
@@ -255,13 +222,9 @@ where
             .draw_series(LineSeries::new(line, color.stroke_width(2)))
             .map_err(|e| e.to_string())?
             .label(s.name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(3))
-            });
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(3)));
         if spec.smooth.is_none() {
-            chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
-                .map_err(|e| e.to_string())?;
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
         }
     }
     chart
@@ -311,9 +274,6 @@ mod tests {
             return;
         }
         let spec = ChartSpec::default();
-        assert!(matches!(
-            line_chart(Path::new("/nonexistent/x.png"), &spec),
-            Err(PlotError::Empty)
-        ));
+        assert!(matches!(line_chart(Path::new("/nonexistent/x.png"), &spec), Err(PlotError::Empty)));
     }
 }

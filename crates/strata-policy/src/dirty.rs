@@ -22,12 +22,7 @@ pub(crate) struct Dirty {
 
 impl Dirty {
     pub fn new(entries: usize) -> Self {
-        Dirty {
-            links: vec![Link::NONE; entries],
-            state: vec![CLEAN; entries],
-            queue: List::new(),
-            count: 0,
-        }
+        Dirty { links: vec![Link::NONE; entries], state: vec![CLEAN; entries], queue: List::new(), count: 0 }
     }
 
     #[inline]

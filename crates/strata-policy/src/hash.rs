@@ -80,10 +80,7 @@ pub(crate) struct BlockMap {
 
 impl std::fmt::Debug for BlockMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlockMap")
-            .field("len", &self.len)
-            .field("slots", &self.slots.len())
-            .finish()
+        f.debug_struct("BlockMap").field("len", &self.len).field("slots", &self.slots.len()).finish()
     }
 }
 
@@ -99,16 +96,8 @@ pub(crate) fn map_bytes(map: &BlockMap) -> usize {
 
 impl BlockMap {
     pub fn with_capacity(capacity: usize) -> Self {
-        let n = capacity
-            .saturating_mul(2)
-            .next_power_of_two()
-            .max(MIN_SLOTS);
-        BlockMap {
-            slots: vec![EMPTY_SLOT; n].into_boxed_slice(),
-            mask: n - 1,
-            shift: 64 - n.trailing_zeros(),
-            len: 0,
-        }
+        let n = capacity.saturating_mul(2).next_power_of_two().max(MIN_SLOTS);
+        BlockMap { slots: vec![EMPTY_SLOT; n].into_boxed_slice(), mask: n - 1, shift: 64 - n.trailing_zeros(), len: 0 }
     }
 
     #[inline]

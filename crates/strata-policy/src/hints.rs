@@ -67,10 +67,7 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<Vec<(u64, u8)>, HintErr
     }
     let found = String::from_utf8_lossy(&rest[..name_len]).into_owned();
     if found != name {
-        return Err(HintError::WrongPolicy {
-            expected: name.to_string(),
-            found,
-        });
+        return Err(HintError::WrongPolicy { expected: name.to_string(), found });
     }
     let rest = &rest[name_len..];
     let count = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
@@ -78,15 +75,7 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<Vec<(u64, u8)>, HintErr
     if count > MAX_ENTRIES || rest.len() as u64 != count * 9 {
         return Err(HintError::BadLength);
     }
-    Ok(rest
-        .chunks_exact(9)
-        .map(|c| {
-            (
-                u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
-                c[8],
-            )
-        })
-        .collect())
+    Ok(rest.chunks_exact(9).map(|c| (u64::from_le_bytes(c[..8].try_into().expect("8 bytes")), c[8])).collect())
 }
 
 #[cfg(test)]
@@ -97,10 +86,7 @@ mod tests {
     fn round_trip_and_corruption() {
         let blob = encode("lru", vec![(7u64, 1u8), (9, 0)].into_iter());
         assert_eq!(decode("lru", &blob).unwrap(), vec![(7, 1), (9, 0)]);
-        assert!(matches!(
-            decode("arc", &blob),
-            Err(HintError::WrongPolicy { .. })
-        ));
+        assert!(matches!(decode("arc", &blob), Err(HintError::WrongPolicy { .. })));
         let mut bad = blob.clone();
         bad[20] ^= 1;
         assert_eq!(decode("lru", &bad), Err(HintError::BadChecksum));

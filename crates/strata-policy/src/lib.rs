@@ -57,7 +57,8 @@ pub struct PolicyInfo {
 pub const POLICIES: &[PolicyInfo] = &[
     PolicyInfo {
         name: "strata",
-        summary: "default: smq-style clean/dirty queues with frequency-gated admission and a ghost history (few promotions)",
+        summary:
+            "default: smq-style clean/dirty queues with frequency-gated admission and a ghost history (few promotions)",
         new: Some(|c, p| Box::new(policies::strata::Strata::new(c, p))),
     },
     PolicyInfo {
@@ -107,7 +108,8 @@ pub const POLICIES: &[PolicyInfo] = &[
     },
     PolicyInfo {
         name: "tinylfu",
-        summary: "W-TinyLFU: 1% LRU window, frequency-sketch admission into a segmented LRU, window sized by hill climbing",
+        summary:
+            "W-TinyLFU: 1% LRU window, frequency-sketch admission into a segmented LRU, window sized by hill climbing",
         new: Some(|c, p| Box::new(policies::tinylfu::TinyLfu::new(c, p))),
     },
     PolicyInfo {
@@ -205,32 +207,17 @@ pub struct Access {
 
 impl Access {
     pub fn new(block: u64, op: Op, full_block: bool, now_ns: u64) -> Self {
-        Access {
-            block,
-            op,
-            full_block,
-            now_ns,
-        }
+        Access { block, op, full_block, now_ns }
     }
 
     /// A read of the whole of `block` at `now_ns`.
     pub fn read(block: u64, now_ns: u64) -> Self {
-        Access {
-            block,
-            op: Op::Read,
-            full_block: true,
-            now_ns,
-        }
+        Access { block, op: Op::Read, full_block: true, now_ns }
     }
 
     /// A write of `block` at `now_ns`; `full` when it covers the whole cache block.
     pub fn write(block: u64, full: bool, now_ns: u64) -> Self {
-        Access {
-            block,
-            op: Op::Write,
-            full_block: full,
-            now_ns,
-        }
+        Access { block, op: Op::Write, full_block: full, now_ns }
     }
 
     /// dm-cache's fast-promotion case: a write that overwrites the whole block.
@@ -300,11 +287,7 @@ pub struct Params {
 
 impl Default for Params {
     fn default() -> Self {
-        Params {
-            seed: 0,
-            origin_blocks: None,
-            hotspot_factor: 16,
-        }
+        Params { seed: 0, origin_blocks: None, hotspot_factor: 16 }
     }
 }
 
@@ -394,25 +377,12 @@ impl fmt::Debug for dyn Policy + Send {
 /// Build a policy by name from the [`POLICIES`] table (see [`POLICY_NAMES`]; `default` means
 /// [`DEFAULT_POLICY`]).
 /// `capacity_blocks` must be at least 1.
-pub fn build(
-    name: &str,
-    capacity_blocks: usize,
-    params: &Params,
-) -> Result<Box<dyn Policy + Send>, UnknownPolicy> {
+pub fn build(name: &str, capacity_blocks: usize, params: &Params) -> Result<Box<dyn Policy + Send>, UnknownPolicy> {
     assert!(capacity_blocks >= 1, "a cache needs at least one block");
-    assert!(
-        capacity_blocks < u32::MAX as usize / 4,
-        "capacity exceeds the 32-bit entry index"
-    );
-    let name = if name == "default" {
-        DEFAULT_POLICY
-    } else {
-        name
-    };
+    assert!(capacity_blocks < u32::MAX as usize / 4, "capacity exceeds the 32-bit entry index");
+    let name = if name == "default" { DEFAULT_POLICY } else { name };
     match find(name).and_then(|p| p.new) {
         Some(new) => Ok(new(capacity_blocks, params)),
-        None => Err(UnknownPolicy {
-            name: name.to_string(),
-        }),
+        None => Err(UnknownPolicy { name: name.to_string() }),
     }
 }

@@ -17,10 +17,7 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub const NONE: Link = Link {
-        prev: NIL,
-        next: NIL,
-    };
+    pub const NONE: Link = Link { prev: NIL, next: NIL };
 }
 
 impl Default for Link {
@@ -63,11 +60,7 @@ impl<const L: usize> Default for List<L> {
 
 impl<const L: usize> List<L> {
     pub const fn new() -> Self {
-        List {
-            head: NIL,
-            tail: NIL,
-            len: 0,
-        }
+        List { head: NIL, tail: NIL, len: 0 }
     }
 
     #[inline]
@@ -101,10 +94,7 @@ impl<const L: usize> List<L> {
 
     #[inline]
     pub fn push_back<N: Linked<L>>(&mut self, nodes: &mut [N], i: u32) {
-        *nodes[i as usize].link_mut() = Link {
-            prev: self.tail,
-            next: NIL,
-        };
+        *nodes[i as usize].link_mut() = Link { prev: self.tail, next: NIL };
         if self.tail != NIL {
             nodes[self.tail as usize].link_mut().next = i;
         } else {
@@ -116,10 +106,7 @@ impl<const L: usize> List<L> {
 
     #[inline]
     pub fn push_front<N: Linked<L>>(&mut self, nodes: &mut [N], i: u32) {
-        *nodes[i as usize].link_mut() = Link {
-            prev: NIL,
-            next: self.head,
-        };
+        *nodes[i as usize].link_mut() = Link { prev: NIL, next: self.head };
         if self.head != NIL {
             nodes[self.head as usize].link_mut().prev = i;
         } else {
@@ -175,10 +162,7 @@ impl<const L: usize> List<L> {
 
     /// Entries from front (oldest) to back (newest).
     pub fn iter<'a, N: Linked<L>>(&self, nodes: &'a [N]) -> ListIter<'a, N, L> {
-        ListIter {
-            nodes,
-            cur: self.head,
-        }
+        ListIter { nodes, cur: self.head }
     }
 }
 

@@ -38,21 +38,7 @@ use E::{H, P};
 #[test]
 fn lru_textbook() {
     let out = run(policy("lru", 3).as_mut(), &[1, 2, 3, 1, 4, 2, 5, 1, 2, 3]);
-    assert_eq!(
-        out,
-        vec![
-            P(None),
-            P(None),
-            P(None),
-            H,
-            P(Some(2)),
-            P(Some(3)),
-            P(Some(1)),
-            P(Some(4)),
-            H,
-            P(Some(5))
-        ]
-    );
+    assert_eq!(out, vec![P(None), P(None), P(None), H, P(Some(2)), P(Some(3)), P(Some(1)), P(Some(4)), H, P(Some(5))]);
 }
 
 /// FIFO, same trace: hits do not reorder. [1,2,3] → hit 1 → 4 evicts 1 [2,3,4] → hit 2 →
@@ -60,21 +46,7 @@ fn lru_textbook() {
 #[test]
 fn fifo_textbook() {
     let out = run(policy("fifo", 3).as_mut(), &[1, 2, 3, 1, 4, 2, 5, 1, 2, 3]);
-    assert_eq!(
-        out,
-        vec![
-            P(None),
-            P(None),
-            P(None),
-            H,
-            P(Some(1)),
-            H,
-            P(Some(2)),
-            P(Some(3)),
-            P(Some(4)),
-            P(Some(5))
-        ]
-    );
+    assert_eq!(out, vec![P(None), P(None), P(None), H, P(Some(1)), H, P(Some(2)), P(Some(3)), P(Some(4)), P(Some(5))]);
 }
 
 /// CLOCK, 3 slots filled in order, hand at slot 0, newcomers unreferenced, hand moves past a
@@ -84,21 +56,7 @@ fn fifo_textbook() {
 #[test]
 fn clock_textbook() {
     let out = run(policy("clock", 3).as_mut(), &[1, 2, 3, 1, 4, 2, 5, 1, 2, 3]);
-    assert_eq!(
-        out,
-        vec![
-            P(None),
-            P(None),
-            P(None),
-            H,
-            P(Some(2)),
-            P(Some(3)),
-            P(Some(1)),
-            P(Some(4)),
-            H,
-            P(Some(5))
-        ]
-    );
+    assert_eq!(out, vec![P(None), P(None), P(None), H, P(Some(2)), P(Some(3)), P(Some(1)), P(Some(4)), H, P(Some(5))]);
 }
 
 /// SIEVE (Zhang et al.): queue oldest..newest [1,2,3]; hit 1 marks it. 4: hand starts at
@@ -108,21 +66,7 @@ fn clock_textbook() {
 #[test]
 fn sieve_textbook() {
     let out = run(policy("sieve", 3).as_mut(), &[1, 2, 3, 1, 4, 2, 5, 1, 2, 3]);
-    assert_eq!(
-        out,
-        vec![
-            P(None),
-            P(None),
-            P(None),
-            H,
-            P(Some(2)),
-            P(Some(3)),
-            P(Some(4)),
-            H,
-            H,
-            P(Some(5))
-        ]
-    );
+    assert_eq!(out, vec![P(None), P(None), P(None), H, P(Some(2)), P(Some(3)), P(Some(4)), H, H, P(Some(5))]);
 }
 
 /// 2Q with 4 blocks: Kin = 1, Kout = 2. 1..4 fill A1in. hit 1 (A1in: no change). 5: A1in
@@ -132,22 +76,7 @@ fn sieve_textbook() {
 #[test]
 fn two_q_full_version() {
     let out = run(policy("2q", 4).as_mut(), &[1, 2, 3, 4, 1, 5, 1, 1, 2, 6, 5]);
-    assert_eq!(
-        out,
-        vec![
-            P(None),
-            P(None),
-            P(None),
-            P(None),
-            H,
-            P(Some(1)),
-            P(Some(2)),
-            H,
-            P(Some(3)),
-            P(Some(4)),
-            H
-        ]
-    );
+    assert_eq!(out, vec![P(None), P(None), P(None), P(None), H, P(Some(1)), P(Some(2)), H, P(Some(3)), P(Some(4)), H]);
 }
 
 /// ARC (Megiddo & Modha, Fig. 4) with c = 2, p = 0. 1, 2 into T1; hit 1 → T2. 3: case IV.B,
@@ -158,19 +87,7 @@ fn two_q_full_version() {
 fn arc_adapts_p() {
     let mut arc = strata_policy::policies::arc::Arc::new(2);
     let out = run(&mut arc, &[1, 2, 1, 3, 2, 1, 4, 3]);
-    assert_eq!(
-        out,
-        vec![
-            P(None),
-            P(None),
-            H,
-            P(Some(2)),
-            P(Some(1)),
-            P(Some(3)),
-            P(Some(2)),
-            P(Some(1))
-        ]
-    );
+    assert_eq!(out, vec![P(None), P(None), H, P(Some(2)), P(Some(1)), P(Some(3)), P(Some(2)), P(Some(1))]);
     assert_eq!(arc.target_t1(), 1);
     assert!(arc.contains(4) && arc.contains(3) && !arc.contains(1));
 }
@@ -217,19 +134,7 @@ fn s3fifo_queues() {
 #[test]
 fn lirs_irr_swap() {
     let out = run(policy("lirs", 3).as_mut(), &[1, 2, 3, 4, 3, 1, 4, 2]);
-    assert_eq!(
-        out,
-        vec![
-            P(None),
-            P(None),
-            P(None),
-            P(Some(3)),
-            P(Some(4)),
-            H,
-            P(Some(1)),
-            H
-        ]
-    );
+    assert_eq!(out, vec![P(None), P(None), P(None), P(Some(3)), P(Some(4)), H, P(Some(1)), H]);
 }
 
 /// LIRS keeps a loop's head resident where LRU gets nothing: 2 LIR blocks survive a cyclic
@@ -237,12 +142,7 @@ fn lirs_irr_swap() {
 #[test]
 fn lirs_beats_lru_on_loops() {
     let trace: Vec<u64> = (0..20).flat_map(|_| 0..10u64).collect();
-    let hits = |name: &str| {
-        run(policy(name, 3).as_mut(), &trace)
-            .iter()
-            .filter(|e| **e == H)
-            .count()
-    };
+    let hits = |name: &str| run(policy(name, 3).as_mut(), &trace).iter().filter(|e| **e == H).count();
     assert_eq!(hits("lru"), 0);
     // After the first pass the two LIR blocks (0 and 1) hit on every pass.
     assert!(hits("lirs") >= 2 * 19, "lirs hits {}", hits("lirs"));
@@ -303,14 +203,7 @@ fn tinylfu_admits_a_shifted_hot_set_after_aging() {
         let want_hit = t >= 880 && b < 1019;
         assert_eq!(out[t] == H, want_hit, "access {t} to {b}: {:?}", out[t]);
     }
-    assert!(
-        out[trace.len() - 80..].iter().all(|e| *e == H),
-        "B not cached after 40 rounds"
-    );
-    assert_eq!(
-        (0..80).filter(|&b| p.contains(b)).count(),
-        20,
-        "A keeps only the room B leaves"
-    );
+    assert!(out[trace.len() - 80..].iter().all(|e| *e == H), "B not cached after 40 rounds");
+    assert_eq!((0..80).filter(|&b| p.contains(b)).count(), 20, "A keeps only the room B leaves");
     assert!((1000..1080).all(|b| p.contains(b)));
 }

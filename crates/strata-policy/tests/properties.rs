@@ -18,32 +18,16 @@ impl Rng {
 }
 
 fn check_policy(name: &str, cap: usize, seed: u64) {
-    let mut p = build(
-        name,
-        cap,
-        &Params {
-            seed,
-            ..Params::default()
-        },
-    )
-    .unwrap();
+    let mut p = build(name, cap, &Params { seed, ..Params::default() }).unwrap();
     let mut rng = Rng(seed | 1);
     let mut cached = std::collections::HashSet::new();
     let mut dirty = std::collections::HashSet::new();
     for step in 0..20_000u64 {
         let now = step * 50_000_000; // 20 accesses per second, so smq's periods go by
         let r = rng.below(100);
-        let block = if rng.below(4) == 0 {
-            rng.below(4 * cap as u64)
-        } else {
-            rng.below(cap as u64 + 8)
-        };
+        let block = if rng.below(4) == 0 { rng.below(4 * cap as u64) } else { rng.below(cap as u64 + 8) };
         if r < 80 {
-            let op = if rng.below(3) == 0 {
-                Op::Write
-            } else {
-                Op::Read
-            };
+            let op = if rng.below(3) == 0 { Op::Write } else { Op::Read };
             let full = rng.below(2) == 0;
             let was = cached.contains(&block);
             match p.access(Access::new(block, op, full, now)) {
@@ -55,20 +39,13 @@ fn check_policy(name: &str, cap: usize, seed: u64) {
                         assert!(cached.remove(&v), "{name}: evicted uncached {v}");
                         assert!(!dirty.contains(&v), "{name}: evicted dirty {v}");
                     } else {
-                        assert!(
-                            cached.len() < cap,
-                            "{name}: promotion without eviction when full"
-                        );
+                        assert!(cached.len() < cap, "{name}: promotion without eviction when full");
                     }
                     cached.insert(block);
                 }
             }
         } else if r < 88 {
-            assert_eq!(
-                p.set_dirty(block),
-                cached.contains(&block),
-                "{name}: set_dirty"
-            );
+            assert_eq!(p.set_dirty(block), cached.contains(&block), "{name}: set_dirty");
             if cached.contains(&block) {
                 dirty.insert(block);
             }
@@ -84,11 +61,7 @@ fn check_policy(name: &str, cap: usize, seed: u64) {
         }
         assert_eq!(p.len(), cached.len(), "{name}: len at step {step}");
         assert!(p.len() <= cap);
-        assert_eq!(
-            p.dirty_len(),
-            dirty.len(),
-            "{name}: dirty_len at step {step}"
-        );
+        assert_eq!(p.dirty_len(), dirty.len(), "{name}: dirty_len at step {step}");
     }
     for &b in &cached {
         assert!(p.contains(b), "{name}: lost {b}");
@@ -96,24 +69,13 @@ fn check_policy(name: &str, cap: usize, seed: u64) {
     }
     // Hints restore the same set of blocks into an empty policy.
     let blob = p.save_hints();
-    let mut q = build(
-        name,
-        cap,
-        &Params {
-            seed,
-            ..Params::default()
-        },
-    )
-    .unwrap();
+    let mut q = build(name, cap, &Params { seed, ..Params::default() }).unwrap();
     q.load_hints(&blob).unwrap();
     assert_eq!(q.len(), cached.len(), "{name}: hint round trip");
     for &b in &cached {
         assert!(q.contains(b), "{name}: hints lost {b}");
     }
-    assert!(
-        q.load_hints(&blob).is_err(),
-        "{name}: loading into a non-empty policy"
-    );
+    assert!(q.load_hints(&blob).is_err(), "{name}: loading into a non-empty policy");
     assert!(p.bytes_per_entry() > 0.0);
 }
 
@@ -141,25 +103,17 @@ fn all_dirty_means_no_promotion() {
         assert_eq!(p.len(), 4);
         // Writing one back frees a victim.
         let b = p.writeback_candidate(0).expect("a dirty block");
-        assert!(
-            p.writeback_candidate(0).is_some_and(|c| c != b),
-            "{name}: handed out twice"
-        );
+        assert!(p.writeback_candidate(0).is_some_and(|c| c != b), "{name}: handed out twice");
         p.set_clean(b);
         let mut promoted = false;
         for t in 0..400u64 {
-            if let Outcome::Promote { evict } =
-                p.access(Access::write(100 + t % 3, true, (t + 300) * 1_000_000_000))
-            {
+            if let Outcome::Promote { evict } = p.access(Access::write(100 + t % 3, true, (t + 300) * 1_000_000_000)) {
                 assert_eq!(evict, Some(b), "{name}: evicted a dirty block");
                 promoted = true;
                 break;
             }
         }
-        assert!(
-            promoted || *name == "smq",
-            "{name} never used the clean victim"
-        );
+        assert!(promoted || *name == "smq", "{name} never used the clean victim");
     }
 }
 
@@ -168,20 +122,8 @@ fn deterministic_for_a_seed() {
     for name in POLICY_NAMES {
         let trace: Vec<u64> = (0..5000u64).map(|i| (i * 7919 + i / 3) % 300).collect();
         let outcomes = |seed| {
-            let mut p = build(
-                name,
-                50,
-                &Params {
-                    seed,
-                    ..Params::default()
-                },
-            )
-            .unwrap();
-            trace
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| p.access(Access::read(b, i as u64 * 10_000_000)))
-                .collect::<Vec<_>>()
+            let mut p = build(name, 50, &Params { seed, ..Params::default() }).unwrap();
+            trace.iter().enumerate().map(|(i, &b)| p.access(Access::read(b, i as u64 * 10_000_000))).collect::<Vec<_>>()
         };
         assert_eq!(outcomes(7), outcomes(7), "{name}");
     }
@@ -191,10 +133,7 @@ fn deterministic_for_a_seed() {
 fn unknown_names_are_rejected() {
     let err = build("lfu9000", 10, &Params::default()).unwrap_err();
     assert!(err.to_string().contains("lfu9000") && err.to_string().contains("arc"));
-    assert_eq!(
-        build("default", 10, &Params::default()).unwrap().name(),
-        strata_policy::DEFAULT_POLICY
-    );
+    assert_eq!(build("default", 10, &Params::default()).unwrap().name(), strata_policy::DEFAULT_POLICY);
 }
 
 /// The table is the one list: names, help and `build` agree with it and with each other.
@@ -203,11 +142,7 @@ fn the_policy_table_drives_names_help_and_build() {
     let mut seen = std::collections::HashSet::new();
     for row in POLICIES {
         assert!(seen.insert(row.name), "{} listed twice", row.name);
-        assert!(
-            !row.summary.is_empty() && !row.summary.contains('\n'),
-            "{}",
-            row.name
-        );
+        assert!(!row.summary.is_empty() && !row.summary.contains('\n'), "{}", row.name);
         match row.new {
             Some(_) => {
                 let p = build(row.name, 8, &Params::default()).unwrap();
@@ -220,39 +155,21 @@ fn the_policy_table_drives_names_help_and_build() {
             }
         }
     }
-    assert_eq!(
-        POLICY_NAMES.len(),
-        POLICIES.iter().filter(|p| p.new.is_some()).count()
-    );
+    assert_eq!(POLICY_NAMES.len(), POLICIES.iter().filter(|p| p.new.is_some()).count());
     assert_eq!(POLICY_NAMES[0], strata_policy::DEFAULT_POLICY);
     let help = strata_policy::help();
     for name in POLICY_NAMES {
-        assert!(
-            help.lines()
-                .any(|l| l.trim_start().starts_with(&format!("{name} "))),
-            "{help}"
-        );
+        assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{name} "))), "{help}");
     }
     assert!(!help.contains("opt "), "{help}");
     let all = strata_policy::describe(POLICIES);
     assert!(all.contains("opt "));
-    assert!(
-        all.lines().all(|l| l.len() <= strata_policy::HELP_COLUMNS),
-        "{all}"
-    );
+    assert!(all.lines().all(|l| l.len() <= strata_policy::HELP_COLUMNS), "{all}");
     let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-    let summaries: Vec<String> = POLICIES
-        .iter()
-        .flat_map(|p| [p.name.to_string()].into_iter().chain(words(p.summary)))
-        .collect();
-    assert_eq!(
-        words(&all),
-        summaries,
-        "wrapping keeps every word, in order"
-    );
-    let err = build("nope", 8, &Params::default())
-        .unwrap_err()
-        .to_string();
+    let summaries: Vec<String> =
+        POLICIES.iter().flat_map(|p| [p.name.to_string()].into_iter().chain(words(p.summary))).collect();
+    assert_eq!(words(&all), summaries, "wrapping keeps every word, in order");
+    let err = build("nope", 8, &Params::default()).unwrap_err().to_string();
     assert!(POLICY_NAMES.iter().all(|n| err.contains(n)), "{err}");
 }
 

@@ -36,15 +36,8 @@ fn main() {
         "{} zipf:{theta} accesses over {blocks} blocks (footprint {footprint}), cache {size} blocks ({pct}%), one core",
         requests
     );
-    println!(
-        "{:<8} {:>12} {:>14} {:>9} {:>10}",
-        "policy", "Mreq/s wall", "Mreq/s on-CPU", "hit%", "seconds"
-    );
-    let params = Params {
-        seed: 1,
-        origin_blocks: Some(blocks),
-        ..Params::default()
-    };
+    println!("{:<8} {:>12} {:>14} {:>9} {:>10}", "policy", "Mreq/s wall", "Mreq/s on-CPU", "hit%", "seconds");
+    let params = Params { seed: 1, origin_blocks: Some(blocks), ..Params::default() };
     let mut names: Vec<&str> = POLICY_NAMES.to_vec();
     names.push("opt");
     if let Some(only) = args.get(4) {
@@ -52,18 +45,14 @@ fn main() {
     }
     for name in names {
         let table = (name == "opt").then(|| {
-            strata_policy::policies::opt::next_use(
-                &accesses.iter().map(|a| a.block).collect::<Vec<_>>(),
-            )
-            .into()
+            strata_policy::policies::opt::next_use(&accesses.iter().map(|a| a.block).collect::<Vec<_>>()).into()
         });
         // Best of three runs: the machine is shared, and the fastest run is the one least
         // disturbed by other work.
         let (mut best, mut best_cpu) = (f64::MAX, f64::MAX);
         let mut counts = Default::default();
         for _ in 0..3 {
-            let mut policy =
-                sim::make_policy(name, size, &params, table.as_ref()).expect("known policy");
+            let mut policy = sim::make_policy(name, size, &params, table.as_ref()).expect("known policy");
             let (start, cpu) = (Instant::now(), thread_cpu_seconds());
             counts = sim::replay(policy.as_mut(), &accesses, 0, None);
             best = best.min(start.elapsed().as_secs_f64());
@@ -84,10 +73,7 @@ fn main() {
 
 /// CPU time of this thread, which other processes on a shared machine do not inflate.
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime only writes the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9

@@ -69,11 +69,9 @@ impl DeviceModel {
 impl fmt::Display for DeviceModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DeviceModel::Hdd(p) => write!(
-                f,
-                "hdd (seek {}-{} ms, {} rpm, {} MiB/s)",
-                p.seek_min_ms, p.seek_max_ms, p.rpm, p.mib_s
-            ),
+            DeviceModel::Hdd(p) => {
+                write!(f, "hdd (seek {}-{} ms, {} rpm, {} MiB/s)", p.seek_min_ms, p.seek_max_ms, p.rpm, p.mib_s)
+            }
             DeviceModel::Ssd(p) => write!(
                 f,
                 "ssd (read {} us, write {} us, {} channels, {} MiB/s)",
@@ -112,8 +110,7 @@ impl FromStr for DeviceModel {
             }
             "ssd" => {
                 let p = strata_io::query::take_ssd(&mut opts).map_err(e)?;
-                if p.read_us.is_nan() || p.read_us < 0.0 || p.write_us.is_nan() || p.write_us < 0.0
-                {
+                if p.read_us.is_nan() || p.read_us < 0.0 || p.write_us.is_nan() || p.write_us < 0.0 {
                     return Err(format!("{s}: read_us and write_us must not be negative"));
                 }
                 if p.channels == 0 || p.mib_s.is_nan() || p.mib_s <= 0.0 {
@@ -139,13 +136,8 @@ impl FromStr for CostSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (origin, cache) = s
-            .split_once(',')
-            .ok_or_else(|| format!("'{s}': expected ORIGIN,CACHE, e.g. hdd,ssd"))?;
-        Ok(CostSpec {
-            origin: origin.parse()?,
-            cache: cache.parse()?,
-        })
+        let (origin, cache) = s.split_once(',').ok_or_else(|| format!("'{s}': expected ORIGIN,CACHE, e.g. hdd,ssd"))?;
+        Ok(CostSpec { origin: origin.parse()?, cache: cache.parse()? })
     }
 }
 
@@ -319,12 +311,7 @@ pub struct CostState {
 
 impl CostState {
     /// For a cache of `capacity_blocks` in front of an origin of `origin_blocks`.
-    pub fn new(
-        spec: &CostSpec,
-        block_size: u64,
-        origin_blocks: u64,
-        capacity_blocks: usize,
-    ) -> Self {
+    pub fn new(spec: &CostSpec, block_size: u64, origin_blocks: u64, capacity_blocks: usize) -> Self {
         CostState {
             block_size,
             origin: DeviceTimer::new(spec.origin, origin_blocks.max(1) * block_size),
@@ -378,11 +365,7 @@ impl CostState {
     #[inline]
     fn io(&mut self, cache: bool, offset: u64, len: u64, write: bool, in_request: bool) -> f64 {
         let (seq, bs) = (self.seq, self.block_size);
-        let dev = if cache {
-            &mut self.cache
-        } else {
-            &mut self.origin
-        };
+        let dev = if cache { &mut self.cache } else { &mut self.origin };
         let cont = in_request && dev.continues(seq, offset, write, bs);
         let t = dev.io_continuing(offset, len, write, cont);
         dev.mark(seq, offset, write);
@@ -396,9 +379,8 @@ impl CostState {
         let bytes = a.bytes as u64;
         let at = a.block * bs;
         // Block accesses of one request come in a row, with the request's time.
-        let in_request = self
-            .prev
-            .is_some_and(|(b, t, op)| b.wrapping_add(1) == a.block && t == a.time_ns && op == a.op);
+        let in_request =
+            self.prev.is_some_and(|(b, t, op)| b.wrapping_add(1) == a.block && t == a.time_ns && op == a.op);
         self.prev = Some((a.block, a.time_ns, a.op));
         self.seq += 1;
         if a.op == Op::Read && !in_request {
@@ -440,8 +422,7 @@ impl CostState {
     pub fn writeback(&mut self, block: u64) {
         let off = self.slot_offset(block);
         self.cache.io(off, self.block_size, false);
-        self.origin
-            .io(block * self.block_size, self.block_size, true);
+        self.origin.io(block * self.block_size, self.block_size, true);
         self.writebacks += 1;
     }
 
@@ -470,28 +451,15 @@ mod tests {
 
     #[test]
     fn parses_models_like_device_specs() {
-        assert_eq!(
-            "hdd".parse::<DeviceModel>(),
-            Ok(DeviceModel::Hdd(HddParams::default()))
-        );
-        assert_eq!(
-            "SSD".parse::<DeviceModel>(),
-            Ok(DeviceModel::Ssd(SsdParams::default()))
-        );
-        let DeviceModel::Hdd(p) = "hdd?rpm=5400&seek_max_ms=20".parse().unwrap() else {
-            panic!()
-        };
+        assert_eq!("hdd".parse::<DeviceModel>(), Ok(DeviceModel::Hdd(HddParams::default())));
+        assert_eq!("SSD".parse::<DeviceModel>(), Ok(DeviceModel::Ssd(SsdParams::default())));
+        let DeviceModel::Hdd(p) = "hdd?rpm=5400&seek_max_ms=20".parse().unwrap() else { panic!() };
         assert_eq!((p.rpm, p.seek_max_ms, p.seek_min_ms), (5400.0, 20.0, 0.5));
-        let DeviceModel::Ssd(p) = "ssd:channels=2&read_us=90".parse().unwrap() else {
-            panic!()
-        };
+        let DeviceModel::Ssd(p) = "ssd:channels=2&read_us=90".parse().unwrap() else { panic!() };
         assert_eq!((p.channels, p.read_us, p.write_us), (2, 90.0, 20.0));
         let err = "hdd?rpn=5400".parse::<DeviceModel>().unwrap_err();
         assert!(err.contains("rpn"), "{err}");
-        assert!("hdd?rpm=fast"
-            .parse::<DeviceModel>()
-            .unwrap_err()
-            .contains("rpm"));
+        assert!("hdd?rpm=fast".parse::<DeviceModel>().unwrap_err().contains("rpm"));
         assert!("tape".parse::<DeviceModel>().is_err());
         assert!("ssd?channels=0".parse::<DeviceModel>().is_err());
         let c: CostSpec = "hdd,ssd?write_us=30".parse().unwrap();
@@ -505,42 +473,19 @@ mod tests {
     /// Continuing where the last request ended costs the transfer only.
     #[test]
     fn hdd_timing_by_hand() {
-        let p = HddParams {
-            seek_min_ms: 1.0,
-            seek_max_ms: 9.0,
-            rpm: 6000.0,
-            mib_s: 4.0,
-            seed: 1,
-        };
+        let p = HddParams { seek_min_ms: 1.0, seek_max_ms: 9.0, rpm: 6000.0, mib_s: 4.0, seed: 1 };
         let size = 16 * 4096;
-        assert!(close(
-            hdd_service_s(&p, size, 4096, 5 * 4096, 4096),
-            0.0109765625
-        ));
-        assert!(close(
-            hdd_service_s(&p, size, 5 * 4096, 4096, 4096),
-            0.0109765625
-        ));
-        assert!(close(
-            hdd_service_s(&p, size, 8192, 8192, 4096),
-            0.0009765625
-        ));
+        assert!(close(hdd_service_s(&p, size, 4096, 5 * 4096, 4096), 0.0109765625));
+        assert!(close(hdd_service_s(&p, size, 5 * 4096, 4096, 4096), 0.0109765625));
+        assert!(close(hdd_service_s(&p, size, 8192, 8192, 4096), 0.0009765625));
         // Beyond the stroke counts as a full stroke: 9 + 5 ms + transfer.
-        assert!(close(
-            hdd_service_s(&p, size, 0, 100 * 4096, 4096),
-            0.0149765625
-        ));
+        assert!(close(hdd_service_s(&p, size, 0, 100 * 4096, 4096), 0.0149765625));
     }
 
     /// 100 us + 4 KiB at 400 MiB/s (9.765625 us); two channels halve the busy time.
     #[test]
     fn ssd_timing_by_hand() {
-        let p = SsdParams {
-            read_us: 100.0,
-            write_us: 50.0,
-            channels: 2,
-            mib_s: 400.0,
-        };
+        let p = SsdParams { read_us: 100.0, write_us: 50.0, channels: 2, mib_s: 400.0 };
         assert!(close(ssd_service_s(&p, 4096, false), 109.765625e-6));
         assert!(close(ssd_service_s(&p, 4096, true), 59.765625e-6));
         let mut d = DeviceTimer::new(DeviceModel::Ssd(p), 1 << 20);
@@ -555,17 +500,12 @@ mod tests {
     /// a cache read and an origin write.
     #[test]
     fn write_and_writeback_charges() {
-        let spec: CostSpec = "ssd?read_us=100&write_us=50&channels=1&mib_s=400,ssd?read_us=10&write_us=20&channels=1&mib_s=400"
-            .parse()
-            .unwrap();
+        let spec: CostSpec =
+            "ssd?read_us=100&write_us=50&channels=1&mib_s=400,ssd?read_us=10&write_us=20&channels=1&mib_s=400"
+                .parse()
+                .unwrap();
         let mut s = CostState::new(&spec, 4096, 16, 4);
-        let w = |block, bytes, full, t| BlockAccess {
-            block,
-            time_ns: t,
-            bytes,
-            op: Op::Write,
-            full,
-        };
+        let w = |block, bytes, full, t| BlockAccess { block, time_ns: t, bytes, op: Op::Write, full };
         s.charge(&w(1, 512, false, 1), Outcome::Promote { evict: None });
         s.charge(&w(2, 4096, true, 2), Outcome::Promote { evict: None });
         s.charge(&w(1, 512, false, 3), Outcome::Hit);
@@ -580,16 +520,8 @@ mod tests {
             + t(50.0, 512.0) + t(50.0, 4096.0) + t(50.0, 512.0) + t(50.0, 512.0)
             + t(50.0, 4096.0); // the write-back
         let cache = 2.0 * t(20.0, 4096.0) + t(20.0, 512.0) + t(10.0, 4096.0);
-        assert!(
-            close(r.origin_busy_s, origin),
-            "{} vs {origin}",
-            r.origin_busy_s
-        );
-        assert!(
-            close(r.cache_busy_s, cache),
-            "{} vs {cache}",
-            r.cache_busy_s
-        );
+        assert!(close(r.origin_busy_s, origin), "{} vs {origin}", r.origin_busy_s);
+        assert!(close(r.cache_busy_s, cache), "{} vs {cache}", r.cache_busy_s);
     }
 
     /// One read request over blocks 4..7 (time 9): 4 and 5 miss, 6 and 7 hit, 7 partial.
@@ -601,17 +533,9 @@ mod tests {
     #[test]
     fn blocks_of_one_request_are_one_io_per_device() {
         let spec: CostSpec =
-            "hdd?seek_min_ms=4&seek_max_ms=4&rpm=6000&mib_s=4,ssd?read_us=100&channels=1&mib_s=400"
-                .parse()
-                .unwrap();
+            "hdd?seek_min_ms=4&seek_max_ms=4&rpm=6000&mib_s=4,ssd?read_us=100&channels=1&mib_s=400".parse().unwrap();
         let mut s = CostState::new(&spec, 4096, 16, 8);
-        let r = |block, bytes, t| BlockAccess {
-            block,
-            time_ns: t,
-            bytes,
-            op: Op::Read,
-            full: bytes == 4096,
-        };
+        let r = |block, bytes, t| BlockAccess { block, time_ns: t, bytes, op: Op::Read, full: bytes == 4096 };
         s.charge(&r(4, 4096, 9), Outcome::Miss);
         s.charge(&r(5, 4096, 9), Outcome::Miss);
         s.charge(&r(6, 4096, 9), Outcome::Hit);
@@ -619,11 +543,7 @@ mod tests {
         let first = 0.0099765625 + 0.0009765625 + 109.765625e-6 + 2.44140625e-6;
         let k = s.report();
         assert_eq!((k.reads, k.origin_reads, k.cache_reads), (1, 1, 1));
-        assert!(
-            close(k.read_latency_s, first),
-            "{} vs {first}",
-            k.read_latency_s
-        );
+        assert!(close(k.read_latency_s, first), "{} vs {first}", k.read_latency_s);
         s.charge(&r(8, 4096, 10), Outcome::Miss);
         let k = s.report();
         assert_eq!((k.reads, k.origin_reads), (2, 2));

@@ -15,6 +15,4 @@ pub mod sim;
 pub mod synthetic;
 pub mod trace;
 
-pub use sim::{
-    replay, replay_hits, run_matrix, split_requests, BlockAccess, Counts, Ops, RunResult, Workload,
-};
+pub use sim::{replay, replay_hits, run_matrix, split_requests, BlockAccess, Counts, Ops, RunResult, Workload};

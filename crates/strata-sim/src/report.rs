@@ -6,8 +6,7 @@ use std::path::Path;
 
 use crate::sim::{ratio, RunResult, Workload};
 
-pub const CSV_HEADER: &str =
-    "policy,size_blocks,requests,hits,hit_ratio,byte_hit_ratio,promotions,bytes_per_entry";
+pub const CSV_HEADER: &str = "policy,size_blocks,requests,hits,hit_ratio,byte_hit_ratio,promotions,bytes_per_entry";
 
 /// The columns `--cost` appends to [`CSV_HEADER`] (after it, so readers of the old columns
 /// keep working): mean latency of a read block access in microseconds, each device's busy
@@ -59,13 +58,7 @@ pub fn summary(source: &str, w: &Workload) -> String {
 
 /// The human-readable table. `size_labels[i]` is how the user wrote size `i`.
 pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)]) -> String {
-    let label = |s: usize| {
-        size_labels
-            .iter()
-            .find(|(b, _)| *b == s)
-            .map(|(_, l)| l.clone())
-            .unwrap_or_default()
-    };
+    let label = |s: usize| size_labels.iter().find(|(b, _)| *b == s).map(|(_, l)| l.clone()).unwrap_or_default();
     let with_cost = results.iter().any(|r| r.cost.is_some());
     let mut out = String::new();
     let _ = write!(
@@ -74,22 +67,15 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
         "policy", "size", "", "capacity", "hit%", "bytehit%", "promotions", "promo/lru", "B/entry"
     );
     if with_cost {
-        let _ = write!(
-            out,
-            " {:>11} {:>13} {:>12}",
-            "read us", "origin busy s", "cache busy s"
-        );
+        let _ = write!(out, " {:>11} {:>13} {:>12}", "read us", "origin busy s", "cache busy s");
     }
     out.push('\n');
     for r in results {
-        let lru = results
-            .iter()
-            .find(|o| o.policy == "lru" && o.size_blocks == r.size_blocks);
+        let lru = results.iter().find(|o| o.policy == "lru" && o.size_blocks == r.size_blocks);
         let vs_lru = match lru {
-            Some(l) if l.counts.promotions > 0 => format!(
-                "{:.2}",
-                r.counts.promotions as f64 / l.counts.promotions as f64
-            ),
+            Some(l) if l.counts.promotions > 0 => {
+                format!("{:.2}", r.counts.promotions as f64 / l.counts.promotions as f64)
+            }
             _ => "-".to_string(),
         };
         let _ = write!(
@@ -107,13 +93,7 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
         );
         match &r.cost {
             Some(c) => {
-                let _ = write!(
-                    out,
-                    " {:>11.1} {:>13.1} {:>12.1}",
-                    c.mean_read_us(),
-                    c.origin_busy_s,
-                    c.cache_busy_s
-                );
+                let _ = write!(out, " {:>11.1} {:>13.1} {:>12.1}", c.mean_read_us(), c.origin_busy_s, c.cache_busy_s);
             }
             None if with_cost => {
                 let _ = write!(out, " {:>11} {:>13} {:>12}", "-", "-", "-");
@@ -174,11 +154,7 @@ pub fn csv(results: &[RunResult]) -> String {
 /// Hit ratio per window, one column per (policy, size).
 pub fn windows_table(results: &[RunResult]) -> String {
     let mut out = String::new();
-    let n = results
-        .iter()
-        .map(|r| r.counts.windows.len())
-        .max()
-        .unwrap_or(0);
+    let n = results.iter().map(|r| r.counts.windows.len()).max().unwrap_or(0);
     let _ = write!(out, "{:>6} {:>12}", "window", "accesses");
     for r in results {
         let _ = write!(out, " {:>14}", format!("{}@{}", r.policy, r.size_blocks));
@@ -203,17 +179,7 @@ pub fn windows_csv(results: &[RunResult]) -> String {
     for r in results {
         let mut start = 0u64;
         for (w, &(a, h)) in r.counts.windows.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{},{},{},{},{},{},{:.6}",
-                r.policy,
-                r.size_blocks,
-                w,
-                start,
-                a,
-                h,
-                ratio(h, a)
-            );
+            let _ = writeln!(out, "{},{},{},{},{},{},{:.6}", r.policy, r.size_blocks, w, start, a, h, ratio(h, a));
             start += a;
         }
     }
@@ -221,12 +187,7 @@ pub fn windows_csv(results: &[RunResult]) -> String {
 }
 
 /// Hit ratio against cache size, one line per policy.
-pub fn plot(
-    path: &Path,
-    title: &str,
-    results: &[RunResult],
-    block_size: u64,
-) -> Result<(), strata_plot::PlotError> {
+pub fn plot(path: &Path, title: &str, results: &[RunResult], block_size: u64) -> Result<(), strata_plot::PlotError> {
     let mut names: Vec<&str> = Vec::new();
     for r in results {
         if !names.contains(&r.policy.as_str()) {
@@ -246,9 +207,7 @@ pub fn plot(
         })
         .collect();
     let sizes: Vec<f64> = results.iter().map(|r| mib(r.size_blocks)).collect();
-    let (lo, hi) = sizes
-        .iter()
-        .fold((f64::MAX, 0f64), |(l, h), &s| (l.min(s), h.max(s)));
+    let (lo, hi) = sizes.iter().fold((f64::MAX, 0f64), |(l, h), &s| (l.min(s), h.max(s)));
     let spec = strata_plot::ChartSpec {
         title: title.to_string(),
         x_label: "cache size (MiB)".into(),

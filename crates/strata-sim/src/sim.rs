@@ -29,12 +29,7 @@ pub struct BlockAccess {
 impl BlockAccess {
     #[inline]
     pub fn to_access(self) -> Access {
-        Access {
-            block: self.block,
-            op: self.op,
-            full_block: self.full,
-            now_ns: self.time_ns,
-        }
+        Access { block: self.block, op: self.op, full_block: self.full, now_ns: self.time_ns }
     }
 }
 
@@ -68,20 +63,12 @@ impl Workload {
 
 /// Split requests into `block_size` accesses. Requests without a time get one from a
 /// synthetic clock of `interval_ns` per request, continuing after the last real time seen.
-pub fn split_requests<I>(
-    requests: I,
-    block_size: u64,
-    ops: Ops,
-    interval_ns: u64,
-) -> Result<Workload, TraceError>
+pub fn split_requests<I>(requests: I, block_size: u64, ops: Ops, interval_ns: u64) -> Result<Workload, TraceError>
 where
     I: IntoIterator<Item = Result<Request, TraceError>>,
 {
     assert!(block_size > 0);
-    let mut w = Workload {
-        block_size,
-        ..Default::default()
-    };
+    let mut w = Workload { block_size, ..Default::default() };
     let mut clock = 0u64;
     for r in requests {
         let r = r?;
@@ -106,13 +93,7 @@ where
             let block = pos / block_size;
             let block_end = (block + 1) * block_size;
             let chunk = end.min(block_end) - pos;
-            w.accesses.push(BlockAccess {
-                block,
-                time_ns: clock,
-                bytes: chunk as u32,
-                op,
-                full: chunk == block_size,
-            });
+            w.accesses.push(BlockAccess { block, time_ns: clock, bytes: chunk as u32, op, full: chunk == block_size });
             w.max_block = w.max_block.max(block);
             pos += chunk;
         }
@@ -165,10 +146,7 @@ pub fn replay_hits<I>(policy: &mut dyn Policy, accesses: I) -> u64
 where
     I: IntoIterator<Item = BlockAccess>,
 {
-    accesses
-        .into_iter()
-        .filter(|a| policy.access(a.to_access()).is_hit())
-        .count() as u64
+    accesses.into_iter().filter(|a| policy.access(a.to_access()).is_hit()).count() as u64
 }
 
 /// Replay with full counts, `windows` equal slices of hit ratio over time (0 for none), and
@@ -308,37 +286,25 @@ pub struct MatrixOptions {
 /// percentage is of `footprint` blocks, and anything else is bytes as
 /// [`strata_io::units::parse_size`] reads them (`64M` = `64MiB`, `10MB` = 10,000,000 bytes),
 /// rounded down to whole blocks of `block_size`.
-pub fn parse_cache_sizes(
-    spec: &str,
-    footprint: u64,
-    block_size: u64,
-) -> Result<Vec<(usize, String)>, String> {
+pub fn parse_cache_sizes(spec: &str, footprint: u64, block_size: u64) -> Result<Vec<(usize, String)>, String> {
     let mut out: Vec<(usize, String)> = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let blocks = if let Some(pct) = part.strip_suffix('%') {
-            let pct: f64 = pct
-                .trim()
-                .parse()
-                .map_err(|_| format!("bad percentage '{part}'"))?;
+            let pct: f64 = pct.trim().parse().map_err(|_| format!("bad percentage '{part}'"))?;
             if pct.is_nan() || pct <= 0.0 {
                 return Err(format!("cache size '{part}' must be positive"));
             }
             ((footprint as f64 * pct / 100.0).round() as u64).max(1)
         } else if part.bytes().all(|b| b.is_ascii_digit()) {
-            part.parse::<u64>()
-                .map_err(|e| format!("cache size '{part}': {e}"))?
+            part.parse::<u64>().map_err(|e| format!("cache size '{part}': {e}"))?
         } else {
             strata_io::units::parse_size(part)? / block_size
         };
         if blocks == 0 {
-            return Err(format!(
-                "cache size '{part}' is smaller than one {block_size}-byte block"
-            ));
+            return Err(format!("cache size '{part}' is smaller than one {block_size}-byte block"));
         }
         if blocks >= (u32::MAX / 4) as u64 {
-            return Err(format!(
-                "cache size '{part}' ({blocks} blocks) is too large"
-            ));
+            return Err(format!("cache size '{part}' ({blocks} blocks) is too large"));
         }
         if !out.iter().any(|(b, _)| *b == blocks as usize) {
             out.push((blocks as usize, part.to_string()));
@@ -356,10 +322,7 @@ pub fn parse_policy_list(spec: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for p in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let names: Vec<String> = match p {
-            "all" => strata_policy::POLICIES
-                .iter()
-                .map(|p| p.name.to_string())
-                .collect(),
+            "all" => strata_policy::POLICIES.iter().map(|p| p.name.to_string()).collect(),
             "default" => vec![strata_policy::DEFAULT_POLICY.to_string()],
             _ => vec![p.to_ascii_lowercase()],
         };
@@ -406,10 +369,8 @@ pub fn run_matrix(
             strata_policy::build(p, 1, &opts.params)?;
         }
     }
-    let next_use: Option<Arc<[u32]>> = policies
-        .iter()
-        .any(|p| p == "opt")
-        .then(|| strata_policy::policies::opt::next_use(&workload.blocks()).into());
+    let next_use: Option<Arc<[u32]>> =
+        policies.iter().any(|p| p == "opt").then(|| strata_policy::policies::opt::next_use(&workload.blocks()).into());
     let tasks: Vec<(usize, &String, usize)> = policies
         .iter()
         .flat_map(|p| sizes.iter().map(move |&s| (p, s)))
@@ -431,33 +392,16 @@ pub fn run_matrix(
                     break;
                 };
                 let start = Instant::now();
-                let mut policy = make_policy(name, size, &opts.params, next_use.as_ref())
-                    .expect("names checked above");
-                let junk = if opts.prefill_junk {
-                    prefill_junk(policy.as_mut(), junk_base)
-                } else {
-                    0
-                };
+                let mut policy = make_policy(name, size, &opts.params, next_use.as_ref()).expect("names checked above");
+                let junk = if opts.prefill_junk { prefill_junk(policy.as_mut(), junk_base) } else { 0 };
                 let mut cost = opts.cost.as_ref().map(|spec| {
-                    let mut c =
-                        CostState::new(spec, workload.block_size, workload.max_block + 1, size);
+                    let mut c = CostState::new(spec, workload.block_size, workload.max_block + 1, size);
                     c.prefilled(junk_base, junk);
                     c
                 });
                 let counts = match cost.as_mut() {
-                    Some(c) => replay_costed(
-                        policy.as_mut(),
-                        &workload.accesses,
-                        opts.windows,
-                        Some(&done),
-                        c,
-                    ),
-                    None => replay(
-                        policy.as_mut(),
-                        &workload.accesses,
-                        opts.windows,
-                        Some(&done),
-                    ),
+                    Some(c) => replay_costed(policy.as_mut(), &workload.accesses, opts.windows, Some(&done), c),
+                    None => replay(policy.as_mut(), &workload.accesses, opts.windows, Some(&done)),
                 };
                 let r = RunResult {
                     policy: name.clone(),
@@ -467,10 +411,7 @@ pub fn run_matrix(
                     elapsed: start.elapsed(),
                     cost: cost.map(|c| c.report()),
                 };
-                results
-                    .lock()
-                    .expect("no worker panics holding the lock")
-                    .push((i, r));
+                results.lock().expect("no worker panics holding the lock").push((i, r));
                 finished.fetch_add(1, Ordering::Relaxed);
             });
         }

@@ -91,17 +91,8 @@ impl Zipf {
         let mut rand = Taus88::new(seed);
         let rand_off = rand.next_u32() as u64;
         let to_gen = nranges.min(ZIPF_MAX_GEN);
-        let zetan = (0..to_gen)
-            .map(|i| (1.0 / (i + 1) as f64).powf(theta))
-            .sum();
-        Zipf {
-            rand,
-            nranges,
-            theta,
-            zeta2: 1.0 + 0.5f64.powf(theta),
-            zetan,
-            rand_off,
-        }
+        let zetan = (0..to_gen).map(|i| (1.0 / (i + 1) as f64).powf(theta)).sum();
+        Zipf { rand, nranges, theta, zeta2: 1.0 + 0.5f64.powf(theta), zetan, rand_off }
     }
 
     pub fn zetan(&self) -> f64 {
@@ -128,9 +119,7 @@ impl Zipf {
     /// `zipf_next`: the next block, scattered like fio.
     pub fn next_block(&mut self) -> u64 {
         let rank = self.next_rank();
-        rank.wrapping_mul(GOLDEN_RATIO_64)
-            .wrapping_add(self.rand_off)
-            % self.nranges
+        rank.wrapping_mul(GOLDEN_RATIO_64).wrapping_add(self.rand_off) % self.nranges
     }
 }
 
@@ -148,20 +137,13 @@ impl Pareto {
         assert!(nranges > 0, "pareto needs at least one block");
         let mut rand = Taus88::new(seed);
         let rand_off = rand.next_u32() as u64;
-        Pareto {
-            rand,
-            nranges,
-            pareto_pow: h.ln() / (1.0 - h).ln(),
-            rand_off,
-        }
+        Pareto { rand, nranges, pareto_pow: h.ln() / (1.0 - h).ln(), rand_off }
     }
 
     pub fn next_block(&mut self) -> u64 {
         let r = self.rand.next_u32() as f64 / u32::MAX as f64;
         let rank = ((self.nranges - 1) as f64 * r.powf(self.pareto_pow)) as u64;
-        rank.wrapping_mul(GOLDEN_RATIO_64)
-            .wrapping_add(self.rand_off)
-            % self.nranges
+        rank.wrapping_mul(GOLDEN_RATIO_64).wrapping_add(self.rand_off) % self.nranges
     }
 }
 
@@ -186,7 +168,9 @@ impl Zoned {
         let access: u32 = zones.iter().map(|z| z.access_pct).sum();
         let size: u32 = zones.iter().map(|z| z.size_pct).sum();
         if access != 100 || size > 100 {
-            return Err(format!("zoned: access percentages must add up to 100 (got {access}) and sizes to at most 100 (got {size})"));
+            return Err(format!(
+                "zoned: access percentages must add up to 100 (got {access}) and sizes to at most 100 (got {size})"
+            ));
         }
         let mut index = Vec::with_capacity(100);
         let mut size_prev = 0;
@@ -196,11 +180,7 @@ impl Zoned {
             }
             size_prev += z.size_pct;
         }
-        Ok(Zoned {
-            rand: Taus88::new(seed),
-            nblocks,
-            index,
-        })
+        Ok(Zoned { rand: Taus88::new(seed), nblocks, index })
     }
 
     pub fn next_block(&mut self) -> u64 {
@@ -232,10 +212,7 @@ impl fmt::Display for Pattern {
             Pattern::Zipf(t) => write!(f, "zipf:{t}"),
             Pattern::Pareto(h) => write!(f, "pareto:{h}"),
             Pattern::Zoned(z) => {
-                let parts: Vec<String> = z
-                    .iter()
-                    .map(|z| format!("{}/{}", z.access_pct, z.size_pct))
-                    .collect();
+                let parts: Vec<String> = z.iter().map(|z| format!("{}/{}", z.access_pct, z.size_pct)).collect();
                 write!(f, "zoned:{}", parts.join(":"))
             }
             Pattern::Uniform => write!(f, "uniform"),
@@ -251,8 +228,7 @@ impl std::str::FromStr for Pattern {
     fn from_str(s: &str) -> Result<Self, String> {
         let (name, rest) = s.split_once(':').unwrap_or((s, ""));
         let num = |v: &str, what: &str| -> Result<f64, String> {
-            v.parse::<f64>()
-                .map_err(|_| format!("{name}: bad {what} '{v}'"))
+            v.parse::<f64>().map_err(|_| format!("{name}: bad {what} '{v}'"))
         };
         match name {
             "zipf" => {
@@ -309,13 +285,7 @@ enum Inner {
     Zoned(Zoned),
     Uniform(Taus88, u64),
     Loop(u64, u64),
-    ScanMix {
-        zipf: Zipf,
-        rand: Taus88,
-        p: f64,
-        blocks: u64,
-        cursor: u64,
-    },
+    ScanMix { zipf: Zipf, rand: Taus88, p: f64, blocks: u64, cursor: u64 },
 }
 
 impl Generator {
@@ -324,9 +294,7 @@ impl Generator {
         let inner = match pattern {
             Pattern::Zipf(t) => Inner::Zipf(Zipf::new(blocks, *t, seed)),
             Pattern::Pareto(h) => Inner::Pareto(Pareto::new(blocks, *h, seed)),
-            Pattern::Zoned(z) => {
-                Inner::Zoned(Zoned::new(blocks, z, seed).expect("validated when parsed"))
-            }
+            Pattern::Zoned(z) => Inner::Zoned(Zoned::new(blocks, z, seed).expect("validated when parsed")),
             Pattern::Uniform => Inner::Uniform(Taus88::new(seed), blocks),
             Pattern::Loop => Inner::Loop(0, blocks),
             Pattern::ScanMix(t, p) => Inner::ScanMix {
@@ -355,13 +323,7 @@ impl Iterator for Generator {
                 *i = (*i + 1) % *n;
                 b
             }
-            Inner::ScanMix {
-                zipf,
-                rand,
-                p,
-                blocks,
-                cursor,
-            } => {
+            Inner::ScanMix { zipf, rand, p, blocks, cursor } => {
                 if (rand.next_u32() as f64) < *p * 4_294_967_296.0 {
                     let b = *blocks + *cursor;
                     *cursor = (*cursor + 1) % *blocks;
@@ -409,11 +371,5 @@ pub fn workload(pattern: &Pattern, o: &WorkloadOptions) -> Workload {
         .collect();
     let footprint = count_distinct(accesses.iter().map(|a| a.block));
     let max_block = accesses.iter().map(|a| a.block).max().unwrap_or(0);
-    Workload {
-        requests: o.requests,
-        block_size: o.block_size,
-        footprint,
-        max_block,
-        accesses,
-    }
+    Workload { requests: o.requests, block_size: o.block_size, footprint, max_block, accesses }
 }

@@ -9,13 +9,7 @@ use strata_sim::sim::{run_matrix, BlockAccess, MatrixOptions, RunResult, Workloa
 /// Reads of block 0 (miss, promoted into free room), block 0 again (hit), block 2 (miss,
 /// promoted into free room): 4 KiB blocks, an origin of 3 blocks, LRU with 2 blocks.
 fn three_reads() -> Workload {
-    let read = |block, i: u64| BlockAccess {
-        block,
-        time_ns: i * 1_000_000,
-        bytes: 4096,
-        op: Op::Read,
-        full: true,
-    };
+    let read = |block, i: u64| BlockAccess { block, time_ns: i * 1_000_000, bytes: 4096, op: Op::Read, full: true };
     Workload {
         accesses: vec![read(0, 0), read(0, 1), read(2, 2)],
         requests: 3,
@@ -49,21 +43,9 @@ const HDD: &str = "hdd?seek_min_ms=4&seek_max_ms=4&rpm=6000&mib_s=4";
 const SSD: &str = "ssd?read_us=100&write_us=50&channels=1&mib_s=400";
 
 fn check(c: &CostReport, mean_read_us: f64, origin_busy_s: f64, cache_busy_s: f64) {
-    assert!(
-        close(c.mean_read_us(), mean_read_us),
-        "mean read {} us, expected {mean_read_us}",
-        c.mean_read_us()
-    );
-    assert!(
-        close(c.origin_busy_s, origin_busy_s),
-        "origin busy {} s, expected {origin_busy_s}",
-        c.origin_busy_s
-    );
-    assert!(
-        close(c.cache_busy_s, cache_busy_s),
-        "cache busy {} s, expected {cache_busy_s}",
-        c.cache_busy_s
-    );
+    assert!(close(c.mean_read_us(), mean_read_us), "mean read {} us, expected {mean_read_us}", c.mean_read_us());
+    assert!(close(c.origin_busy_s, origin_busy_s), "origin busy {} s, expected {origin_busy_s}", c.origin_busy_s);
+    assert!(close(c.cache_busy_s, cache_busy_s), "cache busy {} s, expected {cache_busy_s}", c.cache_busy_s);
 }
 
 /// Origin HDD (head at 0), cache SSD.
@@ -77,24 +59,11 @@ fn check(c: &CostReport, mean_read_us: f64, origin_busy_s: f64, cache_busy_s: f6
 /// busy 10.953125 ms; cache busy 109.765625 + 2 × 59.765625 = 229.296875 us.
 #[test]
 fn hdd_origin_ssd_cache_by_hand() {
-    let r = run(
-        &three_reads(),
-        &["lru"],
-        &[2],
-        Some(&format!("{HDD},{SSD}")),
-    );
+    let r = run(&three_reads(), &["lru"], &[2], Some(&format!("{HDD},{SSD}")));
     let c = r[0].cost.as_ref().expect("a cost report");
     assert_eq!((r[0].counts.hits, r[0].counts.promotions), (1, 2));
     check(c, 11062.890625 / 3.0, 0.010953125, 229.296875e-6);
-    assert_eq!(
-        (
-            c.origin_reads,
-            c.origin_writes,
-            c.cache_reads,
-            c.cache_writes
-        ),
-        (2, 0, 1, 2)
-    );
+    assert_eq!((c.origin_reads, c.origin_writes, c.cache_reads, c.cache_writes), (2, 0, 1, 2));
 }
 
 /// Origin SSD, cache HDD (2 slots; head at 0). Promotions take slots 0 and 1.
@@ -109,12 +78,7 @@ fn hdd_origin_ssd_cache_by_hand() {
 /// 219.53125 us; cache busy 11.9296875 ms.
 #[test]
 fn ssd_origin_hdd_cache_by_hand() {
-    let r = run(
-        &three_reads(),
-        &["lru"],
-        &[2],
-        Some(&format!("{SSD},{HDD}")),
-    );
+    let r = run(&three_reads(), &["lru"], &[2], Some(&format!("{SSD},{HDD}")));
     let c = r[0].cost.as_ref().expect("a cost report");
     check(c, 10196.09375 / 3.0, 219.53125e-6, 0.0119296875);
 }
@@ -125,12 +89,7 @@ fn ssd_origin_hdd_cache_by_hand() {
 /// 9.9765625 = 20.9296875 ms.
 #[test]
 fn evicted_slot_is_reused_on_an_hdd_cache() {
-    let r = run(
-        &three_reads(),
-        &["lru"],
-        &[1],
-        Some(&format!("{SSD},{HDD}")),
-    );
+    let r = run(&three_reads(), &["lru"], &[1], Some(&format!("{SSD},{HDD}")));
     let c = r[0].cost.as_ref().unwrap();
     check(c, 10196.09375 / 3.0, 219.53125e-6, 0.0209296875);
 }
@@ -162,13 +121,6 @@ fn csv_keeps_the_old_columns_first() {
     assert_eq!(rows, 8);
     assert!(o.next().is_none());
     // The human table gains its columns too.
-    let table = report::table(
-        &run(&w, &["lru"], &[2], Some("hdd,ssd")),
-        &w,
-        &[(2, "2".into())],
-    );
-    assert!(
-        table.lines().next().unwrap().ends_with("cache busy s"),
-        "{table}"
-    );
+    let table = report::table(&run(&w, &["lru"], &[2], Some("hdd,ssd")), &w, &[(2, "2".into())]);
+    assert!(table.lines().next().unwrap().ends_with("cache busy s"), "{table}");
 }

@@ -33,37 +33,16 @@ fn hits_by_size(trace: &[u64], max_size: usize) -> Vec<u64> {
 fn accesses(blocks: &[u64]) -> Vec<BlockAccess> {
     blocks
         .iter()
-        .map(|&block| BlockAccess {
-            block,
-            time_ns: 0,
-            bytes: 4096,
-            op: strata_policy::Op::Read,
-            full: true,
-        })
+        .map(|&block| BlockAccess { block, time_ns: 0, bytes: 4096, op: strata_policy::Op::Read, full: true })
         .collect()
 }
 
 #[test]
 fn lru_matches_stack_distances_at_every_size() {
     let traces: Vec<(&str, Vec<u64>)> = vec![
-        (
-            "zipf:0.9",
-            Generator::new(&Pattern::Zipf(0.9), 400, 1)
-                .take(12_000)
-                .collect(),
-        ),
-        (
-            "uniform",
-            Generator::new(&Pattern::Uniform, 300, 2)
-                .take(8_000)
-                .collect(),
-        ),
-        (
-            "scanmix",
-            Generator::new(&Pattern::ScanMix(1.1, 0.3), 200, 3)
-                .take(8_000)
-                .collect(),
-        ),
+        ("zipf:0.9", Generator::new(&Pattern::Zipf(0.9), 400, 1).take(12_000).collect()),
+        ("uniform", Generator::new(&Pattern::Uniform, 300, 2).take(8_000).collect()),
+        ("scanmix", Generator::new(&Pattern::ScanMix(1.1, 0.3), 200, 3).take(8_000).collect()),
     ];
     for (name, trace) in traces {
         let footprint = trace.iter().collect::<std::collections::HashSet<_>>().len();

@@ -8,10 +8,7 @@ use strata_sim::sim::{run_matrix, split_requests, BlockAccess, MatrixOptions, Op
 use strata_sim::synthetic::{Generator, Pattern};
 
 fn workload(blocks: Vec<u64>) -> Workload {
-    let footprint = blocks
-        .iter()
-        .collect::<std::collections::HashSet<_>>()
-        .len() as u64;
+    let footprint = blocks.iter().collect::<std::collections::HashSet<_>>().len() as u64;
     let max_block = blocks.iter().copied().max().unwrap_or(0);
     let accesses: Vec<BlockAccess> = blocks
         .iter()
@@ -24,23 +21,14 @@ fn workload(blocks: Vec<u64>) -> Workload {
             full: true,
         })
         .collect();
-    Workload {
-        requests: accesses.len() as u64,
-        accesses,
-        block_size: 4096,
-        footprint,
-        max_block,
-    }
+    Workload { requests: accesses.len() as u64, accesses, block_size: 4096, footprint, max_block }
 }
 
 fn check(name: &str, w: &Workload, prefill: bool) {
     let mut policies: Vec<String> = POLICY_NAMES.iter().map(|s| s.to_string()).collect();
     policies.push("opt".into());
     let f = w.footprint as usize;
-    let sizes: Vec<usize> = [f / 100, f / 20, f / 10, f / 4, f / 2]
-        .into_iter()
-        .filter(|&s| s > 0)
-        .collect();
+    let sizes: Vec<usize> = [f / 100, f / 20, f / 10, f / 4, f / 2].into_iter().filter(|&s| s > 0).collect();
     let opts = MatrixOptions {
         params: Params::default(),
         windows: 0,
@@ -51,19 +39,9 @@ fn check(name: &str, w: &Workload, prefill: bool) {
     };
     let results = run_matrix(w, &policies, &sizes, &opts).unwrap();
     for &s in &sizes {
-        let opt = results
-            .iter()
-            .find(|r| r.policy == "opt" && r.size_blocks == s)
-            .unwrap()
-            .counts
-            .hits;
+        let opt = results.iter().find(|r| r.policy == "opt" && r.size_blocks == s).unwrap().counts.hits;
         for r in results.iter().filter(|r| r.size_blocks == s) {
-            assert!(
-                r.counts.hits <= opt,
-                "{name}: {} got {} hits with {s} blocks, OPT {opt}",
-                r.policy,
-                r.counts.hits
-            );
+            assert!(r.counts.hits <= opt, "{name}: {} got {} hits with {s} blocks, OPT {opt}", r.policy, r.counts.hits);
         }
     }
 }
@@ -100,10 +78,7 @@ fn opt_is_never_beaten_on_the_cloudphysics_sample() {
 fn opt_bypasses() {
     let blocks = [1, 2, 3, 1, 2];
     let mut opt = Opt::new(2, &blocks);
-    let out: Vec<Outcome> = blocks
-        .iter()
-        .map(|&b| opt.access(Access::read(b, 0)))
-        .collect();
+    let out: Vec<Outcome> = blocks.iter().map(|&b| opt.access(Access::read(b, 0))).collect();
     assert_eq!(
         out,
         vec![
@@ -118,10 +93,7 @@ fn opt_bypasses() {
     // so 2, needed farthest, is evicted; 1 and 3 hit; the final 2 misses and is not admitted.
     let blocks = [1, 2, 3, 1, 3, 2];
     let mut opt = Opt::new(2, &blocks);
-    let out: Vec<Outcome> = blocks
-        .iter()
-        .map(|&b| opt.access(Access::read(b, 0)))
-        .collect();
+    let out: Vec<Outcome> = blocks.iter().map(|&b| opt.access(Access::read(b, 0))).collect();
     assert_eq!(
         out,
         vec![

@@ -19,12 +19,7 @@ fn error_line(text: &str, format: Option<Format>) -> u64 {
 }
 
 fn req(time_ns: Option<u64>, offset: u64, len: u64, kind: IoKind) -> Request {
-    Request {
-        time_ns,
-        offset,
-        len,
-        kind,
-    }
+    Request { time_ns, offset, len, kind }
 }
 
 #[test]
@@ -32,35 +27,10 @@ fn msr() {
     let text = "128166372003061629,wdev,0,Read,3154132992,4096,2170\n\
                 128166372016853796,wdev,1,Write,1024,512,75\n";
     let r = parse(text, Format::Msr);
-    assert_eq!(
-        r[0],
-        req(
-            Some(12_816_637_200_306_162_900),
-            3_154_132_992,
-            4096,
-            IoKind::Read
-        )
-    );
-    assert_eq!(
-        r[1],
-        req(
-            Some(12_816_637_201_685_379_600),
-            (1 << NAMESPACE_SHIFT) | 1024,
-            512,
-            IoKind::Write
-        )
-    );
-    assert_eq!(
-        error_line(
-            "128166372003061629,wdev,0,Read,3154132992,4096,2170\n1,2,3\n",
-            Some(Format::Msr)
-        ),
-        2
-    );
-    assert_eq!(
-        error_line("1,h,0,Read,0,8,1\n\n1,h,0,Erase,0,8,1\n", Some(Format::Msr)),
-        3
-    );
+    assert_eq!(r[0], req(Some(12_816_637_200_306_162_900), 3_154_132_992, 4096, IoKind::Read));
+    assert_eq!(r[1], req(Some(12_816_637_201_685_379_600), (1 << NAMESPACE_SHIFT) | 1024, 512, IoKind::Write));
+    assert_eq!(error_line("128166372003061629,wdev,0,Read,3154132992,4096,2170\n1,2,3\n", Some(Format::Msr)), 2);
+    assert_eq!(error_line("1,h,0,Read,0,8,1\n\n1,h,0,Erase,0,8,1\n", Some(Format::Msr)), 3);
     assert_eq!(error_line("x,h,0,Read,0,8,1\n", Some(Format::Msr)), 1);
 }
 
@@ -75,29 +45,11 @@ fn fio_v2_and_v3() {
     assert_eq!(r[2], req(None, 1 << NAMESPACE_SHIFT, 4096, IoKind::Read));
     let v3 = "fio version 3 iolog\n0 f add\n3 f open\n878 f write 0 16384\n891 f read 16384 4096\n1677 f close\n";
     let r = parse(v3, Format::Fio);
-    assert_eq!(
-        r,
-        vec![
-            req(Some(878_000), 0, 16384, IoKind::Write),
-            req(Some(891_000), 16384, 4096, IoKind::Read)
-        ]
-    );
+    assert_eq!(r, vec![req(Some(878_000), 0, 16384, IoKind::Write), req(Some(891_000), 16384, 4096, IoKind::Read)]);
     assert_eq!(error_line("/dev/sdb read 0 4096\n", Some(Format::Fio)), 1);
-    assert_eq!(
-        error_line("fio version 2 iolog\nf add\nf read 0\n", Some(Format::Fio)),
-        3
-    );
-    assert_eq!(
-        error_line("fio version 3 iolog\nx f read 0 4096\n", Some(Format::Fio)),
-        2
-    );
-    assert_eq!(
-        error_line(
-            "fio version 2 iolog\nf add\nf frobnicate 0 1\n",
-            Some(Format::Fio)
-        ),
-        3
-    );
+    assert_eq!(error_line("fio version 2 iolog\nf add\nf read 0\n", Some(Format::Fio)), 3);
+    assert_eq!(error_line("fio version 3 iolog\nx f read 0 4096\n", Some(Format::Fio)), 2);
+    assert_eq!(error_line("fio version 2 iolog\nf add\nf frobnicate 0 1\n", Some(Format::Fio)), 3);
 }
 
 #[test]
@@ -118,32 +70,12 @@ fn blkparse() {
         vec![
             req(Some(0), 223_490 * 512, 4096, IoKind::Write),
             req(Some(1_500_000_000), 100 * 512, 8192, IoKind::Read),
-            req(
-                Some(2_500_000_000),
-                (1 << NAMESPACE_SHIFT) | 4096,
-                4096,
-                IoKind::Read
-            ),
+            req(Some(2_500_000_000), (1 << NAMESPACE_SHIFT) | 4096, 4096, IoKind::Read),
         ]
     );
-    assert_eq!(
-        error_line(
-            "  8,0 3 1 0.0 697 Q W abc + 8 [x]\n",
-            Some(Format::Blkparse)
-        ),
-        1
-    );
-    assert_eq!(
-        error_line(
-            "  8,0 3 1 0.0 697 Q W 1 + 8 [x]\n  8,0 3\n",
-            Some(Format::Blkparse)
-        ),
-        2
-    );
-    assert_eq!(
-        error_line("  8,0 3 1 zero 697 Q W 1 + 8 [x]\n", Some(Format::Blkparse)),
-        1
-    );
+    assert_eq!(error_line("  8,0 3 1 0.0 697 Q W abc + 8 [x]\n", Some(Format::Blkparse)), 1);
+    assert_eq!(error_line("  8,0 3 1 0.0 697 Q W 1 + 8 [x]\n  8,0 3\n", Some(Format::Blkparse)), 2);
+    assert_eq!(error_line("  8,0 3 1 zero 697 Q W 1 + 8 [x]\n", Some(Format::Blkparse)), 1);
 }
 
 #[test]
@@ -153,35 +85,18 @@ fn cloudphysics() {
     assert_eq!(
         r,
         vec![
-            req(
-                Some(5_633_898_000_000_000),
-                42_932_745 * 512,
-                512,
-                IoKind::Write
-            ),
+            req(Some(5_633_898_000_000_000), 42_932_745 * 512, 512, IoKind::Write),
             req(Some(5_633_899_000_000_000), 51_200, 65536, IoKind::Read),
         ]
     );
-    assert_eq!(
-        error_line(
-            "version,time,op,size,lbn\n1,2,zz,512,1\n",
-            Some(Format::Cloudphysics)
-        ),
-        2
-    );
+    assert_eq!(error_line("version,time,op,size,lbn\n1,2,zz,512,1\n", Some(Format::Cloudphysics)), 2);
     assert_eq!(error_line("1,2,28,512\n", Some(Format::Cloudphysics)), 1);
 }
 
 #[test]
 fn lis() {
     let r = parse("100 8 0 1\n  7 1 0 2\n", Format::Lis);
-    assert_eq!(
-        r,
-        vec![
-            req(None, 51_200, 4096, IoKind::Read),
-            req(None, 3584, 512, IoKind::Read)
-        ]
-    );
+    assert_eq!(r, vec![req(None, 51_200, 4096, IoKind::Read), req(None, 3584, 512, IoKind::Read)]);
     assert_eq!(Format::Lis.native_block_size(), Some(512));
     assert_eq!(error_line("100 8 0 1\n100 8 0\n", Some(Format::Lis)), 2);
     assert_eq!(error_line("100 -8 0 1\n", Some(Format::Lis)), 1);
@@ -189,70 +104,37 @@ fn lis() {
 
 #[test]
 fn alibaba() {
-    let r = parse(
-        "3,R,126703644672,4096,1577808000000005\n4,W,0,512,1577808000000105\n",
-        Format::Alibaba,
-    );
+    let r = parse("3,R,126703644672,4096,1577808000000005\n4,W,0,512,1577808000000105\n", Format::Alibaba);
     assert_eq!(
         r[0],
-        req(
-            Some(1_577_808_000_000_005_000),
-            (3 << NAMESPACE_SHIFT) | 126_703_644_672,
-            4096,
-            IoKind::Read
-        )
+        req(Some(1_577_808_000_000_005_000), (3 << NAMESPACE_SHIFT) | 126_703_644_672, 4096, IoKind::Read)
     );
     assert_eq!(r[1].kind, IoKind::Write);
     assert_eq!(error_line("3,X,0,4096,1\n", Some(Format::Alibaba)), 1);
-    assert_eq!(
-        error_line("3,R,0,4096,1\n3,R,0,4096\n", Some(Format::Alibaba)),
-        2
-    );
+    assert_eq!(error_line("3,R,0,4096,1\n3,R,0,4096\n", Some(Format::Alibaba)), 2);
 }
 
 #[test]
 fn tencent() {
-    let r = parse("Timestamp,Offset,Size,IOType,VolumeID\n1538323200,12345,8,0,1063\n1538323201,0,16,1,1063\n", Format::Tencent);
+    let r = parse(
+        "Timestamp,Offset,Size,IOType,VolumeID\n1538323200,12345,8,0,1063\n1538323201,0,16,1,1063\n",
+        Format::Tencent,
+    );
     assert_eq!(
         r[0],
-        req(
-            Some(1_538_323_200_000_000_000),
-            (1063 << NAMESPACE_SHIFT) | (12_345 * 512),
-            4096,
-            IoKind::Read
-        )
+        req(Some(1_538_323_200_000_000_000), (1063 << NAMESPACE_SHIFT) | (12_345 * 512), 4096, IoKind::Read)
     );
-    assert_eq!(
-        r[1],
-        req(
-            Some(1_538_323_201_000_000_000),
-            1063 << NAMESPACE_SHIFT,
-            8192,
-            IoKind::Write
-        )
-    );
-    assert_eq!(
-        error_line("1538323200,12345,8,2,1063\n", Some(Format::Tencent)),
-        1
-    );
+    assert_eq!(r[1], req(Some(1_538_323_201_000_000_000), 1063 << NAMESPACE_SHIFT, 8192, IoKind::Write));
+    assert_eq!(error_line("1538323200,12345,8,2,1063\n", Some(Format::Tencent)), 1);
 }
 
 #[test]
 fn guesses_formats() {
     let cases = [
-        (
-            "128166372003061629,wdev,0,Read,3154132992,4096,2170\n",
-            Format::Msr,
-        ),
+        ("128166372003061629,wdev,0,Read,3154132992,4096,2170\n", Format::Msr),
         ("fio version 3 iolog\n0 f add\n", Format::Fio),
-        (
-            "  8,0    3        1     0.000000000   697  Q   W 223490 + 8 [kjournald]\n",
-            Format::Blkparse,
-        ),
-        (
-            "version,time,op,size,lbn\n1,5633898,2a,512,42932745\n",
-            Format::Cloudphysics,
-        ),
+        ("  8,0    3        1     0.000000000   697  Q   W 223490 + 8 [kjournald]\n", Format::Blkparse),
+        ("version,time,op,size,lbn\n1,5633898,2a,512,42932745\n", Format::Cloudphysics),
         ("1,5633898,2a,512,42932745\n", Format::Cloudphysics),
         ("100 8 0 1\n", Format::Lis),
         ("3,R,126703644672,4096,1577808000000005\n", Format::Alibaba),
@@ -261,10 +143,7 @@ fn guesses_formats() {
     for (text, want) in cases {
         assert_eq!(trace::parse_str(text, None).unwrap().1, want, "{text}");
     }
-    assert!(matches!(
-        trace::parse_str("hello world\n", None),
-        Err(TraceError::UnknownFormat(_))
-    ));
+    assert!(matches!(trace::parse_str("hello world\n", None), Err(TraceError::UnknownFormat(_))));
     // A guessed format still reports the right line for a bad record further down.
     assert_eq!(error_line("100 8 0 1\n100 8 0 2\n\nbad\n", None), 4);
 }
@@ -274,10 +153,7 @@ fn reads_gzip_and_zstd() {
     let text = "100 8 0 1\n200 8 0 2\n";
     let dir = tempfile::tempdir().unwrap();
     let gz = dir.path().join("t.lis.gz");
-    let mut e = flate2::write::GzEncoder::new(
-        std::fs::File::create(&gz).unwrap(),
-        flate2::Compression::default(),
-    );
+    let mut e = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::default());
     e.write_all(text.as_bytes()).unwrap();
     e.finish().unwrap();
     let zst = dir.path().join("t.lis.zst");
@@ -303,8 +179,5 @@ fn the_cloudphysics_sample_parses() {
     let reqs: Vec<_> = reqs.collect::<Result<_, _>>().unwrap();
     // 113,872 requests: 66,898 writes (0x2a) and 46,974 reads (0x28).
     assert_eq!(reqs.len(), 113_872);
-    assert_eq!(
-        reqs.iter().filter(|r| r.kind == IoKind::Read).count(),
-        46_974
-    );
+    assert_eq!(reqs.iter().filter(|r| r.kind == IoKind::Read).count(), 46_974);
 }

@@ -26,46 +26,27 @@ fn run(policy: &str, size: usize, trace: &[BlockAccess]) -> (u64, u64) {
 
 #[test]
 fn strata_gets_at_least_lru_hits() {
-    let patterns = [
-        "uniform",
-        "zipf:0.8",
-        "zipf:1.2",
-        "pareto:0.2",
-        "zoned:60/10:30/20:10/70",
-        "scanmix:0.9:0.3",
-        "loop",
-    ];
+    let patterns =
+        ["uniform", "zipf:0.8", "zipf:1.2", "pareto:0.2", "zoned:60/10:30/20:10/70", "scanmix:0.9:0.3", "loop"];
     let mut failures = Vec::new();
     for pattern in patterns {
         let pat: Pattern = pattern.parse().unwrap();
         let trace: Vec<BlockAccess> = Generator::new(&pat, BLOCKS, 1)
             .take(REQUESTS)
             .enumerate()
-            .map(|(i, block)| BlockAccess {
-                block,
-                time_ns: i as u64 * 100_000,
-                bytes: 4096,
-                op: Op::Read,
-                full: true,
-            })
+            .map(|(i, block)| BlockAccess { block, time_ns: i as u64 * 100_000, bytes: 4096, op: Op::Read, full: true })
             .collect();
         let footprint = strata_sim::sim::count_distinct(trace.iter().map(|a| a.block)) as usize;
         for pct in [1, 5, 10, 25, 50] {
             let size = footprint * pct / 100;
             let (lh, lp) = run("lru", size, &trace);
             let (sh, sp) = run("strata", size, &trace);
-            let slack = if pattern == "uniform" {
-                3 * (lh as f64).sqrt() as u64
-            } else {
-                0
-            };
+            let slack = if pattern == "uniform" { 3 * (lh as f64).sqrt() as u64 } else { 0 };
             if sh + slack < lh {
                 failures.push(format!("{pattern} at {pct}%: strata {sh} hits, lru {lh}"));
             }
             if sp >= lp {
-                failures.push(format!(
-                    "{pattern} at {pct}%: strata {sp} promotions, lru {lp}"
-                ));
+                failures.push(format!("{pattern} at {pct}%: strata {sp} promotions, lru {lp}"));
             }
         }
     }
@@ -79,17 +60,14 @@ fn strata_gets_at_least_lru_hits_on_the_cloudphysics_sample() {
     let Some((reqs, _)) = common::cloudphysics_sample() else {
         return;
     };
-    let w =
-        strata_sim::sim::split_requests(reqs, 4096, strata_sim::sim::Ops::All, 1_000_000).unwrap();
+    let w = strata_sim::sim::split_requests(reqs, 4096, strata_sim::sim::Ops::All, 1_000_000).unwrap();
     let mut failures = Vec::new();
     for pct in [1, 5, 10, 25, 50] {
         let size = w.footprint as usize * pct / 100;
         let (lh, lp) = run("lru", size, &w.accesses);
         let (sh, sp) = run("strata", size, &w.accesses);
         if sh < lh || sp >= lp {
-            failures.push(format!(
-                "{pct}%: strata {sh} hits, {sp} promotions; lru {lh} hits, {lp} promotions"
-            ));
+            failures.push(format!("{pct}%: strata {sh} hits, {sp} promotions; lru {lh} hits, {lp} promotions"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

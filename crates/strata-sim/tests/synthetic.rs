@@ -8,16 +8,7 @@ use strata_sim::synthetic::{Generator, Pareto, Pattern, Taus88, Zipf, Zone, Zone
 fn taus88_matches_fio() {
     let mut t = Taus88::new(1);
     let first: Vec<u32> = (0..5).map(|_| t.next_u32()).collect();
-    assert_eq!(
-        first,
-        vec![
-            2_634_262_343,
-            4_072_702_554,
-            2_367_269_570,
-            3_770_928_454,
-            3_771_119_923
-        ]
-    );
+    assert_eq!(first, vec![2_634_262_343, 4_072_702_554, 2_367_269_570, 3_770_928_454, 3_771_119_923]);
 }
 
 #[test]
@@ -43,17 +34,10 @@ fn zipf_head_mass() {
     counts.sort_unstable_by(|a, b| b.cmp(a));
     let head: u64 = counts[..(n / 10) as usize].iter().map(|&c| c as u64).sum();
     let share = head as f64 / 1_000_000.0;
-    assert!(
-        (0.85..0.97).contains(&share),
-        "top 10% of blocks got {share:.3} of accesses"
-    );
+    assert!((0.85..0.97).contains(&share), "top 10% of blocks got {share:.3} of accesses");
     // And the ranks are scattered: the hottest block is not block 0.
     let hottest = counts[0];
-    assert!(
-        hottest > 50_000,
-        "rank 1 should take ~{:.0}% of accesses",
-        100.0 / 5.6
-    );
+    assert!(hottest > 50_000, "rank 1 should take ~{:.0}% of accesses", 100.0 / 5.6);
 }
 
 #[test]
@@ -67,26 +51,13 @@ fn pareto_and_zoned_shapes() {
     }
     counts.sort_unstable_by(|a, b| b.cmp(a));
     let head: u32 = counts[..2000].iter().sum();
-    assert!(
-        head as f64 / 200_000.0 > 0.75,
-        "pareto head share {}",
-        head as f64 / 200_000.0
-    );
+    assert!(head as f64 / 200_000.0 > 0.75, "pareto head share {}", head as f64 / 200_000.0);
 
     // zoned:60/10:30/20:10/70 — 60% of accesses in the first 10% of blocks, 30% in the next 20%.
     let zones = [
-        Zone {
-            access_pct: 60,
-            size_pct: 10,
-        },
-        Zone {
-            access_pct: 30,
-            size_pct: 20,
-        },
-        Zone {
-            access_pct: 10,
-            size_pct: 70,
-        },
+        Zone { access_pct: 60, size_pct: 10 },
+        Zone { access_pct: 30, size_pct: 20 },
+        Zone { access_pct: 10, size_pct: 70 },
     ];
     let mut z = Zoned::new(n, &zones, 5).unwrap();
     let (mut a, mut b) = (0, 0);
@@ -101,24 +72,13 @@ fn pareto_and_zoned_shapes() {
     }
     assert!((58_000..62_000).contains(&a), "first zone got {a}");
     assert!((28_000..32_000).contains(&b), "second zone got {b}");
-    assert!(Zoned::new(
-        n,
-        &[Zone {
-            access_pct: 50,
-            size_pct: 10
-        }],
-        1
-    )
-    .is_err());
+    assert!(Zoned::new(n, &[Zone { access_pct: 50, size_pct: 10 }], 1).is_err());
 }
 
 #[test]
 fn patterns_parse() {
     assert_eq!("zipf:1.2".parse::<Pattern>().unwrap(), Pattern::Zipf(1.2));
-    assert_eq!(
-        "pareto:0.2".parse::<Pattern>().unwrap(),
-        Pattern::Pareto(0.2)
-    );
+    assert_eq!("pareto:0.2".parse::<Pattern>().unwrap(), Pattern::Pareto(0.2));
     assert_eq!("loop".parse::<Pattern>().unwrap(), Pattern::Loop);
     assert!("zipf:1".parse::<Pattern>().is_err());
     assert!("zoned:60/10:30".parse::<Pattern>().is_err());

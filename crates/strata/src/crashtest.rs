@@ -783,8 +783,8 @@ pub async fn writeback_cache(
     origin: std::sync::Arc<dyn strata_io::BlockDev>,
     seed: u64,
 ) -> anyhow::Result<strata_cache::CacheDev> {
-    use strata_cache::{offline::create, CreateOptions};
     use strata_cache::meta::Meta;
+    use strata_cache::{offline::create, CreateOptions};
     use strata_cache::{CacheDev, OpenOptions};
     let opts = CreateOptions {
         block_bytes: 32 << 10,
@@ -899,8 +899,8 @@ impl CrashTarget for CacheTarget {
         mode: &str,
         seed: u64,
     ) -> anyhow::Result<strata_cache::CacheDev> {
-        use strata_cache::{offline::create, CreateOptions};
         use strata_cache::meta::Meta;
+        use strata_cache::{offline::create, CreateOptions};
         use strata_cache::{CacheDev, OpenOptions};
         let opts = CreateOptions {
             block_bytes: 32 << 10,
@@ -1139,7 +1139,10 @@ async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::
                         if !wrong.is_empty() {
                             run.wrong_sectors.fetch_add(wrong.len() as u64, SeqCst);
                             let s = wrong[0];
-                            let got = describe_sector(s, &data[((s - offset / SECTOR) * SECTOR) as usize..][..SECTOR as usize]);
+                            let got = describe_sector(
+                                s,
+                                &data[((s - offset / SECTOR) * SECTOR) as usize..][..SECTOR as usize],
+                            );
                             let why = format!(
                                 "client {c}: read of {len} bytes at {offset} (issued at {issued}): {} sectors wrong, first {s} holds {got}; {}",
                                 wrong.len(),

@@ -198,7 +198,11 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                     }
                 }
                 ("GET", _) => ("404 Not Found", "text/plain", "try /status or /metrics\n".to_string()),
-                _ => ("400 Bad Request", "text/plain", "GET /status, GET /metrics, POST /volumes/NAME/message\n".to_string()),
+                _ => (
+                    "400 Bad Request",
+                    "text/plain",
+                    "GET /status, GET /metrics, POST /volumes/NAME/message\n".to_string(),
+                ),
             };
             let resp = format!(
                 "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -232,7 +236,9 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(St
     let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
     let length = head
         .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+        .find_map(|l| {
+            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0))
+        })
         .unwrap_or(0)
         .min(64 << 10);
     while req.len() < head_end + length {
@@ -263,12 +269,15 @@ pub async fn message(addr: &str, volume: &str, msg: &str) -> anyhow::Result<Stri
 
 async fn request(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
     use anyhow::Context;
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("cannot reach the admin endpoint at {addr} (is `strata serve --admin {addr}` running?)"))?;
+    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| {
+        format!("cannot reach the admin endpoint at {addr} (is `strata serve --admin {addr}` running?)")
+    })?;
     s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
-            .as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
     )
     .await?;
     let mut resp = String::new();

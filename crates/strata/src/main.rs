@@ -3,13 +3,18 @@ use strata::cmd;
 
 /// strata: a userspace hybrid block-storage engine served over NBD.
 #[derive(Parser)]
-#[command(name = "strata", version, propagate_version = true, after_help = "\
+#[command(
+    name = "strata",
+    version,
+    propagate_version = true,
+    after_help = "\
 Examples:
   strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
   strata status --admin 127.0.0.1:9810
   strata cache create --origin hdd:/var/tmp/origin.img --cache /var/tmp/cache.img?size=1GiB
   strata sim ../shared/testdata/cloudphysics-w.csv --policy strata,smq,lru --size 1%,10%
-Run `strata <command> --help` for each command's options.")]
+Run `strata <command> --help` for each command's options."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -109,9 +109,9 @@ impl FileSpec {
         f.ro = opts.take_bool("ro")? == Some(true);
         f.shared = opts.take_bool("shared")? == Some(true);
         if f.shared && !f.ro {
-            return Err(opts.invalid(
-                "shared is only allowed with ro (?ro&shared): an open that takes no claim must not write",
-            ));
+            return Err(
+                opts.invalid("shared is only allowed with ro (?ro&shared): an open that takes no claim must not write")
+            );
         }
         Ok((f, opts))
     }
@@ -360,7 +360,10 @@ mod tests {
                 "cache:/c.img?origin=hdd:/o.img?rpm=5400&seek_max_ms=12",
                 "cache:/c.img?origin=hdd:/o.img?seek_max_ms=12&rpm=5400",
             ),
-            ("cache:/c.img?origin=fault:write:eio:after=100@/o.img", "cache:/c.img?origin=fault:write:eio:after=100@/o.img"),
+            (
+                "cache:/c.img?origin=fault:write:eio:after=100@/o.img",
+                "cache:/c.img?origin=fault:write:eio:after=100@/o.img",
+            ),
             ("cache:/c.img?origin=cache:/d.img?origin=mem:1GiB", "cache:/c.img?origin=cache:/d.img?origin=mem:1GiB"),
         ] {
             let spec = parse(text);
@@ -441,8 +444,13 @@ mod tests {
     fn file() -> impl Strategy<Value = FileSpec> {
         let engine = prop_oneof![Just(EngineKind::Uring), Just(EngineKind::Pool)];
         (path(), proptest::option::of(size()), any::<bool>(), engine, any::<bool>(), any::<bool>()).prop_map(
-            |(path, size, direct, engine, ro, shared)| {
-                FileSpec { path, size, direct, engine, ro, shared: shared && ro }
+            |(path, size, direct, engine, ro, shared)| FileSpec {
+                path,
+                size,
+                direct,
+                engine,
+                ro,
+                shared: shared && ro,
             },
         )
     }
@@ -455,8 +463,9 @@ mod tests {
     fn hdd() -> impl Strategy<Value = HddParams> {
         let d = HddParams::default();
         let seed = prop_oneof![Just(d.seed), any::<u64>()];
-        (figure(d.seek_min_ms), figure(d.seek_max_ms), figure(d.rpm), figure(d.mib_s), seed)
-            .prop_map(|(seek_min_ms, seek_max_ms, rpm, mib_s, seed)| HddParams { seek_min_ms, seek_max_ms, rpm, mib_s, seed })
+        (figure(d.seek_min_ms), figure(d.seek_max_ms), figure(d.rpm), figure(d.mib_s), seed).prop_map(
+            |(seek_min_ms, seek_max_ms, rpm, mib_s, seed)| HddParams { seek_min_ms, seek_max_ms, rpm, mib_s, seed },
+        )
     }
 
     fn ssd() -> impl Strategy<Value = SsdParams> {
@@ -466,8 +475,9 @@ mod tests {
     }
 
     fn rule() -> impl Strategy<Value = Rule> {
-        let ops = proptest::sample::subsequence(vec![Ops::READ, Ops::WRITE, Ops::FLUSH, Ops::DISCARD, Ops::ZERO], 1..=5)
-            .prop_map(|v| v.iter().fold(v[0], |a, o| a | *o));
+        let ops =
+            proptest::sample::subsequence(vec![Ops::READ, Ops::WRITE, Ops::FLUSH, Ops::DISCARD, Ops::ZERO], 1..=5)
+                .prop_map(|v| v.iter().fold(v[0], |a, o| a | *o));
         let effect = prop_oneof![
             Just(Effect::Fail(ErrorKind::Io)),
             Just(Effect::Fail(ErrorKind::NoSpace)),

@@ -32,11 +32,20 @@ fn git_unavailable() -> Option<String> {
 fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut lines = text.lines();
-    let header: Vec<String> = lines.next().unwrap_or_else(|| panic!("{} is empty", path.display())).split(',').map(String::from).collect();
+    let header: Vec<String> =
+        lines.next().unwrap_or_else(|| panic!("{} is empty", path.display())).split(',').map(String::from).collect();
     let rows: Vec<Vec<String>> = lines.map(|l| l.split(',').map(String::from).collect()).collect();
     assert!(!rows.is_empty(), "{} has a header but no rows", path.display());
     for (i, r) in rows.iter().enumerate() {
-        assert_eq!(r.len(), header.len(), "{} row {} has {} fields, the header {}", path.display(), i + 2, r.len(), header.len());
+        assert_eq!(
+            r.len(),
+            header.len(),
+            "{} row {} has {} fields, the header {}",
+            path.display(),
+            i + 2,
+            r.len(),
+            header.len()
+        );
     }
     (header, rows)
 }
@@ -110,7 +119,8 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     assert!(status.success(), "bench/run.py failed ({status}):\n{log}");
 
     let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json")).expect("summary.json parses");
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json"))
+            .expect("summary.json parses");
     assert_eq!(summary["scale"].as_f64(), Some(0.01));
     let exps = &summary["experiments"];
     let mut got = names(exps);
@@ -216,7 +226,9 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
 
     // overhead: every series in both directions, and the ratios.
     let o = &exps["overhead"];
-    for s in ["strata file (O_DIRECT)", "strata mem", "nbdkit file", "nbdkit memory", "fio io_uring O_DIRECT on the file"] {
+    for s in
+        ["strata file (O_DIRECT)", "strata mem", "nbdkit file", "nbdkit memory", "fio io_uring O_DIRECT on the file"]
+    {
         for rw in ["randread", "randwrite"] {
             assert!(o["results"][format!("{s} {rw}")]["iops"].as_f64().is_some(), "overhead: no {s} {rw}");
         }

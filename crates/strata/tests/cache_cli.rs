@@ -52,10 +52,25 @@ fn refuses_to_overwrite_recognisable_data_without_force() {
     img[1080] = 0x53;
     img[1081] = 0xEF;
     std::fs::write(&fs, &img).unwrap();
-    let o = strata(&["cache", "create", "--origin", d.path().join("origin.img").to_str().unwrap(), "--cache", fs.to_str().unwrap()]);
+    let o = strata(&[
+        "cache",
+        "create",
+        "--origin",
+        d.path().join("origin.img").to_str().unwrap(),
+        "--cache",
+        fs.to_str().unwrap(),
+    ]);
     assert!(stderr(&o).contains("ext2/3/4"), "{}", stderr(&o));
     assert!(std::fs::read(&fs).unwrap() == img);
-    let forced = strata(&["cache", "create", "--force", "--origin", d.path().join("origin.img").to_str().unwrap(), "--cache", fs.to_str().unwrap()]);
+    let forced = strata(&[
+        "cache",
+        "create",
+        "--force",
+        "--origin",
+        d.path().join("origin.img").to_str().unwrap(),
+        "--cache",
+        fs.to_str().unwrap(),
+    ]);
     assert!(forced.status.success(), "{}", stderr(&forced));
 }
 
@@ -74,14 +89,27 @@ fn refuses_bad_parameters() {
     }
     // A cache device too small for its metadata and one block.
     let o = strata(&[
-        "cache", "create", "--origin", &format!("{}?size=32MiB", d.path().join("o2.img").display()),
-        "--cache", &format!("{}?size=512KiB", d.path().join("tiny.img").display()),
+        "cache",
+        "create",
+        "--origin",
+        &format!("{}?size=32MiB", d.path().join("o2.img").display()),
+        "--cache",
+        &format!("{}?size=512KiB", d.path().join("tiny.img").display()),
     ]);
     assert!(stderr(&o).contains("too small"), "{}", stderr(&o));
     // An origin that cannot be opened.
-    let o = strata(&["cache", "create", "--origin", "/nonexistent/origin.img", "--cache", &format!("{}?size=8MiB", d.path().join("c3.img").display())]);
+    let o = strata(&[
+        "cache",
+        "create",
+        "--origin",
+        "/nonexistent/origin.img",
+        "--cache",
+        &format!("{}?size=8MiB", d.path().join("c3.img").display()),
+    ]);
     assert!(stderr(&o).contains("cannot open the origin"), "{}", stderr(&o));
-    assert!(!d.path().join("c3.img").exists() || std::fs::read(d.path().join("c3.img")).unwrap().iter().all(|&b| b == 0));
+    assert!(
+        !d.path().join("c3.img").exists() || std::fs::read(d.path().join("c3.img")).unwrap().iter().all(|&b| b == 0)
+    );
 }
 
 fn serve_fails(dir: &Path, spec: &str) -> String {

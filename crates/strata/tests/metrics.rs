@@ -26,7 +26,11 @@ fn served_with_io() -> (Server, String) {
     assert!(out.status.success(), "cache create: {}", String::from_utf8_lossy(&out.stderr));
     let srv = Server::start_opts(
         dir,
-        ServerOpts { admin: true, args: vec!["vol=cache:{dir}/cache.img".into(), "raw=mem:4MiB".into()], ..Default::default() },
+        ServerOpts {
+            admin: true,
+            args: vec!["vol=cache:{dir}/cache.img".into(), "raw=mem:4MiB".into()],
+            ..Default::default()
+        },
     );
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
@@ -137,7 +141,9 @@ fn metrics_follow_the_prometheus_conventions() {
     ] {
         assert_eq!(e.kind(counter), "counter", "{counter}");
     }
-    for gauge in ["strata_cache_dirty_blocks", "strata_cache_capacity_blocks", "strata_cache_hit_ratio", "strata_cache_info"] {
+    for gauge in
+        ["strata_cache_dirty_blocks", "strata_cache_capacity_blocks", "strata_cache_hit_ratio", "strata_cache_info"]
+    {
         assert_eq!(e.kind(gauge), "gauge", "{gauge}");
     }
     // The numbers are the volume's: reads of written blocks hit, the flush committed.
@@ -209,7 +215,8 @@ fn promtool_accepts_the_metrics_and_the_dashboard_queries() {
     let (ok, problems) = promtool(&["check", "metrics"], &text);
     assert!(ok && problems.trim().is_empty(), "promtool check metrics:\n{problems}\n--- /metrics ---\n{text}");
     // promtool must be able to fail: an old-style gauge counter is refused.
-    let (ok, problems) = promtool(&["check", "metrics"], "# HELP strata_x_hits Hits.\n# TYPE strata_x_hits counter\nstrata_x_hits 1\n");
+    let (ok, problems) =
+        promtool(&["check", "metrics"], "# HELP strata_x_hits Hits.\n# TYPE strata_x_hits counter\nstrata_x_hits 1\n");
     assert!(!ok && problems.contains("_total"), "promtool let a counter without _total through: {problems}");
     // The dashboard's queries parse (as recording rules, the one way promtool checks PromQL).
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
@@ -249,7 +256,10 @@ fn the_grafana_dashboard_queries_only_exported_metrics() {
         while let Some(i) = rest.find("strata_") {
             let name: String = rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
             rest = &rest[i + name.len()..];
-            assert!(exported.contains(name.as_str()), "the dashboard queries {name}, which /metrics does not export: {q}");
+            assert!(
+                exported.contains(name.as_str()),
+                "the dashboard queries {name}, which /metrics does not export: {q}"
+            );
             used.insert(name);
         }
     }

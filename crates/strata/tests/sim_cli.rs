@@ -18,43 +18,24 @@ fn args(list: &[&str]) -> Result<SimArgs, clap::Error> {
 /// else, and `--help` says what MB and MiB mean.
 #[test]
 fn sizes_take_the_units_of_the_rest_of_strata() {
-    let synthetic = [
-        "--synthetic",
-        "uniform",
-        "--blocks",
-        "8000",
-        "--requests",
-        "20000",
-        "--policy",
-        "lru",
-    ];
+    let synthetic = ["--synthetic", "uniform", "--blocks", "8000", "--requests", "20000", "--policy", "lru"];
     let with = |extra: &[&str]| args(&[&synthetic[..], extra].concat()).unwrap();
     run(with(&["--size", "10MB,10MiB,10M", "--block-size", "4KiB"])).unwrap();
     let err = run(with(&["--size", "4 parsecs"])).unwrap_err().to_string();
     assert!(err.contains("parsecs"), "{err}");
-    let err = run(with(&["--block-size", "4 parsecs"]))
-        .unwrap_err()
-        .to_string();
+    let err = run(with(&["--block-size", "4 parsecs"])).unwrap_err().to_string();
     assert!(err.contains("parsecs"), "{err}");
     assert!(run(with(&["--block-size", "0.5KiB", "--size", "1%"])).is_ok());
-    let err = run(with(&["--block-size", "0", "--size", "1MiB"]))
-        .unwrap_err()
-        .to_string();
+    let err = run(with(&["--block-size", "0", "--size", "1MiB"])).unwrap_err().to_string();
     assert!(err.contains("block size"), "{err}");
     let help = args(&["--help"]).unwrap_err().to_string();
-    assert!(
-        help.contains("powers of 1000") && help.contains("powers of 1024"),
-        "{help}"
-    );
+    assert!(help.contains("powers of 1000") && help.contains("powers of 1024"), "{help}");
 }
 
 #[test]
 fn accepts_help_and_rejects_bad_options() {
     let help = args(&["--help"]).unwrap_err().to_string();
-    assert!(
-        help.contains("--synthetic") && help.contains("cloudphysics-w.csv"),
-        "{help}"
-    );
+    assert!(help.contains("--synthetic") && help.contains("cloudphysics-w.csv"), "{help}");
     for p in strata_policy::POLICIES {
         let first_words: String = p.summary.split(' ').take(2).collect::<Vec<_>>().join(" ");
         assert!(
@@ -113,24 +94,13 @@ fn malformed_trace_names_the_line() {
 
 #[test]
 fn cost_option_parses_and_runs() {
-    assert!(args(&["t.csv", "--cost", "hdd,ssd"])
-        .unwrap()
-        .cost
-        .is_some());
-    assert!(args(&[
-        "t.csv",
-        "--cost",
-        "hdd?rpm=5400&seek_max_ms=20,ssd:channels=4"
-    ])
-    .is_ok());
+    assert!(args(&["t.csv", "--cost", "hdd,ssd"]).unwrap().cost.is_some());
+    assert!(args(&["t.csv", "--cost", "hdd?rpm=5400&seek_max_ms=20,ssd:channels=4"]).is_ok());
     assert!(args(&["t.csv", "--cost", "tape,ssd"]).is_err());
     assert!(args(&["t.csv", "--cost", "hdd"]).is_err());
     assert!(args(&["t.csv", "--cost", "hdd?warp=9,ssd"]).is_err());
     let help = args(&["--help"]).unwrap_err().to_string();
-    assert!(
-        help.contains("--cost") && help.contains("tinylfu"),
-        "{help}"
-    );
+    assert!(help.contains("--cost") && help.contains("tinylfu"), "{help}");
     for csv in [false, true] {
         let mut list = vec![
             "--synthetic",

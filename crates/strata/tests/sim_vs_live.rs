@@ -3,9 +3,9 @@
 //! same hit count, policy by policy.
 
 use std::sync::Arc;
-use strata_cache::{offline::create, CreateOptions};
 use strata_cache::meta::Meta;
 use strata_cache::target::policy_capacity;
+use strata_cache::{offline::create, CreateOptions};
 use strata_cache::{CacheDev, CacheStatus, OpenOptions};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Buf};

@@ -70,7 +70,8 @@ impl Inner {
             c.map_err(|e| (during(e, "cache flush"), true))?;
             o.map_err(|e| (during(e, "origin flush"), false))?;
             if let Some(batch) = &batch {
-                let writes = batch.pages.iter().map(|(_, off, _, bytes)| self.cache.write(*off, Buf::from_slice(bytes), false));
+                let writes =
+                    batch.pages.iter().map(|(_, off, _, bytes)| self.cache.write(*off, Buf::from_slice(bytes), false));
                 futures_join(writes).await.map_err(|e| (during(e, "metadata write"), true))?;
                 self.cache.flush().await.map_err(|e| (during(e, "metadata flush"), true))?;
             }

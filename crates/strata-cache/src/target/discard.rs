@@ -25,7 +25,11 @@ impl Inner {
 
     /// Drops the cached copies a request is about to replace on the origin, and makes that
     /// durable with one commit for the whole range rather than one per block (`settle`).
-    async fn uncache_range(&self, pieces: &[(u64, u64, u64)], drop_block: impl Fn(&Self, u64, bool) -> bool) -> Result<()> {
+    async fn uncache_range(
+        &self,
+        pieces: &[(u64, u64, u64)],
+        drop_block: impl Fn(&Self, u64, bool) -> bool,
+    ) -> Result<()> {
         for &(b, within, n) in pieces {
             let _x = self.shard(b).clone().write_owned().await;
             drop_block(self, b, within == 0 && n == self.block_len(b));

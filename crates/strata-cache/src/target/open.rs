@@ -90,7 +90,15 @@ impl CacheDev {
         for b in stale {
             policy.remove(b);
         }
-        let describe = format!("cache ({}, {} blocks of {} KiB, policy {}) of {} on {}", sb.mode.name(), sb.slots, sb.block_bytes >> 10, sb.policy, origin.describe(), cache.describe());
+        let describe = format!(
+            "cache ({}, {} blocks of {} KiB, policy {}) of {} on {}",
+            sb.mode.name(),
+            sb.slots,
+            sb.block_bytes >> 10,
+            sb.policy,
+            origin.describe(),
+            cache.describe()
+        );
         let inner = Arc::new(Inner {
             block: sb.block_bytes as u64,
             data_offset: sb.data_offset,
@@ -161,7 +169,10 @@ impl CacheDev {
                 }
             };
             let len = me.block_len(b) as usize;
-            let (c, o) = tokio::join!(me.cache.read(me.slot_offset(s), Buf::zeroed(len)), me.origin.read(b * me.block, Buf::zeroed(len)));
+            let (c, o) = tokio::join!(
+                me.cache.read(me.slot_offset(s), Buf::zeroed(len)),
+                me.origin.read(b * me.block, Buf::zeroed(len))
+            );
             if c?[..] != o?[..] {
                 differ.push(b);
             }

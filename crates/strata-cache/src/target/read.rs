@@ -64,14 +64,17 @@ impl Inner {
                             if self.cache_read_failed(b, s, e).await? {
                                 // Dropped from the cache: the origin holds the block.
                                 let _g = shard.read_owned().await;
-                                self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await
+                                self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground)
+                                    .await
                             } else {
                                 self.read_piece(b, within, n, bypass).await
                             }
                         }
                     }
                 }
-                ReadPlan::Miss => self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await,
+                ReadPlan::Miss => {
+                    self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await
+                }
                 ReadPlan::Promote(s) => {
                     drop(guard);
                     let exclusive = shard.write_owned().await;
@@ -156,7 +159,10 @@ impl Inner {
         let data = if known_zero {
             Buf::zeroed(self.block_len(b) as usize)
         } else {
-            match self.origin_read(first * self.block, Buf::zeroed((end - first * self.block) as usize), Kind::Foreground).await {
+            match self
+                .origin_read(first * self.block, Buf::zeroed((end - first * self.block) as usize), Kind::Foreground)
+                .await
+            {
                 Ok(d) => d,
                 Err(e) => {
                     let mut st = self.state.lock();

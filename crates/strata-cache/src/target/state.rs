@@ -156,13 +156,15 @@ impl State {
         ];
         for (what, list) in &lists {
             for &s in list {
-                let at = place.get_mut(s as usize).ok_or_else(|| format!("{what} slot {s} is beyond the {slots} slots"))?;
+                let at =
+                    place.get_mut(s as usize).ok_or_else(|| format!("{what} slot {s} is beyond the {slots} slots"))?;
                 if let Some(before) = at.replace(what) {
                     return Err(format!("slot {s} is both {before} and {what}"));
                 }
             }
         }
-        let (mapped, free, freed, committing) = (self.map.len(), self.free.len(), self.freed.len(), self.committing.len());
+        let (mapped, free, freed, committing) =
+            (self.map.len(), self.free.len(), self.freed.len(), self.committing.len());
         if mapped + free + freed + committing + self.reserved != slots {
             return Err(format!(
                 "{mapped} mapped + {free} free + {freed} freed + {committing} being committed free + {} reserved \
@@ -188,7 +190,10 @@ impl State {
                 return Err(format!("block {b} is mapped to slot {s} but unknown to the policy"));
             }
             if self.policy.is_dirty(b) != e.dirty {
-                return Err(format!("block {b} in slot {s} is dirty {} in the table, {} in the policy", e.dirty, !e.dirty));
+                return Err(format!(
+                    "block {b} in slot {s} is dirty {} in the table, {} in the policy",
+                    e.dirty, !e.dirty
+                ));
             }
         }
         let dirty = self.meta.entries.iter().filter(|e| e.dirty).count();
@@ -321,7 +326,11 @@ mod tests {
             let len = rng.gen_range(1..=(ORIGIN - offset).min(160 << 10) / 512) * 512;
             match rng.gen_range(0..10) {
                 0..=3 => drop(dev.read(offset, Buf::zeroed(len as usize)).await.unwrap()),
-                4..=6 => drop(dev.write(offset, Buf::from_slice(&vec![rng.gen(); len as usize]), rng.gen_bool(0.1)).await.unwrap()),
+                4..=6 => drop(
+                    dev.write(offset, Buf::from_slice(&vec![rng.gen(); len as usize]), rng.gen_bool(0.1))
+                        .await
+                        .unwrap(),
+                ),
                 7 => dev.discard(offset, len).await.unwrap(),
                 8 => dev.write_zeroes(offset, len, ZeroFlags::default()).await.unwrap(),
                 _ => dev.flush().await.unwrap(),
@@ -334,12 +343,21 @@ mod tests {
         for (seed, mode) in [Mode::Writeback, Mode::Writethrough, Mode::Writearound].into_iter().enumerate() {
             let (cache, origin) = (Arc::new(MemDev::new(2 << 20)), Arc::new(MemDev::new(ORIGIN)));
             let dev = small_cache(mode, &cache, &origin, true).await;
-            let clients: Vec<_> = (0..3).map(|c| tokio::spawn(random_ops(dev.clone(), seed as u64 * 10 + c, 300))).collect();
+            let clients: Vec<_> =
+                (0..3).map(|c| tokio::spawn(random_ops(dev.clone(), seed as u64 * 10 + c, 300))).collect();
             let disturber = {
                 let dev = dev.clone();
                 tokio::spawn(async move {
                     let mut rng = ChaCha8Rng::seed_from_u64(seed as u64);
-                    let msgs = ["mode writeback", "mode writethrough", "mode cleaner", "flush", "invalidate", "policy lru", "policy strata"];
+                    let msgs = [
+                        "mode writeback",
+                        "mode writethrough",
+                        "mode cleaner",
+                        "flush",
+                        "invalidate",
+                        "policy lru",
+                        "policy strata",
+                    ];
                     for _ in 0..30 {
                         tokio::time::sleep(std::time::Duration::from_millis(rng.gen_range(1..10))).await;
                         dev.message(msgs[rng.gen_range(0..msgs.len())]).await.unwrap();
@@ -387,9 +405,21 @@ mod tests {
         let corruptions: [Corruption; 5] = [
             ("is both mapped and free", |st, _, s| st.free.push(s), |st, _, _| _ = st.free.pop()),
             ("reserved slots, but there are", |st, _, _| st.reserved += 1, |st, _, _| st.reserved -= 1),
-            ("unknown to the policy", |st, b, _| _ = st.policy.remove(b), |st, b, _| st.policy.insert(b, true).unwrap()),
-            ("dirty false in the table, true in the policy", |st, _, s| st.meta.set_dirty(s, false), |st, _, s| st.meta.set_dirty(s, true)),
-            ("is both mapped and mapped", |st, b, s| _ = st.map.insert(b + 1000, s), |st, b, _| _ = st.map.remove(&(b + 1000))),
+            (
+                "unknown to the policy",
+                |st, b, _| _ = st.policy.remove(b),
+                |st, b, _| st.policy.insert(b, true).unwrap(),
+            ),
+            (
+                "dirty false in the table, true in the policy",
+                |st, _, s| st.meta.set_dirty(s, false),
+                |st, _, s| st.meta.set_dirty(s, true),
+            ),
+            (
+                "is both mapped and mapped",
+                |st, b, s| _ = st.map.insert(b + 1000, s),
+                |st, b, _| _ = st.map.remove(&(b + 1000)),
+            ),
         ];
         for (what, corrupt, repair) in corruptions {
             corrupt(&mut st, b, s);

@@ -47,7 +47,8 @@ impl Inner {
             hit_ratio_total: Windows::total(c),
             origin_busy_foreground_s: self.meter.busy(Kind::Foreground).as_secs_f64(),
             origin_busy_migration_s: self.meter.busy(Kind::Migration).as_secs_f64(),
-            origin_busy_share: (self.meter.busy(Kind::Foreground) + self.meter.busy(Kind::Migration)).as_secs_f64() / up,
+            origin_busy_share: (self.meter.busy(Kind::Foreground) + self.meter.busy(Kind::Migration)).as_secs_f64()
+                / up,
             flushing: st.flush_all,
             faults: st.faults.iter().rev().take(8).cloned().collect(),
             degraded: !st.faults.is_empty(),

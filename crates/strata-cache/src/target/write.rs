@@ -50,7 +50,14 @@ impl Inner {
 
     /// Writes one piece. With `fua`, returns the table change that must be durable before
     /// the write is acknowledged (the mapping of the slot that holds its data), if any.
-    pub(super) fn write_piece(self: &Arc<Self>, b: u64, within: u64, data: Buf, fua: bool, bypass: bool) -> BoxFut<'_, Result<Option<u64>>> {
+    pub(super) fn write_piece(
+        self: &Arc<Self>,
+        b: u64,
+        within: u64,
+        data: Buf,
+        fua: bool,
+        bypass: bool,
+    ) -> BoxFut<'_, Result<Option<u64>>> {
         Box::pin(async move {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;

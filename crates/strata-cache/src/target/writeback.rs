@@ -20,7 +20,8 @@ const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Below this foreground share of origin time the origin counts as idle.
 const IDLE_SHARE: f64 = 0.05;
 
-const _: () = assert!(0 < WRITEBACK_DEPTH && WRITEBACK_DEPTH <= WRITEBACK_BATCH_MAX, "a batch is written in chunks of the depth");
+const _: () =
+    assert!(0 < WRITEBACK_DEPTH && WRITEBACK_DEPTH <= WRITEBACK_BATCH_MAX, "a batch is written in chunks of the depth");
 const _: () = assert!(TICK.as_millis() < COMMIT_INTERVAL.as_millis(), "the task that commits looks more often");
 const _: () = assert!(0.0 < IDLE_SHARE && IDLE_SHARE < 1.0);
 
@@ -155,10 +156,9 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
             let st = me.state.lock();
             !st.freed.is_empty() && st.free.len() <= slot_reserve(st.meta.slots()) / 2
         };
-        if (need_slots || last_commit.elapsed() >= COMMIT_INTERVAL || woken)
-            && me.commit().await.is_ok() {
-                last_commit = Instant::now();
-            }
+        if (need_slots || last_commit.elapsed() >= COMMIT_INTERVAL || woken) && me.commit().await.is_ok() {
+            last_commit = Instant::now();
+        }
         // Origin time used since the last tick, by foreground and by migration.
         let (fg, mg) = (me.meter.busy(Kind::Foreground), me.meter.busy(Kind::Migration));
         let dt = last_busy.2.elapsed().as_secs_f64().max(1e-3);

@@ -18,16 +18,12 @@ impl<D: BlockDev> BlockDev for Slice<D> {
         format!("[{}+{}] of {}", self.offset, self.len, self.inner.describe())
     }
     fn read(&self, offset: u64, buf: Buf) -> crate::BoxFut<'_, crate::Result<Buf>> {
-        crate::check_range("slice read", offset, buf.len() as u64, self.len).map_or_else(
-            |e| crate::ready(Err(e)),
-            |()| self.inner.read(self.offset + offset, buf),
-        )
+        crate::check_range("slice read", offset, buf.len() as u64, self.len)
+            .map_or_else(|e| crate::ready(Err(e)), |()| self.inner.read(self.offset + offset, buf))
     }
     fn write(&self, offset: u64, buf: Buf, fua: bool) -> crate::BoxFut<'_, crate::Result<Buf>> {
-        crate::check_range("slice write", offset, buf.len() as u64, self.len).map_or_else(
-            |e| crate::ready(Err(e)),
-            |()| self.inner.write(self.offset + offset, buf, fua),
-        )
+        crate::check_range("slice write", offset, buf.len() as u64, self.len)
+            .map_or_else(|e| crate::ready(Err(e)), |()| self.inner.write(self.offset + offset, buf, fua))
     }
     fn flush(&self) -> crate::BoxFut<'_, crate::Result<()>> {
         self.inner.flush()

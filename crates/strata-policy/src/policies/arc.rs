@@ -129,35 +129,22 @@ impl Arc {
     fn replace_victim(&self, p: usize, x_in_b2: bool) -> Option<u32> {
         let t1 = self.t1.len();
         let prefer_t1 = t1 >= 1 && ((x_in_b2 && t1 == p) || t1 > p);
-        let (first, second) = if prefer_t1 {
-            (&self.t1, &self.t2)
-        } else {
-            (&self.t2, &self.t1)
-        };
-        self.oldest_clean(first)
-            .or_else(|| self.oldest_clean(second))
+        let (first, second) = if prefer_t1 { (&self.t1, &self.t2) } else { (&self.t2, &self.t1) };
+        self.oldest_clean(first).or_else(|| self.oldest_clean(second))
     }
 
     /// Evict `v` into the ghost list matching its list.
     fn demote(&mut self, v: u32) -> u64 {
         let block = self.block_of(v);
         self.dirty.set_clean(v);
-        let ghost = if self.arena.nodes[v as usize].at == Where::T1 {
-            Where::B1
-        } else {
-            Where::B2
-        };
+        let ghost = if self.arena.nodes[v as usize].at == Where::T1 { Where::B1 } else { Where::B2 };
         self.unlink(v);
         self.place(v, ghost);
         block
     }
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
-        let i = self.arena.alloc(Node {
-            block,
-            link: Link::NONE,
-            at,
-        });
+        let i = self.arena.alloc(Node { block, link: Link::NONE, at });
         self.place(i, at);
         self.map.insert(block, i);
         i
@@ -165,11 +152,7 @@ impl Arc {
 
     fn miss_on_ghost(&mut self, g: u32, in_b1: bool) -> Outcome {
         let (b1, b2) = (self.b1.len().max(1), self.b2.len().max(1));
-        let p = if in_b1 {
-            (self.p + (b2 / b1).max(1)).min(self.c)
-        } else {
-            self.p.saturating_sub((b1 / b2).max(1))
-        };
+        let p = if in_b1 { (self.p + (b2 / b1).max(1)).min(self.c) } else { self.p.saturating_sub((b1 / b2).max(1)) };
         let evict = if self.cached() >= self.c {
             match self.replace_victim(p, !in_b1) {
                 Some(v) => Some(self.demote(v)),
@@ -204,10 +187,7 @@ impl Arc {
                 evict = v.map(|v| self.demote(v));
             } else {
                 // T1 alone fills the cache: its LRU leaves without a ghost.
-                let Some(v) = self
-                    .oldest_clean(&self.t1)
-                    .or_else(|| self.oldest_clean(&self.t2))
-                else {
+                let Some(v) = self.oldest_clean(&self.t1).or_else(|| self.oldest_clean(&self.t2)) else {
                     return Outcome::Miss;
                 };
                 let b = self.block_of(v);
@@ -251,11 +231,7 @@ impl Policy for Arc {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        match self
-            .map
-            .get(&a.block)
-            .map(|&i| (i, self.arena.nodes[i as usize].at))
-        {
+        match self.map.get(&a.block).map(|&i| (i, self.arena.nodes[i as usize].at)) {
             Some((i, Where::T1 | Where::T2)) => {
                 self.unlink(i);
                 self.place(i, Where::T2);

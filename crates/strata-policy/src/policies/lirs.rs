@@ -207,13 +207,7 @@ impl Lirs {
     }
 
     fn add(&mut self, block: u64) -> u32 {
-        let i = self.arena.alloc(Node {
-            block,
-            s: Link::NONE,
-            q: Link::NONE,
-            state: HIR,
-            in_s: false,
-        });
+        let i = self.arena.alloc(Node { block, s: Link::NONE, q: Link::NONE, state: HIR, in_s: false });
         self.map.insert(block, i);
         self.stack_top(i);
         if self.lir_count < self.lir_cap {
@@ -321,12 +315,7 @@ impl Policy for Lirs {
             .iter(nodes)
             .filter(|&i| nodes[i as usize].state != NONRES)
             .map(|i| (nodes[i as usize].block, nodes[i as usize].state))
-            .chain(
-                self.queue
-                    .iter(nodes)
-                    .filter(|&i| !nodes[i as usize].in_s)
-                    .map(|i| (nodes[i as usize].block, 2)),
-            )
+            .chain(self.queue.iter(nodes).filter(|&i| !nodes[i as usize].in_s).map(|i| (nodes[i as usize].block, 2)))
             .collect();
         hints::encode(self.name(), order.into_iter())
     }
@@ -343,13 +332,7 @@ impl Policy for Lirs {
             if self.map.contains_key(&block) {
                 continue;
             }
-            let i = self.arena.alloc(Node {
-                block,
-                s: Link::NONE,
-                q: Link::NONE,
-                state: HIR,
-                in_s: false,
-            });
+            let i = self.arena.alloc(Node { block, s: Link::NONE, q: Link::NONE, state: HIR, in_s: false });
             self.map.insert(block, i);
             if tag == LIR && self.lir_count < self.lir_cap {
                 self.node(i).state = LIR;

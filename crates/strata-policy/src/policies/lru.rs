@@ -134,11 +134,7 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
         }
         // Reuse the victim's entry in place: one list move instead of an unlink, a free, an
         // allocation and a link. The victim is clean, so the dirty tracker has nothing to drop.
-        let victim = if self.dirty.count() == 0 {
-            self.queue.front()
-        } else {
-            self.victim()
-        };
+        let victim = if self.dirty.count() == 0 { self.queue.front() } else { self.victim() };
         let Some(v) = victim else {
             return Outcome::Miss;
         };
@@ -177,11 +173,7 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
     }
 
     fn save_hints(&self) -> Vec<u8> {
-        let order: Vec<(u64, u8)> = self
-            .queue
-            .iter(&self.links)
-            .map(|i| (self.block_of(i), 0))
-            .collect();
+        let order: Vec<(u64, u8)> = self.queue.iter(&self.links).map(|i| (self.block_of(i), 0)).collect();
         hints::encode(self.name(), order.into_iter())
     }
 

@@ -77,10 +77,7 @@ pub(crate) struct Arena<N> {
 
 impl<N> Arena<N> {
     pub fn with_capacity(n: usize) -> Self {
-        Arena {
-            nodes: Vec::with_capacity(n),
-            free: Vec::new(),
-        }
+        Arena { nodes: Vec::with_capacity(n), free: Vec::new() }
     }
 
     #[inline]

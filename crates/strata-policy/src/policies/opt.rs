@@ -79,10 +79,7 @@ impl Opt {
 /// For each position in `blocks`, the position of the next access to the same block
 /// (`u32::MAX` if none). Panics past 2^32 - 1 accesses.
 pub fn next_use(blocks: &[u64]) -> Vec<u32> {
-    assert!(
-        blocks.len() < NEVER as usize,
-        "OPT supports fewer than 2^32 - 1 accesses"
-    );
+    assert!(blocks.len() < NEVER as usize, "OPT supports fewer than 2^32 - 1 accesses");
     let mut next = vec![NEVER; blocks.len()];
     let mut seen: HashMap<u64, u32, BuildHasherDefault<BlockHasher>> = HashMap::default();
     for (i, &b) in blocks.iter().enumerate().rev() {
@@ -111,10 +108,7 @@ impl Policy for Opt {
     }
 
     fn access(&mut self, a: Access) -> Outcome {
-        let nu = *self
-            .next_use
-            .get(self.pos)
-            .expect("OPT fed more accesses than it was built for");
+        let nu = *self.next_use.get(self.pos).expect("OPT fed more accesses than it was built for");
         self.pos += 1;
         if self.heap.len() > 2 * self.capacity + 1024 {
             self.compact();

@@ -92,10 +92,7 @@ impl S3Fifo {
         self.arena.nodes[i as usize].at = Where::Ghost;
         self.ghost.push_back(&mut self.arena.nodes, i);
         if self.ghost.len() > self.ghost_cap {
-            let g = self
-                .ghost
-                .pop_front(&mut self.arena.nodes)
-                .expect("ghost is not empty");
+            let g = self.ghost.pop_front(&mut self.arena.nodes).expect("ghost is not empty");
             let block = self.block_of(g);
             self.map.remove(&block);
             self.arena.free(g);
@@ -157,12 +154,7 @@ impl S3Fifo {
     }
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
-        let i = self.arena.alloc(Node {
-            block,
-            link: Link::NONE,
-            at,
-            freq: 0,
-        });
+        let i = self.arena.alloc(Node { block, link: Link::NONE, at, freq: 0 });
         match at {
             Where::Main => self.main.push_back(&mut self.arena.nodes, i),
             _ => self.small.push_back(&mut self.arena.nodes, i),
@@ -257,12 +249,7 @@ impl Policy for S3Fifo {
             let n = nodes[i as usize];
             (n.block, (((n.at == Where::Main) as u8) << 2) | n.freq)
         };
-        let order: Vec<(u64, u8)> = self
-            .small
-            .iter(nodes)
-            .map(tag)
-            .chain(self.main.iter(nodes).map(tag))
-            .collect();
+        let order: Vec<(u64, u8)> = self.small.iter(nodes).map(tag).chain(self.main.iter(nodes).map(tag)).collect();
         hints::encode(self.name(), order.into_iter())
     }
 
@@ -276,14 +263,7 @@ impl Policy for S3Fifo {
                 break;
             }
             if !self.map.contains_key(&block) {
-                let i = self.add(
-                    block,
-                    if tag & 4 != 0 {
-                        Where::Main
-                    } else {
-                        Where::Small
-                    },
-                );
+                let i = self.add(block, if tag & 4 != 0 { Where::Main } else { Where::Small });
                 self.arena.nodes[i as usize].freq = (tag & 3).min(MAX_FREQ);
             }
         }

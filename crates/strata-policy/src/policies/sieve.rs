@@ -91,11 +91,7 @@ impl Sieve {
     }
 
     fn add(&mut self, block: u64, visited: bool) -> u32 {
-        let i = self.arena.alloc(Node {
-            block,
-            link: Link::NONE,
-            visited,
-        });
+        let i = self.arena.alloc(Node { block, link: Link::NONE, visited });
         self.queue.push_back(&mut self.arena.nodes, i);
         self.map.insert(block, i);
         i
@@ -160,11 +156,8 @@ impl Policy for Sieve {
 
     fn save_hints(&self) -> Vec<u8> {
         let nodes = &self.arena.nodes;
-        let order: Vec<(u64, u8)> = self
-            .queue
-            .iter(nodes)
-            .map(|i| (nodes[i as usize].block, nodes[i as usize].visited as u8))
-            .collect();
+        let order: Vec<(u64, u8)> =
+            self.queue.iter(nodes).map(|i| (nodes[i as usize].block, nodes[i as usize].visited as u8)).collect();
         hints::encode(self.name(), order.into_iter())
     }
 

@@ -81,9 +81,7 @@ impl MultiQueue {
 
     /// The oldest entry of the lowest populated level below `max_level`.
     pub fn peek(&self, max_level: usize) -> Option<u32> {
-        self.levels[..max_level.min(NR_LEVELS)]
-            .iter()
-            .find_map(|l| l.front())
+        self.levels[..max_level.min(NR_LEVELS)].iter().find_map(|l| l.front())
     }
 
     pub fn pop<N: Leveled>(&mut self, nodes: &mut [N]) -> Option<u32> {
@@ -105,11 +103,7 @@ impl MultiQueue {
         let per_level = nr_elts / nr_levels;
         let remainder = nr_elts % nr_levels;
         for level in lbegin..lend {
-            self.target[level] = if level < lbegin + remainder {
-                per_level + 1
-            } else {
-                per_level
-            };
+            self.target[level] = if level < lbegin + remainder { per_level + 1 } else { per_level };
         }
     }
 
@@ -135,20 +129,15 @@ impl MultiQueue {
         for level in 0..NR_LEVELS - 1 {
             let target = self.target[level];
             while self.levels[level].len() < target {
-                let Some(above) = (level + 1..NR_LEVELS).find(|&l| !self.levels[l].is_empty())
-                else {
+                let Some(above) = (level + 1..NR_LEVELS).find(|&l| !self.levels[l].is_empty()) else {
                     break;
                 };
-                let e = self.levels[above]
-                    .pop_front(nodes)
-                    .expect("level is not empty");
+                let e = self.levels[above].pop_front(nodes).expect("level is not empty");
                 nodes[e as usize].set_level(level);
                 self.levels[level].push_back(nodes, e);
             }
             while self.levels[level].len() > target {
-                let e = self.levels[level]
-                    .pop_back(nodes)
-                    .expect("level is over target");
+                let e = self.levels[level].pop_back(nodes).expect("level is over target");
                 nodes[e as usize].set_level(level + 1);
                 self.levels[level + 1].push_back(nodes, e);
             }
@@ -356,11 +345,7 @@ impl Smq {
     }
 
     fn update_promote_levels(&mut self) {
-        let mut threshold = if self.has_free() {
-            NR_LEVELS / 2
-        } else {
-            self.default_promote_level()
-        };
+        let mut threshold = if self.has_free() { NR_LEVELS / 2 } else { self.default_promote_level() };
         threshold = threshold.max(NR_LEVELS);
         match self.hotspot_stats.assess() {
             Confidence::Poor => threshold /= 4,
@@ -421,11 +406,7 @@ impl Smq {
         if let Some(&i) = self.hotspot_map.get(&hb) {
             let e = &mut self.hotspot[i as usize];
             self.hotspot_stats.level_accessed(e.level as usize);
-            let jump = if e.hit_gen == self.hotspot_gen {
-                0
-            } else {
-                self.hotspot_level_jump
-            };
+            let jump = if e.hit_gen == self.hotspot_gen { 0 } else { self.hotspot_level_jump };
             e.hit_gen = self.hotspot_gen;
             self.hotspot_queue.requeue(&mut self.hotspot, i, jump);
             return self.hotspot[i as usize].level as usize;
@@ -442,10 +423,7 @@ impl Smq {
             });
             (self.hotspot.len() - 1) as u32
         } else {
-            let i = self
-                .hotspot_queue
-                .pop(&mut self.hotspot)
-                .expect("a full hotspot queue");
+            let i = self.hotspot_queue.pop(&mut self.hotspot).expect("a full hotspot queue");
             let old = self.hotspot[i as usize].block;
             self.hotspot_map.remove(&old);
             let e = &mut self.hotspot[i as usize];
@@ -459,14 +437,7 @@ impl Smq {
     }
 
     fn alloc(&mut self, block: u64, level: usize, dirty: bool) -> u32 {
-        let e = Entry {
-            block,
-            link: Link::NONE,
-            level: level as u8,
-            dirty,
-            pending: false,
-            hit_gen: 0,
-        };
+        let e = Entry { block, link: Link::NONE, level: level as u8, dirty, pending: false, hit_gen: 0 };
         let i = match self.free.pop() {
             Some(i) => {
                 self.entries[i as usize] = e;
@@ -628,8 +599,7 @@ impl Policy for Smq {
     }
 
     fn is_dirty(&self, block: u64) -> bool {
-        self.resident(block)
-            .is_some_and(|i| self.entries[i as usize].dirty)
+        self.resident(block).is_some_and(|i| self.entries[i as usize].dirty)
     }
 
     fn dirty_len(&self) -> usize {
@@ -647,11 +617,7 @@ impl Policy for Smq {
     fn save_hints(&self) -> Vec<u8> {
         // Like dm-cache, the hint is the level. Pending entries are saved at their level.
         let entries = &self.entries;
-        let pending = self
-            .map
-            .values()
-            .copied()
-            .filter(|&i| entries[i as usize].pending);
+        let pending = self.map.values().copied().filter(|&i| entries[i as usize].pending);
         let order: Vec<(u64, u8)> = self
             .clean
             .iter(entries)
@@ -711,10 +677,7 @@ mod tests {
             assert_eq!(p.access(Access::read(b, 0)), Outcome::Miss);
         }
         assert_eq!(p.access(Access::write(3, false, 0)), Outcome::Miss);
-        assert_eq!(
-            p.access(Access::write(3, true, 0)),
-            Outcome::Promote { evict: None }
-        );
+        assert_eq!(p.access(Access::write(3, true, 0)), Outcome::Promote { evict: None });
     }
 
     #[test]
@@ -747,42 +710,30 @@ mod tests {
         // Pretend the hotspot queue is confident, without letting a tick redistribute.
         p.next_tick_ns = Some(u64::MAX);
         p.read_promote_level = 0;
-        assert_eq!(
-            p.access(Access::read(3, 0)),
-            Outcome::Miss,
-            "no clean block below level 32"
-        );
+        assert_eq!(p.access(Access::read(3, 0)), Outcome::Miss, "no clean block below level 32");
         let mut p = Smq::new(2, &Params::default());
         let blob = hints::encode("smq", vec![(1u64, 40u8), (2, 10)].into_iter());
         p.load_hints(&blob).unwrap();
         p.next_tick_ns = Some(u64::MAX);
         p.read_promote_level = 0;
-        assert_eq!(
-            p.access(Access::read(3, 0)),
-            Outcome::Promote { evict: Some(2) }
-        );
+        assert_eq!(p.access(Access::read(3, 0)), Outcome::Promote { evict: Some(2) });
         // Dirty blocks are never demoted, even from the bottom half.
         assert!(p.set_dirty(3));
         let mut q = Smq::new(1, &Params::default());
-        q.load_hints(&hints::encode("smq", vec![(7u64, 0u8)].into_iter()))
-            .unwrap();
+        q.load_hints(&hints::encode("smq", vec![(7u64, 0u8)].into_iter())).unwrap();
         q.set_dirty(7);
         q.next_tick_ns = Some(u64::MAX);
         q.read_promote_level = 0;
         assert_eq!(q.access(Access::read(8, 0)), Outcome::Miss);
         assert_eq!(q.writeback_candidate(0), Some(7));
         assert!(q.set_clean(7));
-        assert_eq!(
-            q.access(Access::read(8, 0)),
-            Outcome::Promote { evict: Some(7) }
-        );
+        assert_eq!(q.access(Access::read(8, 0)), Outcome::Promote { evict: Some(7) });
     }
 
     #[test]
     fn hits_climb_once_per_cache_period() {
         let mut p = Smq::new(4, &Params::default());
-        p.load_hints(&hints::encode("smq", vec![(1u64, 5u8), (2, 6)].into_iter()))
-            .unwrap();
+        p.load_hints(&hints::encode("smq", vec![(1u64, 5u8), (2, 6)].into_iter())).unwrap();
         p.next_tick_ns = Some(u64::MAX);
         for _ in 0..10 {
             assert_eq!(p.access(Access::read(1, 0)), Outcome::Hit);

@@ -128,10 +128,7 @@ impl Strata {
         self.arena.nodes[i as usize].at = Where::Ghost;
         self.ghost.push_back(&mut self.arena.nodes, i);
         if self.ghost.len() > self.ghost_cap {
-            let g = self
-                .ghost
-                .pop_front(&mut self.arena.nodes)
-                .expect("ghost is not empty");
+            let g = self.ghost.pop_front(&mut self.arena.nodes).expect("ghost is not empty");
             let block = self.block_of(g);
             self.map.remove(&block);
             self.arena.free(g);
@@ -215,12 +212,7 @@ impl Strata {
     }
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
-        let i = self.arena.alloc(Node {
-            block,
-            link: Link::NONE,
-            at,
-            freq: 0,
-        });
+        let i = self.arena.alloc(Node { block, link: Link::NONE, at, freq: 0 });
         let mut queue = *self.queue(at);
         queue.push_back(&mut self.arena.nodes, i);
         *self.queue(at) = queue;
@@ -284,12 +276,7 @@ impl Policy for Strata {
         if full && a.full_block && self.restored.is_empty() && found.is_none() {
             // A second reference within the ghost window is admitted. Otherwise there is no
             // evidence of reuse yet: serve from the origin, remember the block.
-            let i = self.arena.alloc(Node {
-                block: a.block,
-                link: Link::NONE,
-                at: Where::Ghost,
-                freq: 0,
-            });
+            let i = self.arena.alloc(Node { block: a.block, link: Link::NONE, at: Where::Ghost, freq: 0 });
             self.map.insert(a.block, i);
             self.move_to_ghost(i);
             return Outcome::Miss;
@@ -360,13 +347,8 @@ impl Policy for Strata {
         };
         let mut main: Vec<(u64, u8)> = self.main.iter(nodes).map(tag).collect();
         main.sort_by_key(|&(_, t)| t & 3);
-        let order: Vec<(u64, u8)> = self
-            .restored
-            .iter(nodes)
-            .chain(self.small.iter(nodes))
-            .map(tag)
-            .chain(main)
-            .collect();
+        let order: Vec<(u64, u8)> =
+            self.restored.iter(nodes).chain(self.small.iter(nodes)).map(tag).chain(main).collect();
         hints::encode(self.name(), order.into_iter())
     }
 
@@ -433,10 +415,7 @@ mod tests {
             b += 1;
         }
         for old in 0..CAP as u64 {
-            assert!(
-                !p.contains(old),
-                "restored block {old} outlived {CAP} admissions"
-            );
+            assert!(!p.contains(old), "restored block {old} outlived {CAP} admissions");
         }
         assert!(admitted.iter().all(|&n| p.contains(n)));
     }

@@ -129,11 +129,7 @@ impl FrequencySketch {
     /// aging (up to [`MAX_COUNT`]), plus what aging left of earlier ones, plus collisions.
     #[inline]
     pub fn estimate(&self, block: u64) -> u8 {
-        self.places(block)
-            .iter()
-            .map(|&(w, s)| ((self.words[w] >> s) & 0xf) as u8)
-            .min()
-            .expect("four rows")
+        self.places(block).iter().map(|&(w, s)| ((self.words[w] >> s) & 0xf) as u8).min().expect("four rows")
     }
 
     /// Raise `block`'s counters to at least `count` (restoring saved estimates). Not counted
@@ -282,16 +278,9 @@ impl Climber {
         self.hits = 0;
         if let Some(prev) = self.prev_rate {
             let delta = rate - prev;
-            let direction = if delta >= 0.0 {
-                self.step.signum()
-            } else {
-                -self.step.signum()
-            };
-            let magnitude = if delta.abs() >= RESTART_THRESHOLD {
-                self.initial_step
-            } else {
-                self.step.abs() * STEP_DECAY
-            };
+            let direction = if delta >= 0.0 { self.step.signum() } else { -self.step.signum() };
+            let magnitude =
+                if delta.abs() >= RESTART_THRESHOLD { self.initial_step } else { self.step.abs() * STEP_DECAY };
             self.step = direction * magnitude;
         }
         self.prev_rate = Some(rate);
@@ -406,11 +395,7 @@ impl TinyLfu {
     }
 
     fn add(&mut self, block: u64, at: Region) -> u32 {
-        let i = self.arena.alloc(Node {
-            block,
-            link: Link::NONE,
-            at,
-        });
+        let i = self.arena.alloc(Node { block, link: Link::NONE, at });
         self.push(i, at);
         self.map.insert(block, i);
         i
@@ -434,8 +419,7 @@ impl TinyLfu {
         if self.dirty.count() == 0 {
             self.probation.front().or_else(|| self.protected.front())
         } else {
-            self.first_clean(&self.probation)
-                .or_else(|| self.first_clean(&self.protected))
+            self.first_clean(&self.probation).or_else(|| self.first_clean(&self.protected))
         }
     }
 
@@ -450,10 +434,7 @@ impl TinyLfu {
                     continue;
                 }
                 return match self.main_victim() {
-                    Some(v)
-                        if self.sketch.estimate(self.block_of(c))
-                            > self.sketch.estimate(self.block_of(v)) =>
-                    {
+                    Some(v) if self.sketch.estimate(self.block_of(c)) > self.sketch.estimate(self.block_of(v)) => {
                         let b = self.drop_entry(v);
                         self.relocate(c, Region::Probation);
                         Some(b)
@@ -477,10 +458,7 @@ impl TinyLfu {
                 self.probation.remove(&mut self.arena.nodes, i);
                 self.push(i, Region::Protected);
                 if self.protected.len() > self.protected_cap {
-                    let d = self
-                        .protected
-                        .pop_front(&mut self.arena.nodes)
-                        .expect("protected is not empty");
+                    let d = self.protected.pop_front(&mut self.arena.nodes).expect("protected is not empty");
                     self.push(d, Region::Probation);
                 }
             }
@@ -516,10 +494,7 @@ impl TinyLfu {
             self.relocate(c, Region::Probation);
         }
         while self.protected.len() > self.protected_cap {
-            let d = self
-                .protected
-                .pop_front(&mut self.arena.nodes)
-                .expect("protected is not empty");
+            let d = self.protected.pop_front(&mut self.arena.nodes).expect("protected is not empty");
             self.push(d, Region::Probation);
         }
     }
@@ -581,11 +556,7 @@ impl Policy for TinyLfu {
         if self.len() >= self.capacity {
             return Err(InsertError::Full(self.capacity));
         }
-        let at = if self.main_len() < self.main_cap() {
-            Region::Probation
-        } else {
-            Region::Window
-        };
+        let at = if self.main_len() < self.main_cap() { Region::Probation } else { Region::Window };
         let i = self.add(block, at);
         if dirty {
             self.dirty.set_dirty(i);
@@ -634,10 +605,7 @@ impl Policy for TinyLfu {
     }
 
     fn bytes_per_entry(&self) -> f64 {
-        let bytes = self.arena.bytes(self.capacity)
-            + map_bytes(&self.map)
-            + self.dirty.bytes()
-            + self.sketch.bytes();
+        let bytes = self.arena.bytes(self.capacity) + map_bytes(&self.map) + self.dirty.bytes() + self.sketch.bytes();
         bytes as f64 / self.capacity as f64
     }
 }
@@ -696,10 +664,7 @@ mod tests {
                     *truth.entry(block).or_default() += 1;
                 }
                 let want = |b: u64, t: &HashMap<u64, u64>| t.get(&b).copied().unwrap_or(0).min(15);
-                assert!(
-                    sketch.estimate(block) as u64 >= want(block, &truth),
-                    "case {case} step {step}: block {block}"
-                );
+                assert!(sketch.estimate(block) as u64 >= want(block, &truth), "case {case} step {step}: block {block}");
                 if step % 331 == 0 {
                     for (&b, &n) in &truth {
                         assert!(
@@ -736,18 +701,13 @@ mod tests {
 
     fn check_regions(p: &TinyLfu) {
         assert!(p.window.len() <= p.window_cap, "window over its target");
-        assert!(
-            p.protected.len() <= p.protected_cap,
-            "protected over its cap"
-        );
+        assert!(p.protected.len() <= p.protected_cap, "protected over its cap");
         assert_eq!(p.len(), p.map.len());
         assert!(p.len() <= p.capacity);
         assert!(p.window_cap >= 1 && p.window_cap <= p.capacity.max(1));
-        for (list, at) in [
-            (&p.window, Region::Window),
-            (&p.probation, Region::Probation),
-            (&p.protected, Region::Protected),
-        ] {
+        for (list, at) in
+            [(&p.window, Region::Window), (&p.probation, Region::Probation), (&p.protected, Region::Protected)]
+        {
             for i in list.iter(&p.arena.nodes) {
                 let n = p.arena.nodes[i as usize];
                 assert_eq!(n.at, at);
@@ -760,13 +720,7 @@ mod tests {
     #[test]
     fn regions_stay_within_bounds() {
         for (cap, seed) in [(1usize, 1u64), (2, 2), (10, 3), (100, 4), (1000, 5)] {
-            let mut p = TinyLfu::new(
-                cap,
-                &Params {
-                    seed,
-                    ..Params::default()
-                },
-            );
+            let mut p = TinyLfu::new(cap, &Params { seed, ..Params::default() });
             let mut rng = Rng(seed * 7919 + 1);
             let span = 3 * cap as u64 + 5;
             for step in 0..60 * cap as u64 + 2000 {
@@ -820,15 +774,8 @@ mod tests {
                 late += hit as u64;
             }
         }
-        assert!(
-            p.window_target() > cap / 4,
-            "window stayed at {}",
-            p.window_target()
-        );
-        assert!(
-            late > 2 * early,
-            "hits in the first tenth {early}, last tenth {late}"
-        );
+        assert!(p.window_target() > cap / 4, "window stayed at {}", p.window_target());
+        assert!(late > 2 * early, "hits in the first tenth {early}, last tenth {late}");
     }
 
     /// Hints restore regions and frequencies, so a restarted cache still refuses to let a
@@ -850,10 +797,7 @@ mod tests {
             q.access(Access::read(b, 0));
         }
         for b in 0..90 {
-            assert!(
-                q.contains(b),
-                "restored frequent block {b} was flushed by a scan"
-            );
+            assert!(q.contains(b), "restored frequent block {b} was flushed by a scan");
         }
     }
 }

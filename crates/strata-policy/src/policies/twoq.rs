@@ -143,11 +143,7 @@ impl TwoQ {
     }
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
-        let i = self.arena.alloc(Node {
-            block,
-            link: Link::NONE,
-            at,
-        });
+        let i = self.arena.alloc(Node { block, link: Link::NONE, at });
         self.place(i, at);
         self.map.insert(block, i);
         i

@@ -23,10 +23,7 @@ pub fn parser_for(format: Format) -> Box<dyn LineParser + Send> {
 }
 
 fn num<T: std::str::FromStr>(field: &str, what: &str) -> Result<T, String> {
-    field
-        .trim()
-        .parse::<T>()
-        .map_err(|_| format!("{what} '{}' is not a number", field.trim()))
+    field.trim().parse::<T>().map_err(|_| format!("{what} '{}' is not a number", field.trim()))
 }
 
 fn fields<'a>(line: &'a str, sep: char, n: usize, names: &str) -> Result<Vec<&'a str>, String> {
@@ -58,12 +55,7 @@ struct Msr;
 
 impl LineParser for Msr {
     fn parse(&mut self, line: &str) -> Result<Option<Request>, String> {
-        let f = fields(
-            line,
-            ',',
-            7,
-            "Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime",
-        )?;
+        let f = fields(line, ',', 7, "Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime")?;
         if f[0].eq_ignore_ascii_case("timestamp") {
             return Ok(None);
         }
@@ -96,41 +88,27 @@ struct Fio {
 impl LineParser for Fio {
     fn parse(&mut self, line: &str) -> Result<Option<Request>, String> {
         let Some(version) = self.version else {
-            self.version =
-                Some(match line {
-                    l if l.starts_with("fio version 2 iolog") => 2,
-                    l if l.starts_with("fio version 3 iolog") => 3,
-                    _ => return Err(
-                        "a fio iolog starts with 'fio version 2 iolog' or 'fio version 3 iolog'"
-                            .into(),
-                    ),
-                });
+            self.version = Some(match line {
+                l if l.starts_with("fio version 2 iolog") => 2,
+                l if l.starts_with("fio version 3 iolog") => 3,
+                _ => return Err("a fio iolog starts with 'fio version 2 iolog' or 'fio version 3 iolog'".into()),
+            });
             return Ok(None);
         };
         let tokens: Vec<&str> = line.split_whitespace().collect();
         let (time_ns, rest) = if version == 3 {
             let (ts, rest) = tokens.split_first().ok_or("empty record")?;
-            (
-                Some(checked_mul(
-                    num::<u64>(ts, "timestamp")?,
-                    1000,
-                    "timestamp",
-                )?),
-                rest,
-            )
+            (Some(checked_mul(num::<u64>(ts, "timestamp")?, 1000, "timestamp")?), rest)
         } else {
             (None, &tokens[..])
         };
         let [file, action, args @ ..] = rest else {
-            return Err(format!(
-                "expected 'FILE ACTION [OFFSET LENGTH]', found '{line}'"
-            ));
+            return Err(format!("expected 'FILE ACTION [OFFSET LENGTH]', found '{line}'"));
         };
         let kind = match *action {
             "read" => IoKind::Read,
             "write" => IoKind::Write,
-            "add" | "open" | "close" | "trim" | "sync" | "datasync" | "wait"
-            | "sync_file_range" => {
+            "add" | "open" | "close" | "trim" | "sync" | "datasync" | "wait" | "sync_file_range" => {
                 if *action == "add" || *action == "open" {
                     let n = self.files.len() as u64;
                     self.files.entry(file.to_string()).or_insert(n);
@@ -144,12 +122,7 @@ impl LineParser for Fio {
         };
         let n = self.files.len() as u64;
         let ns = *self.files.entry(file.to_string()).or_insert(n);
-        Ok(Some(Request {
-            time_ns,
-            offset: in_namespace(ns, num(offset, "offset")?)?,
-            len: num(len, "length")?,
-            kind,
-        }))
+        Ok(Some(Request { time_ns, offset: in_namespace(ns, num(offset, "offset")?)?, len: num(len, "length")?, kind }))
     }
 }
 
@@ -167,24 +140,18 @@ struct Blkparse {
 impl LineParser for Blkparse {
     fn parse(&mut self, line: &str) -> Result<Option<Request>, String> {
         let t: Vec<&str> = line.split_whitespace().collect();
-        let is_dev = t
-            .first()
-            .and_then(|d| d.split_once(','))
-            .is_some_and(|(a, b)| {
-                !a.is_empty()
-                    && !b.is_empty()
-                    && a.bytes().all(|c| c.is_ascii_digit())
-                    && b.bytes().all(|c| c.is_ascii_digit())
-            });
+        let is_dev = t.first().and_then(|d| d.split_once(',')).is_some_and(|(a, b)| {
+            !a.is_empty()
+                && !b.is_empty()
+                && a.bytes().all(|c| c.is_ascii_digit())
+                && b.bytes().all(|c| c.is_ascii_digit())
+        });
         if !is_dev {
             // Per-CPU and total summaries at the end of blkparse output.
             return Ok(None);
         }
         if t.len() < 7 {
-            return Err(format!(
-                "expected 'MAJ,MIN CPU SEQ TIME PID ACTION RWBS ...', found {} fields",
-                t.len()
-            ));
+            return Err(format!("expected 'MAJ,MIN CPU SEQ TIME PID ACTION RWBS ...', found {} fields", t.len()));
         }
         let action = t[5];
         let rwbs = t[6];
@@ -230,11 +197,7 @@ fn parse_seconds(s: &str) -> Result<u64, String> {
     if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("time '{s}' is not SECONDS.NANOSECONDS"));
     }
-    let nanos: u64 = if frac.is_empty() {
-        0
-    } else {
-        num::<u64>(frac, "time")? * 10u64.pow(9 - frac.len() as u32)
-    };
+    let nanos: u64 = if frac.is_empty() { 0 } else { num::<u64>(frac, "time")? * 10u64.pow(9 - frac.len() as u32) };
     Ok(secs * 1_000_000_000 + nanos)
 }
 
@@ -276,10 +239,7 @@ impl LineParser for Lis {
     fn parse(&mut self, line: &str) -> Result<Option<Request>, String> {
         let t: Vec<&str> = line.split_whitespace().collect();
         if t.len() != 4 {
-            return Err(format!(
-                "expected 4 fields (start_block nblocks ignore reqno), found {}",
-                t.len()
-            ));
+            return Err(format!("expected 4 fields (start_block nblocks ignore reqno), found {}", t.len()));
         }
         let start: u64 = num(t[0], "start block")?;
         let n: u64 = num(t[1], "block count")?;
@@ -338,11 +298,7 @@ impl LineParser for Tencent {
         let kind = match f[3] {
             "0" => IoKind::Read,
             "1" => IoKind::Write,
-            other => {
-                return Err(format!(
-                    "IOType '{other}' is neither 0 (read) nor 1 (write)"
-                ))
-            }
+            other => return Err(format!("IOType '{other}' is neither 0 (read) nor 1 (write)")),
         };
         let vol: u64 = num(f[4], "volume id")?;
         Ok(Some(Request {

@@ -137,14 +137,8 @@ impl<R: BufRead> Requests<R> {
                 guess_format(pending.iter().map(String::as_str))?
             }
         };
-        let requests = Requests {
-            reader,
-            parser: parser_for(format),
-            pending,
-            line: 0,
-            buf: String::new(),
-            done: false,
-        };
+        let requests =
+            Requests { reader, parser: parser_for(format), pending, line: 0, buf: String::new(), done: false };
         Ok((requests, format))
     }
 }
@@ -181,10 +175,7 @@ impl<R: BufRead> Iterator for Requests<R> {
                 Ok(None) => continue,
                 Err(message) => {
                     self.done = true;
-                    return Some(Err(TraceError::Malformed {
-                        line: self.line,
-                        message,
-                    }));
+                    return Some(Err(TraceError::Malformed { line: self.line, message }));
                 }
             }
         }

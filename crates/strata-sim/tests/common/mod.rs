@@ -9,8 +9,7 @@ use strata_sim::trace::{open_reader, Format, Requests};
 /// parsing, with the format guessed from its content; or `None`, after saying the test is
 /// skipped, when it is not there.
 pub fn cloudphysics_sample() -> Option<(Requests<Box<dyn BufRead + Send>>, Format)> {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/cloudphysics-w.csv");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/cloudphysics-w.csv");
     if !path.exists() {
         eprintln!("skipping: {} not present", path.display());
         return None;

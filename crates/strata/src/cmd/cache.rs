@@ -128,7 +128,9 @@ impl fmt::Display for Rate {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata cache set --admin 127.0.0.1:9810 vol mode=writethrough migration-budget=64MiB/s")]
+#[command(
+    after_help = "Example:\n  strata cache set --admin 127.0.0.1:9810 vol mode=writethrough migration-budget=64MiB/s"
+)]
 pub struct SetArgs {
     /// The server's admin endpoint.
     #[arg(long, value_name = "HOST:PORT")]
@@ -267,7 +269,10 @@ async fn control(a: ControlArgs, what: &str) -> Result<()> {
     }
     bar.finish_with_message("done");
     if what == "detach" {
-        println!("{}: the origin is complete; stop the server and remove the cache device, or serve the origin directly", a.name);
+        println!(
+            "{}: the origin is complete; stop the server and remove the cache device, or serve the origin directly",
+            a.name
+        );
     } else {
         println!("{}: no dirty blocks", a.name);
     }
@@ -283,7 +288,14 @@ async fn run_check(a: PathArgs) -> Result<()> {
             serde_json::json!({"ok": findings.errors.is_empty(), "errors": findings.errors, "repairable": findings.repaired, "cache_blocks": sb.slots})
         );
     } else {
-        println!("{}: superblock ok (seq {}, {} blocks of {}, {})", a.path, sb.seq, sb.slots, format_size(sb.block_bytes as u64), if sb.clean_shutdown { "clean shutdown" } else { "not shut down cleanly" });
+        println!(
+            "{}: superblock ok (seq {}, {} blocks of {}, {})",
+            a.path,
+            sb.seq,
+            sb.slots,
+            format_size(sb.block_bytes as u64),
+            if sb.clean_shutdown { "clean shutdown" } else { "not shut down cleanly" }
+        );
         for r in &findings.repaired {
             println!("{}: repairable on open: {r}", a.path);
         }

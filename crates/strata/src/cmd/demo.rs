@@ -60,8 +60,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let cached = volume(Spec::Cache { path: cache_path, origin: None })?;
     // The cache holds the origin's claim; the origin phase only reads, beside it.
     let plain = volume(hdd(FileSpec { ro: true, shared: true, ..origin_file }))?;
-    let exports = [("cached", &cached), ("origin", &plain)]
-        .map(|(n, d)| Export { name: n.into(), description: d.describe(), dev: d.clone() as Arc<dyn BlockDev>, read_only: false });
+    let exports = [("cached", &cached), ("origin", &plain)].map(|(n, d)| Export {
+        name: n.into(),
+        description: d.describe(),
+        dev: d.clone() as Arc<dyn BlockDev>,
+        read_only: false,
+    });
     let server = Server::new(exports.into(), Limits::default()).map_err(anyhow::Error::msg)?;
     let listener = {
         let _g = rt.enter();
@@ -69,8 +73,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     let s = server.clone();
     rt.spawn(async move { s.serve_unix(listener).await });
-    println!("strata demo: an emulated 7200 rpm disk ({}), cached by {}", strata_io::units::format_size(args.data * 4), cached.describe());
-    println!("workload: fio --ioengine=nbd, 4 KiB random reads, zipf:1.2 over {}, iodepth 8\n", strata_io::units::format_size(args.data));
+    println!(
+        "strata demo: an emulated 7200 rpm disk ({}), cached by {}",
+        strata_io::units::format_size(args.data * 4),
+        cached.describe()
+    );
+    println!(
+        "workload: fio --ioengine=nbd, 4 KiB random reads, zipf:1.2 over {}, iodepth 8\n",
+        strata_io::units::format_size(args.data)
+    );
 
     let origin_run = phase(&sock, "origin", &plain, None, args.origin_seconds, args.data, "origin alone")?;
     let cached_run = phase(&sock, "cached", &cached, Some(&cached), args.seconds, args.data, "through the cache")?;
@@ -82,7 +93,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     })?;
     let _ = std::fs::remove_file(&sock);
     let status = cached.status().unwrap_or_default();
-    let first = cached_run.samples.iter().take(20).map(|s| s.1).sum::<f64>() / cached_run.samples.len().clamp(1, 20) as f64;
+    let first =
+        cached_run.samples.iter().take(20).map(|s| s.1).sum::<f64>() / cached_run.samples.len().clamp(1, 20) as f64;
     let n = cached_run.samples.len();
     let last = cached_run.samples.iter().skip(n.saturating_sub(20)).map(|s| s.1).sum::<f64>() / n.clamp(1, 20) as f64;
     println!("\n{:<34} {:>10} {:>10}", "", "IOPS", "vs origin");
@@ -108,7 +120,15 @@ struct PhaseResult {
     samples: Vec<(f64, f64, f64)>,
 }
 
-fn phase(sock: &Path, export: &str, vol: &Vol, cache: Option<&Vol>, seconds: u64, data: u64, label: &str) -> Result<PhaseResult> {
+fn phase(
+    sock: &Path,
+    export: &str,
+    vol: &Vol,
+    cache: Option<&Vol>,
+    seconds: u64,
+    data: u64,
+    label: &str,
+) -> Result<PhaseResult> {
     let uri = format!("nbd+unix:///{export}?socket={}", sock.display());
     let child = Command::new("fio")
         .args([

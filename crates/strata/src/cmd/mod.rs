@@ -1,6 +1,6 @@
-pub mod serve;
-pub mod status;
-pub mod demo;
 pub mod cache;
 pub mod crashtest;
+pub mod demo;
+pub mod serve;
 pub mod sim;
+pub mod status;

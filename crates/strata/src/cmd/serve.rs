@@ -1,8 +1,8 @@
 //! `strata serve`: open the volumes, serve them over NBD, and on SIGTERM/SIGINT finish what
 //! is in flight, flush every volume and exit 0.
 
-use crate::http::{self, Admin, Volume};
 use crate::config::Config;
+use crate::http::{self, Admin, Volume};
 use crate::open::open;
 use crate::spec::Spec;
 use anyhow::{bail, Context, Result};

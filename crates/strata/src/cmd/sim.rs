@@ -152,18 +152,13 @@ fn block_size(args: &SimArgs, default: u64) -> Result<u64> {
 /// Read and split the trace of `args`.
 fn trace_workload(path: &Path, args: &SimArgs) -> Result<(Workload, Format)> {
     let reader = trace::open_reader(path).with_context(|| format!("opening {}", path.display()))?;
-    let (requests, format) = Requests::new(reader, args.format)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let (requests, format) =
+        Requests::new(reader, args.format).with_context(|| format!("reading {}", path.display()))?;
     let block_size = block_size(args, format.native_block_size().unwrap_or(4096))?;
     let limit = args.requests.unwrap_or(u64::MAX);
     let interval = 1_000_000_000 / args.iops.max(1);
-    let w = sim::split_requests(
-        requests.take(limit.min(usize::MAX as u64) as usize),
-        block_size,
-        args.ops,
-        interval,
-    )
-    .with_context(|| format!("{} ({} format)", path.display(), format))?;
+    let w = sim::split_requests(requests.take(limit.min(usize::MAX as u64) as usize), block_size, args.ops, interval)
+        .with_context(|| format!("{} ({} format)", path.display(), format))?;
     Ok((w, format))
 }
 
@@ -184,49 +179,24 @@ pub fn run(args: SimArgs) -> Result<()> {
                 interval_ns: 1_000_000_000 / args.iops.max(1),
                 block_size: bs,
             };
-            (
-                synthetic::workload(p, &options),
-                format!(
-                    "synthetic {p} over {} blocks, seed {}",
-                    args.blocks, args.seed
-                ),
-            )
+            (synthetic::workload(p, &options), format!("synthetic {p} over {} blocks, seed {}", args.blocks, args.seed))
         }
         (None, Some(path)) => {
             let (w, format) = trace_workload(path, &args)?;
-            (
-                w,
-                format!("{} ({format}, {:?} ops)", path.display(), args.ops).to_lowercase(),
-            )
+            (w, format!("{} ({format}, {:?} ops)", path.display(), args.ops).to_lowercase())
         }
         (None, None) => bail!("give a TRACE file or --synthetic PATTERN"),
     };
     if workload.accesses.is_empty() {
-        bail!(
-            "the trace has no {} requests",
-            if args.ops == Ops::Read {
-                "read"
-            } else {
-                "read or write"
-            }
-        );
+        bail!("the trace has no {} requests", if args.ops == Ops::Read { "read" } else { "read or write" });
     }
-    let sizes = sim::parse_cache_sizes(&args.size, workload.footprint, workload.block_size)
-        .map_err(|e| anyhow!(e))?;
-    let params = Params {
-        seed: args.seed,
-        origin_blocks: Some(workload.max_block + 1),
-        ..Params::default()
-    };
+    let sizes = sim::parse_cache_sizes(&args.size, workload.footprint, workload.block_size).map_err(|e| anyhow!(e))?;
+    let params = Params { seed: args.seed, origin_blocks: Some(workload.max_block + 1), ..Params::default() };
     let opts = MatrixOptions {
         params,
         windows: args.windows.unwrap_or(0),
         prefill_junk: args.prefill == Some(Prefill::Junk),
-        jobs: args.jobs.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        }),
+        jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
         progress: args.progress || std::io::stderr().is_terminal(),
         cost: args.cost,
     };
@@ -255,13 +225,8 @@ pub fn run(args: SimArgs) -> Result<()> {
         }
     }
     if let Some(path) = &args.plot {
-        report::plot(
-            path,
-            &format!("Hit ratio vs cache size — {source}"),
-            &results,
-            workload.block_size,
-        )
-        .with_context(|| format!("plotting {}", path.display()))?;
+        report::plot(path, &format!("Hit ratio vs cache size — {source}"), &results, workload.block_size)
+            .with_context(|| format!("plotting {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

@@ -5,7 +5,9 @@ use anyhow::Result;
 use clap::Args;
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata status --admin 127.0.0.1:9810\n  strata status --admin 127.0.0.1:9810 --json | jq .volumes[0].ops.read")]
+#[command(
+    after_help = "Example:\n  strata status --admin 127.0.0.1:9810\n  strata status --admin 127.0.0.1:9810 --json | jq .volumes[0].ops.read"
+)]
 pub struct StatusArgs {
     /// The server's admin endpoint (as given to `strata serve --admin`).
     #[arg(long, value_name = "HOST:PORT")]

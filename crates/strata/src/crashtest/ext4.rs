@@ -356,19 +356,29 @@ pub async fn record(s: &Ext4Setup) -> anyhow::Result<Recording> {
 
 /// nbdfuse, losetup, mkfs.ext4, mount, the workload, umount; everything undone on the way out.
 /// Returns the operations per path and the clock reading once mkfs had returned.
-fn attach_and_run(dir: &Path, uri: &str, clock: &Clock, ops_n: usize, seed: u64) -> anyhow::Result<(BTreeMap<String, Vec<PathOp>>, u64)> {
+fn attach_and_run(
+    dir: &Path,
+    uri: &str,
+    clock: &Clock,
+    ops_n: usize,
+    seed: u64,
+) -> anyhow::Result<(BTreeMap<String, Vec<PathOp>>, u64)> {
     let (fuse_dir, mnt) = (dir.join("fuse"), dir.join("mnt"));
     std::fs::create_dir_all(&fuse_dir)?;
     std::fs::create_dir_all(&mnt)?;
     let log = std::fs::File::create(dir.join("nbdfuse.log"))?;
-    let child = tool("nbdfuse").arg(&fuse_dir).arg(uri).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).spawn()?;
+    let child =
+        tool("nbdfuse").arg(&fuse_dir).arg(uri).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).spawn()?;
     let mut a = Attached { fuse_dir: fuse_dir.clone(), nbdfuse: Some(child), loopdev: None, mounted: None };
     let file = fuse_dir.join("nbd");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !file.exists() {
         if let Some(st) = a.nbdfuse.as_mut().expect("started").try_wait()? {
             a.nbdfuse = None;
-            anyhow::bail!("nbdfuse exited ({st}): {}", std::fs::read_to_string(dir.join("nbdfuse.log")).unwrap_or_default());
+            anyhow::bail!(
+                "nbdfuse exited ({st}): {}",
+                std::fs::read_to_string(dir.join("nbdfuse.log")).unwrap_or_default()
+            );
         }
         anyhow::ensure!(Instant::now() < deadline, "nbdfuse did not create {} within 30 s", file.display());
         std::thread::sleep(Duration::from_millis(20));
@@ -444,7 +454,8 @@ pub async fn check_cut(rec: &Recording, tick: u64, seed: u64, dir: &Path) -> any
         ));
     }
     let expected = rec.expected(tick);
-    let cmds: String = expected.iter().enumerate().map(|(i, (path, _))| format!("dump /{path} {}/{i}\n", work.display())).collect();
+    let cmds: String =
+        expected.iter().enumerate().map(|(i, (path, _))| format!("dump /{path} {}/{i}\n", work.display())).collect();
     std::fs::write(work.join("cmds"), cmds)?;
     run(tool("debugfs").arg("-f").arg(work.join("cmds")).arg(&img))?;
     for (i, (path, want)) in expected.iter().enumerate() {
@@ -492,7 +503,10 @@ pub async fn replay(s: &Ext4Setup, points: usize) -> anyhow::Result<Ext4Summary>
         sum.lost += p.lost;
         sum.check_failures += p.check_failures;
         if p.lost + p.check_failures > 0 {
-            eprintln!("{kind} volume, cut at tick {tick} (seed {seed}): {} lost, {} check failures\n{}", p.lost, p.check_failures, p.detail);
+            eprintln!(
+                "{kind} volume, cut at tick {tick} (seed {seed}): {} lost, {} check failures\n{}",
+                p.lost, p.check_failures, p.detail
+            );
             sum.failures.push(p.detail);
         } else {
             eprintln!("{kind} volume, cut at tick {tick} (seed {seed}): ok, e2fsck clean, {} paths intact", p.paths);

@@ -174,7 +174,8 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
     std::fs::create_dir_all(dir)?;
     let sock = dir.join(format!("f{seed}.sock"));
     let _ = std::fs::remove_file(&sock);
-    let export = strata_nbd::Export { name: "vol".into(), description: dev.describe(), dev: dev.clone(), read_only: false };
+    let export =
+        strata_nbd::Export { name: "vol".into(), description: dev.describe(), dev: dev.clone(), read_only: false };
     let server = strata_nbd::Server::new(vec![export], strata_nbd::Limits::default()).map_err(anyhow::Error::msg)?;
     let serving = {
         let (server, listener) = (server.clone(), tokio::net::UnixListener::bind(&sock)?);
@@ -197,7 +198,9 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
         oracle.issue(step);
         out.requests += 1;
         let r = match *step {
-            Step::Write { id, offset, len, fua } => c.write(offset, &payload(id, offset / SECTOR, len / SECTOR), fua).await,
+            Step::Write { id, offset, len, fua } => {
+                c.write(offset, &payload(id, offset / SECTOR, len / SECTOR), fua).await
+            }
             Step::Flush => c.flush().await,
             Step::Trim { offset, len } => c.trim(offset, len as u32).await,
             Step::Zero { offset, len } => c.write_zeroes(offset, len as u32, false).await,

@@ -151,7 +151,8 @@ async fn oracle_load(sock: PathBuf, mut oracle: Oracle, seed: u64) -> (Oracle, u
 pub async fn soak(s: &SoakSetup) -> anyhow::Result<SoakReport> {
     let _ = std::fs::remove_dir_all(&s.dir);
     std::fs::create_dir_all(&s.dir)?;
-    let (origin, cache, sock, log) = (s.dir.join("origin.img"), s.dir.join("cache.img"), s.dir.join("s.sock"), s.dir.join("server.log"));
+    let (origin, cache, sock, log) =
+        (s.dir.join("origin.img"), s.dir.join("cache.img"), s.dir.join("s.sock"), s.dir.join("server.log"));
     create_cache(&s.strata, &origin, ORIGIN_BYTES, &cache, CACHE_BYTES, "64KiB")?;
     let mut rng = ChaCha8Rng::seed_from_u64(s.seed ^ 0x50a4);
     let mut report = SoakReport::default();
