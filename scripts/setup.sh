@@ -32,6 +32,12 @@ if ! python3 -c "import matplotlib" >/dev/null 2>&1; then
   echo "setup: installing matplotlib (for the benchmark plots)"
   python3 -m pip install --quiet matplotlib
 fi
+for c in rustfmt clippy; do
+  if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    echo "setup: installing the $c component (the test command checks formatting and lints)"
+    rustup component add "$c"
+  fi
+done
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install --locked cargo-nextest
