@@ -111,6 +111,7 @@ async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<CacheStatu
         let mut modes = vec![mode];
         modes.extend_from_slice(also);
         exercise(dev.clone(), seed, 4, &modes).await;
+        dev.check_invariants().unwrap();
         let s = CacheStatus::of(&*dev).unwrap();
         assert!(s.promotions > 0, "no promotions happened: {s:?}");
         seen.push(s);
@@ -121,6 +122,7 @@ async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<CacheStatu
         let dev = open(&r).await;
         let after = dev.read(0, Buf::zeroed(ORIGIN as usize)).await.unwrap();
         assert!(before[..] == after[..], "seed {seed}: contents changed across a clean restart");
+        dev.check_invariants().unwrap();
         // And after writing everything back, the origin alone holds the same contents.
         dev.message("detach").await.unwrap();
         wait_clean(&dev).await;

@@ -948,11 +948,15 @@ impl CrashTarget for CacheTarget {
     }
 
     async fn check(&self, vol: &strata_cache::CacheDev) -> Vec<String> {
-        match vol.verify_clean().await {
+        let mut problems = match vol.verify_clean().await {
             Ok(blocks) if blocks.is_empty() => Vec::new(),
             Ok(blocks) => vec![format!("clean cached blocks differ from the origin: {blocks:?}")],
             Err(e) => vec![format!("verify_clean: {e}")],
+        };
+        if let Err(e) = vol.check_invariants() {
+            problems.push(format!("target invariants: {e}"));
         }
+        problems
     }
 
     async fn settle(&self, vol: &strata_cache::CacheDev) -> (Vec<String>, Vec<String>) {
