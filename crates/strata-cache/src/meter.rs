@@ -19,6 +19,8 @@ pub struct Counters {
     pub demotions: AtomicU64,
     pub writebacks: AtomicU64,
     pub bypassed: AtomicU64,
+    /// Partial writes to uncached blocks in writethrough, sent to the origin alone.
+    pub partial_writes_around: AtomicU64,
     pub migration_bytes: AtomicU64,
     pub promotions_skipped: AtomicU64,
     pub commits: AtomicU64,

@@ -157,6 +157,8 @@ cache_status! {
     readahead_blocks: u64 = counter("strata_cache_readahead_blocks_total"), "Blocks promoted as a missed block's neighbours.";
     bypassed: u64 = counter("strata_cache_bypassed_total"),
         "Block accesses sent to the origin past the cache (sequential streams, a stopped cache).";
+    partial_writes_around: u64 = counter("strata_cache_partial_writes_around_total"),
+        "Partial writes to uncached blocks in writethrough, sent to the origin alone (no fill read).";
     promotions_skipped: u64 = counter("strata_cache_promotions_skipped_total"),
         "Promotions given up (migration budget spent, or no slot free).";
     commits: u64 = counter("strata_cache_commits_total"), "Metadata commits.";

@@ -38,6 +38,7 @@ impl Inner {
             readahead_bytes: sb.readahead_bytes,
             readahead_blocks: c.readahead_blocks.load(R),
             bypassed: c.bypassed.load(R),
+            partial_writes_around: c.partial_writes_around.load(R),
             promotions_skipped: c.promotions_skipped.load(R),
             commits: c.commits.load(R),
             dirty_victims_refused: c.dirty_victims_refused.load(R),

@@ -330,11 +330,18 @@ impl Inner {
         if !matches!(mode, Mode::Writeback | Mode::Writethrough) {
             return WritePlan::Origin;
         }
+        if mode == Mode::Writethrough && !full {
+            // The origin gets the write anyway: caching a partial block would first read the
+            // rest of it from the origin, a read the origin alone never pays. It goes around
+            // the cache, and the policy does not see it (the simulator follows the same rule).
+            Counters::bump(&self.counters.partial_writes_around);
+            return WritePlan::Origin;
+        }
         match st.policy.access(Access::new(b, Op::Write, full, now)) {
             Outcome::Promote { evict } => {
                 let evicted = st.evict(evict, &self.counters);
-                // Whole-block writes are cached without reading the origin; a partial one
-                // reads the rest of its block first (see the promotion in `write_piece`).
+                // Whole-block writes are cached without reading the origin; a partial one (in
+                // writeback only) reads the rest of its block first (see `write_piece`).
                 if !(evicted && self.budget.try_take(self.block)) {
                     st.policy.remove(b);
                     return WritePlan::Origin;

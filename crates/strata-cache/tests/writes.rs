@@ -1,0 +1,255 @@
+//! The write path's rules, counted on a recording origin: in writethrough and writearound a
+//! partial write to an uncached block goes to the origin alone (no fill read), and every
+//! mode stays coherent when clients write parts of the same blocks while they are promoted
+//! and invalidated.
+
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use strata_cache::meta::Meta;
+use strata_cache::{offline::create, CreateOptions};
+use strata_cache::{CacheDev, CacheStatus, Mode, OpenOptions};
+use strata_io::mem::MemDev;
+use strata_io::testing::pattern;
+use strata_io::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
+
+const ORIGIN: u64 = 8 << 20;
+const BLOCK: u32 = 32 << 10;
+
+/// (offset, length) of each IO, in order.
+type Log = Vec<(u64, u64)>;
+
+/// An origin that records its reads and writes as (offset, length), in order.
+struct Recording {
+    inner: Arc<MemDev>,
+    reads: Mutex<Log>,
+    writes: Mutex<Log>,
+}
+
+impl Recording {
+    fn new(inner: Arc<MemDev>) -> Arc<Recording> {
+        Arc::new(Recording { inner, reads: Mutex::new(Vec::new()), writes: Mutex::new(Vec::new()) })
+    }
+
+    fn take(&self) -> (Log, Log) {
+        (std::mem::take(&mut self.reads.lock()), std::mem::take(&mut self.writes.lock()))
+    }
+}
+
+impl BlockDev for Recording {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn describe(&self) -> String {
+        "recording".into()
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        self.reads.lock().push((offset, buf.len() as u64));
+        self.inner.read(offset, buf)
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        self.writes.lock().push((offset, buf.len() as u64));
+        self.inner.write(offset, buf, fua)
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        self.inner.flush()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        self.inner.discard(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        self.inner.write_zeroes(offset, len, flags)
+    }
+}
+
+struct Rig {
+    origin: Arc<MemDev>,
+    recording: Arc<Recording>,
+    cache_dev: Arc<MemDev>,
+}
+
+async fn rig(mode: Mode, cache_bytes: u64, policy: &str) -> Rig {
+    let origin = Arc::new(MemDev::new(ORIGIN));
+    let cache_dev = Arc::new(MemDev::new(cache_bytes));
+    let o = CreateOptions {
+        block_bytes: BLOCK,
+        mode,
+        policy: policy.into(),
+        migration_budget_bytes_per_s: 0,
+        writeback_percent: 0,
+        sequential_cutoff_bytes: 0,
+        readahead_bytes: 0,
+        origin_spec: "mem:test".into(),
+        ..CreateOptions::default()
+    };
+    create(&*cache_dev, &*origin, &o).await.unwrap();
+    Rig { recording: Recording::new(origin.clone()), origin, cache_dev }
+}
+
+async fn open(r: &Rig) -> Arc<CacheDev> {
+    let (meta, findings) = Meta::load(&*r.cache_dev).await.unwrap();
+    assert!(findings.errors.is_empty(), "{:?}", findings.errors);
+    Arc::new(CacheDev::open(r.cache_dev.clone(), r.recording.clone(), meta, OpenOptions::default()).await.unwrap())
+}
+
+/// Writethrough and writearound: 4 KiB writes into blocks never cached read nothing from the
+/// origin and write exactly the request there; whole-block writes in writethrough are still
+/// cached (and then read back from the cache, not the origin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_write_misses_go_to_the_origin_alone() {
+    for mode in [Mode::Writethrough, Mode::Writearound] {
+        // lru promotes on first access: every write would be promoted if the rule allowed.
+        let r = rig(mode, 4 << 20, "lru").await;
+        let dev = open(&r).await;
+        r.recording.take();
+        for i in 0..64u64 {
+            let at = i * 3 * BLOCK as u64 + (i % 8) * 4096;
+            dev.write(at, pattern(i, at, 4096), i % 5 == 0).await.unwrap();
+        }
+        let (reads, writes) = r.recording.take();
+        assert!(reads.is_empty(), "{mode:?}: partial writes read the origin: {reads:?}");
+        assert_eq!(writes.len(), 64, "{mode:?}: one origin write per request");
+        assert!(writes.iter().all(|&(_, n)| n == 4096), "{mode:?}: {writes:?}");
+        let s = CacheStatus::of(&*dev).unwrap();
+        assert_eq!((s.promotions, s.cached_blocks), (0, 0), "{mode:?}: {s:?}");
+        if mode == Mode::Writethrough {
+            assert_eq!(s.partial_writes_around, 64, "{s:?}");
+            // A whole block is still cached on write, with no origin read.
+            let at = 5 * BLOCK as u64;
+            dev.write(at, pattern(99, at, BLOCK as usize), false).await.unwrap();
+            let got = dev.read(at, Buf::zeroed(BLOCK as usize)).await.unwrap();
+            assert!(got[..] == pattern(99, at, BLOCK as usize)[..]);
+            let (reads, _) = r.recording.take();
+            assert!(reads.is_empty(), "the whole-block write was cached: {reads:?}");
+            assert_eq!(CacheStatus::of(&*dev).unwrap().promotions, 1);
+        }
+        // What the origin holds is what was written.
+        let mut seen = vec![0u8; 4096];
+        for i in 0..64u64 {
+            let at = i * 3 * BLOCK as u64 + (i % 8) * 4096;
+            r.origin.read_into(at, &mut seen).unwrap();
+            assert!(seen[..] == pattern(i, at, 4096)[..], "{mode:?}: write {i}");
+        }
+        dev.check_invariants().unwrap();
+    }
+}
+
+/// Blocks shared by every client: client `c` owns the 4 KiB granules `g` with `g % CLIENTS
+/// == c`, and writes parts of them (sub-granule, so always partial) while a reader promotes
+/// whole blocks and a disturber invalidates clean copies, switches modes and flushes. Every client checks its own granules after each
+/// write; at the end the whole region is compared, across a clean restart too.
+const CLIENTS: u64 = 4;
+const SHARED_BLOCKS: u64 = 40;
+const GRANULE: u64 = 4096;
+
+fn owner(offset: u64) -> u64 {
+    (offset / GRANULE) % CLIENTS
+}
+
+async fn shared_blocks(mode: Mode, also: &[Mode], seed: u64) {
+    // About 24 slots for 40 shared blocks: constant eviction.
+    let r = rig(mode, 2 << 20, "strata").await;
+    let dev = open(&r).await;
+    let region = SHARED_BLOCKS * BLOCK as u64;
+    let model = Arc::new(Mutex::new(vec![0u8; region as usize]));
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let (dev, model) = (dev.clone(), model.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed * 10 + c);
+            for i in 0..150u64 {
+                let granule = rng.gen_range(0..region / GRANULE / CLIENTS) * CLIENTS + c;
+                let start = granule * GRANULE + rng.gen_range(0..8) * 512;
+                let len = rng.gen_range(1..=(granule * GRANULE + GRANULE - start) / 512) * 512;
+                let data = pattern(seed * 1000 + c * 100 + i, start, len as usize);
+                dev.write(start, Buf::from_slice(&data), rng.gen_bool(0.1)).await.unwrap();
+                model.lock()[start as usize..(start + len) as usize].copy_from_slice(&data);
+                let at = granule * GRANULE;
+                let got = dev.read(at, Buf::zeroed(GRANULE as usize)).await.unwrap();
+                let want = model.lock()[at as usize..(at + GRANULE) as usize].to_vec();
+                assert!(got[..] == want[..], "seed {seed} client {c} write {i}: granule {granule} differs");
+            }
+        }));
+    }
+    let reader = {
+        let dev = dev.clone();
+        tokio::spawn(async move {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed + 77);
+            for _ in 0..300 {
+                let b = rng.gen_range(0..SHARED_BLOCKS);
+                dev.read(b * BLOCK as u64, Buf::zeroed(BLOCK as usize)).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let disturber = {
+        let (dev, mut modes) = (dev.clone(), vec![mode]);
+        modes.extend_from_slice(also);
+        tokio::spawn(async move {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed + 99);
+            for _ in 0..60 {
+                tokio::time::sleep(std::time::Duration::from_millis(rng.gen_range(1..5))).await;
+                match rng.gen_range(0..4) {
+                    0 => drop(dev.message("invalidate").await.unwrap()),
+                    1 => drop(dev.message(&format!("mode {}", modes[rng.gen_range(0..modes.len())].name())).await),
+                    2 => drop(dev.message("flush").await.unwrap()),
+                    _ => dev.flush().await.unwrap(),
+                }
+            }
+        })
+    };
+    for t in tasks {
+        t.await.unwrap();
+    }
+    reader.await.unwrap();
+    disturber.await.unwrap();
+    dev.check_invariants().unwrap();
+    let got = dev.read(0, Buf::zeroed(region as usize)).await.unwrap();
+    let want = model.lock().clone();
+    for (k, (a, b)) in got.chunks(GRANULE as usize).zip(want.chunks(GRANULE as usize)).enumerate() {
+        assert!(a == b, "seed {seed}: granule {k} (client {}) differs at the end", owner(k as u64 * GRANULE));
+    }
+    dev.shutdown().await.unwrap();
+    drop(dev);
+    let dev = open(&r).await;
+    let again = dev.read(0, Buf::zeroed(region as usize)).await.unwrap();
+    assert!(again[..] == want[..], "seed {seed}: contents changed across a clean restart");
+    dev.message("detach").await.unwrap();
+    for _ in 0..600 {
+        if CacheStatus::of(&*dev).unwrap().dirty_blocks == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let mut origin_view = vec![0u8; region as usize];
+    r.origin.read_into(0, &mut origin_view).unwrap();
+    assert!(origin_view[..] == want[..], "seed {seed}: origin incomplete after detach");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writethrough_partial_writes_to_shared_blocks_stay_coherent() {
+    for seed in 1..=3 {
+        shared_blocks(Mode::Writethrough, &[], seed).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writearound_partial_writes_to_shared_blocks_stay_coherent() {
+    for seed in 4..=6 {
+        shared_blocks(Mode::Writearound, &[], seed).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switches_with_partial_writes_to_shared_blocks_stay_coherent() {
+    for seed in 7..=9 {
+        shared_blocks(Mode::Writeback, &[Mode::Writethrough, Mode::Writearound], seed).await;
+    }
+}
