@@ -142,6 +142,8 @@ cache_status! {
     promotions: u64 = counter("strata_cache_promotions_total"), "Blocks copied from the origin into the cache.";
     demotions: u64 = counter("strata_cache_demotions_total"), "Blocks evicted from the cache.";
     writebacks: u64 = counter("strata_cache_writebacks_total"), "Dirty blocks written back to the origin.";
+    writeback_writes: u64 = counter("strata_cache_writeback_writes_total"),
+        "Origin writes made by write-back: adjacent dirty blocks go in one.";
     dirty_blocks: u64 = gauge("strata_cache_dirty_blocks"), "Cached blocks newer than the origin.";
     cached_blocks: u64 = gauge("strata_cache_cached_blocks"), "Cache blocks holding an origin block.";
     cache_blocks: u64 = gauge("strata_cache_capacity_blocks"), "Cache blocks in all.";

@@ -115,7 +115,11 @@ pub struct CacheDev {
 
 impl Inner {
     fn shard(&self, b: u64) -> &Arc<RwLock<()>> {
-        &self.shards[(b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS)) as usize]
+        &self.shards[self.shard_index(b)]
+    }
+
+    fn shard_index(&self, b: u64) -> usize {
+        (b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS)) as usize
     }
 
     fn slot_offset(&self, s: u32) -> u64 {

@@ -27,6 +27,7 @@ impl Inner {
             promotions: c.promotions.load(R),
             demotions: c.demotions.load(R),
             writebacks: c.writebacks.load(R),
+            writeback_writes: c.writeback_writes.load(R),
             dirty_blocks: st.policy.dirty_len() as u64,
             cached_blocks: st.map.len() as u64,
             cache_blocks: sb.slots,

@@ -1,5 +1,5 @@
-//! Write-back: copying dirty blocks to the origin (one block, a batch with one origin flush)
-//! and the background task that paces it (bcache's controller), commits periodically and
+//! Write-back: copying dirty blocks to the origin (a batch in origin-address order, adjacent
+//! blocks merged into one origin write, one origin flush per batch) and the background task that paces it (bcache's controller), commits periodically and
 //! keeps the windowed statistics.
 
 use super::{futures_collect, slot_reserve, Inner};
@@ -11,8 +11,10 @@ use strata_io::Buf;
 
 /// Most blocks one write-back batch takes (one origin flush per batch).
 const WRITEBACK_BATCH_MAX: usize = 256;
-/// Write-backs in flight at once.
+/// Write-backs (runs of adjacent blocks) in flight at once.
 const WRITEBACK_DEPTH: usize = 8;
+/// Most adjacent blocks merged into one origin write.
+const WRITEBACK_RUN_MAX: usize = 32;
 /// How often the background task looks at the dirty count and the clock.
 const TICK: Duration = Duration::from_millis(100);
 /// Periodic commit, like dm-thin's: mappings never lag the data by more than this.
@@ -26,62 +28,114 @@ const _: () = assert!(TICK.as_millis() < COMMIT_INTERVAL.as_millis(), "the task 
 const _: () = assert!(0.0 < IDLE_SHARE && IDLE_SHARE < 1.0);
 
 impl Inner {
-    /// Writes back one dirty block; returns what to mark clean once the origin is flushed.
-    async fn writeback_one(&self, b: u64) -> Option<(u64, u32, u32)> {
-        let exclusive = self.shard(b).clone().write_owned().await;
-        let (s, generation) = {
+    /// Writes back a run of dirty blocks adjacent on the origin (ascending, at most
+    /// `WRITEBACK_RUN_MAX`), from its first block on, as one origin write. Returns how many
+    /// blocks of `run` it dealt with (at least one) and what to mark clean once the origin is
+    /// flushed. It locks every block of the run, taking the shard locks in ascending order
+    /// (write-back is the only path that holds more than one while waiting for another, so
+    /// no two tasks can wait for each other), and stops after a block no longer dirty.
+    async fn writeback_run(&self, run: &[u64]) -> (usize, Vec<(u64, u32, u32)>) {
+        let mut shards: Vec<usize> = run.iter().map(|&b| self.shard_index(b)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let mut guards = Vec::with_capacity(shards.len());
+        for i in shards {
+            guards.push(self.shards[i].clone().write_owned().await);
+        }
+        let mut picked = Vec::with_capacity(run.len());
+        let mut used = 0;
+        for &b in run {
+            used += 1;
             let mut st = self.state.lock();
-            let s = *st.map.get(&b)?;
-            if !st.meta.entries[s as usize].dirty {
-                st.policy.set_clean(b);
-                return None;
-            }
-            (s, st.write_gen[s as usize])
-        };
-        self.refs[s as usize].fetch_add(1, Relaxed);
-        let len = self.block_len(b);
-        let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await;
-        self.refs[s as usize].fetch_sub(1, Relaxed);
-        {
-            let mut st = self.state.lock();
-            if st.cache_suspect {
-                // The cache device lost writes in a failed flush: the slot may hold older
-                // data, another block's; copying it to the origin would make that permanent.
-                st.policy.set_dirty(b);
-                return None;
+            match st.map.get(&b).copied() {
+                Some(s) if st.meta.entries[s as usize].dirty => {
+                    self.refs[s as usize].fetch_add(1, Relaxed);
+                    picked.push((b, s, st.write_gen[s as usize]));
+                }
+                Some(_) => {
+                    st.policy.set_clean(b);
+                    break;
+                }
+                None => break,
             }
         }
-        let data = match data {
-            Ok(d) => d,
-            Err(e) => {
-                let mut st = self.state.lock();
-                st.fault(format!("write-back of block {b}: cache slot {s} unreadable: {e}"));
+        if picked.is_empty() {
+            return (used, picked);
+        }
+        let reads = picked.iter().map(|&(b, s, _)| {
+            let len = self.block_len(b) as usize;
+            self.cache.read(self.slot_offset(s), Buf::zeroed(len))
+        });
+        let parts = futures_collect(reads).await;
+        for &(_, s, _) in &picked {
+            self.refs[s as usize].fetch_sub(1, Relaxed);
+        }
+        let put_back = |picked: &[(u64, u32, u32)], fault: Option<String>| {
+            let mut st = self.state.lock();
+            if let Some(f) = fault {
+                st.fault(f);
+            }
+            for &(b, _, _) in picked {
                 st.policy.set_dirty(b);
-                return None;
             }
         };
-        // The block stays locked until the origin has the data, so a later write, discard or
-        // write-zeroes of it can never be overtaken by this older copy.
-        let written = match self.settle(b).await {
-            Ok(()) => self.origin_write(b * self.block, data, false, Kind::Migration).await,
+        if self.state.lock().cache_suspect {
+            // The cache device lost writes in a failed flush: a slot may hold older data,
+            // another block's; copying it to the origin would make that permanent.
+            put_back(&picked, None);
+            return (used, Vec::new());
+        }
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.as_ref().map_or(0, |d| d.len())).sum());
+        for (part, &(b, s, _)) in parts.into_iter().zip(&picked) {
+            match part {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(e) => {
+                    put_back(&picked, Some(format!("write-back of block {b}: cache slot {s} unreadable: {e}")));
+                    return (used, Vec::new());
+                }
+            }
+        }
+        // The blocks stay locked until the origin has the data, so a later write, discard or
+        // write-zeroes of one can never be overtaken by this older copy.
+        let mut settled = Ok(());
+        for &(b, _, _) in &picked {
+            settled = settled.and(self.settle(b).await);
+        }
+        let bytes = data.len() as u64;
+        let first = picked[0].0;
+        let written = match settled {
+            Ok(()) => self.origin_write(first * self.block, Buf::from_slice(&data), false, Kind::Migration).await,
             Err(e) => Err(e),
         };
-        drop(exclusive);
+        drop(guards);
         match written {
             Ok(_) => {
-                self.counters.migration_bytes.fetch_add(len, Relaxed);
-                Some((b, s, generation))
+                self.counters.migration_bytes.fetch_add(bytes, Relaxed);
+                self.counters.writeback_writes.fetch_add(1, Relaxed);
+                (used, picked)
             }
             Err(e) => {
-                let mut st = self.state.lock();
-                st.fault(format!("write-back of block {b} to the origin failed: {e}"));
-                st.policy.set_dirty(b);
-                None
+                let n = picked.len();
+                put_back(&picked, Some(format!("write-back of blocks {first}..+{n} to the origin failed: {e}")));
+                (used, Vec::new())
             }
         }
     }
 
-    /// Writes back up to `max` dirty blocks, then flushes the origin and marks them clean.
+    /// Writes back `run` (adjacent blocks, ascending) in as few origin writes as its locks
+    /// allow.
+    async fn writeback_adjacent(&self, mut run: &[u64]) -> Vec<(u64, u32, u32)> {
+        let mut done = Vec::new();
+        while !run.is_empty() {
+            let (used, d) = self.writeback_run(run).await;
+            done.extend(d);
+            run = &run[used.max(1)..];
+        }
+        done
+    }
+
+    /// Writes back up to `max` dirty blocks, in origin-address order with adjacent blocks
+    /// merged into one origin write, then flushes the origin and marks them clean.
     async fn writeback_batch(&self, max: usize) -> usize {
         let mut picked = Vec::new();
         {
@@ -97,9 +151,10 @@ impl Inner {
         if picked.is_empty() {
             return 0;
         }
+        let runs = adjacent_runs(picked, WRITEBACK_RUN_MAX);
         let mut done = Vec::new();
-        for chunk in picked.chunks(WRITEBACK_DEPTH) {
-            let results = futures_collect(chunk.iter().map(|&b| self.writeback_one(b))).await;
+        for chunk in runs.chunks(WRITEBACK_DEPTH) {
+            let results = futures_collect(chunk.iter().map(|r| self.writeback_adjacent(r))).await;
             done.extend(results.into_iter().flatten());
         }
         // Under the commit lock, as every flush is: two flushes of one device in flight at
@@ -222,5 +277,31 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         }
         credit -= allowed as f64;
         me.writeback_batch(allowed).await;
+    }
+}
+
+/// `blocks` sorted, without repeats, cut into runs of consecutive numbers of at most `max`.
+fn adjacent_runs(mut blocks: Vec<u64>, max: usize) -> Vec<Vec<u64>> {
+    blocks.sort_unstable();
+    blocks.dedup();
+    let mut runs: Vec<Vec<u64>> = Vec::new();
+    for b in blocks {
+        match runs.last_mut() {
+            Some(r) if r.len() < max && r.last() == Some(&(b - 1)) => r.push(b),
+            _ => runs.push(vec![b]),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adjacent_runs;
+
+    #[test]
+    fn runs_are_sorted_adjacent_and_capped() {
+        let runs = adjacent_runs(vec![9, 3, 4, 0, 5, 10, 11, 12, 4, 20], 3);
+        assert_eq!(runs, vec![vec![0], vec![3, 4, 5], vec![9, 10, 11], vec![12], vec![20]]);
+        assert!(adjacent_runs(Vec::new(), 4).is_empty());
     }
 }
