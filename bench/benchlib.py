@@ -371,7 +371,7 @@ class StatusPoller:
     the cache counters of one volume and the hit ratio of the interval since the last one."""
 
     FIELDS = ["read_hits", "read_misses", "write_hits", "write_misses", "promotions", "demotions",
-              "writebacks", "dirty_blocks", "cached_blocks", "cache_blocks", "hit_ratio_10s"]
+              "writebacks", "writeback_writes", "dirty_blocks", "cached_blocks", "cache_blocks", "hit_ratio_10s"]
 
     def __init__(self, server, volume, interval_s=0.5):
         self.server, self.volume, self.interval = server, volume, interval_s

@@ -80,13 +80,13 @@ class Rig:
                 args.append(f"--write_iolog={iolog_prefix}.{j + 1}")
         return args
 
-    def run_zipf(self, uri, seconds, rw="randread", server=None, volume="vol", iolog_prefix=None):
-        """Runs the two zipf jobs; returns (fio report, [(t_s, iops)], status rows, counters of
+    def run_zipf(self, uri, seconds, rw="randread", server=None, volume="vol", iolog_prefix=None, extra=()):
+        """Runs the two zipf jobs (with `extra` fio options); returns (fio report, [(t_s, iops)], status rows, counters of
         this run alone)."""
         prefix = self.work / f"iops-{time.time_ns()}"
         poller = b.StatusPoller(server, volume).start() if server is not None and server.admin else None
         try:
-            rep = b.fio(self.zipf_args(uri, seconds, rw, log_prefix=prefix, iolog_prefix=iolog_prefix),
+            rep = b.fio(self.zipf_args(uri, seconds, rw, log_prefix=prefix, iolog_prefix=iolog_prefix, extra=extra),
                         timeout=seconds * 3 + 120)
         finally:
             rows = poller.stop() if poller else []

@@ -183,6 +183,8 @@ cache_status! {
     origin_busy_share: f64 = gauge("strata_cache_origin_busy_ratio"),
         "Origin busy time (foreground and migration added) over the time since the cache opened.";
     flushing: bool = gauge("strata_cache_flushing"), "1 while every dirty block is being written back (flush, detach).";
+    dirty_limited: bool = gauge("strata_cache_dirty_limited"),
+        "1 while writeback makes no new dirty data: the origin is busy and the dirty share is 5 points above its target.";
     faults: Vec<String> = Export::None, "The latest faults, newest first (at most 8).";
     degraded: bool = gauge("strata_cache_degraded"), "1 once a fault has been seen since the cache opened.";
     stopped: Option<String> = gauge("strata_cache_stopped"),

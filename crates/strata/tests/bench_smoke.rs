@@ -125,7 +125,7 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     let exps = &summary["experiments"];
     let mut got = names(exps);
     got.sort();
-    assert_eq!(got, ["git", "mixed", "overhead", "small-cache", "warmup"]);
+    assert_eq!(got, ["git", "mixed", "overhead", "small-cache", "warmup", "writeback"]);
 
     // Every experiment: status, and every file it lists exists and is well formed.
     let git_skip = git_unavailable();

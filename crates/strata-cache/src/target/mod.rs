@@ -105,6 +105,9 @@ struct Inner {
     epoch: Instant,
     describe: String,
     share_cap: Mutex<f64>,
+    /// Writeback makes no new dirty data for now (see `write_mode`); set by the background
+    /// task.
+    throttled: AtomicBool,
 }
 
 /// The cache target as a `BlockDev`. Background tasks (write-back, periodic commit) stop

@@ -449,4 +449,42 @@ mod tests {
         drop(st);
         assert_eq!(dev.status().unwrap()["dirty_victims_refused"], 1);
     }
+
+    /// While dirty-limited, writeback makes no new dirty data: whole and partial writes to
+    /// uncached blocks and writes to clean cached blocks go through (clean), writes to a block
+    /// already dirty stay in its slot; every write succeeds and reads back; lifted, writes
+    /// make dirty data again.
+    #[tokio::test]
+    async fn dirty_limited_writes_go_through() {
+        let (cache, origin) = (Arc::new(MemDev::new(2 << 20)), Arc::new(MemDev::new(ORIGIN)));
+        let dev = small_cache(Mode::Writeback, &cache, &origin, true).await;
+        let (b, _) = a_dirty_block(&dev).await;
+        let bs = BLOCK as u64;
+        let clean = b + 100;
+        dev.read(clean * bs, Buf::zeroed(BLOCK as usize)).await.unwrap();
+        let dirty_before = dev.inner.state.lock().policy.dirty_len();
+        dev.inner.throttled.store(true, Relaxed);
+        for (k, (blk, within, len)) in
+            [(b, 512, 4096), (clean, 0, bs), (clean, 4096, 512), (b + 103, 0, bs), (b + 105, 8192, 4096)]
+                .into_iter()
+                .enumerate()
+        {
+            let at = blk * bs + within;
+            let data = vec![k as u8 + 1; len as usize];
+            dev.write(at, Buf::from_slice(&data), false).await.unwrap();
+            let got = dev.read(at, Buf::zeroed(data.len())).await.unwrap();
+            assert!(got[..] == data[..], "write {k} at {at} reads back");
+        }
+        {
+            let st = dev.inner.state.lock();
+            assert_eq!(st.policy.dirty_len(), dirty_before, "no new dirty block while limited");
+            let s = st.map[&b];
+            assert!(st.meta.entries[s as usize].dirty, "the dirty block stays dirty");
+            st.check().unwrap();
+        }
+        dev.inner.throttled.store(false, Relaxed);
+        let at = (b + 107) * bs;
+        dev.write(at, Buf::from_slice(&vec![9u8; BLOCK as usize]), false).await.unwrap();
+        assert!(dev.inner.state.lock().policy.dirty_len() > dirty_before, "writeback again once lifted");
+    }
 }

@@ -1,7 +1,7 @@
 //! The write path: where a write is absorbed by the cache, passed to the origin, or both,
 //! where a write miss is promoted, and where a written clean block moves to a new slot.
 
-use super::{futures_join, Inner};
+use super::{futures_join, Inner, State};
 use crate::format::Mode;
 use crate::meter::{Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
@@ -101,7 +101,7 @@ impl Inner {
                     let _exclusive = shard.write_owned().await;
                     let (ok, writeback) = {
                         let st = self.state.lock();
-                        (!st.map.contains_key(&b) && st.policy.contains(b), st.meta.sb.mode == Mode::Writeback)
+                        (!st.map.contains_key(&b) && st.policy.contains(b), self.write_mode(&st) == Mode::Writeback)
                     };
                     if !ok {
                         self.state.lock().release(s);
@@ -203,7 +203,10 @@ impl Inner {
         let release_old = || self.refs[old as usize].fetch_sub(1, Relaxed);
         let (current, writeback) = {
             let st = self.state.lock();
-            (st.map.get(&b) == Some(&old) && !st.meta.entries[old as usize].dirty, st.meta.sb.mode == Mode::Writeback)
+            (
+                st.map.get(&b) == Some(&old) && !st.meta.entries[old as usize].dirty,
+                self.write_mode(&st) == Mode::Writeback,
+            )
         };
         let new = match current {
             true => self.free_slot().await,
@@ -293,11 +296,23 @@ impl Inner {
         self.origin_write(b * self.block + within, data, fua, Kind::Foreground).await
     }
 
+    /// The mode writes follow: the volume's, except that writeback makes no new dirty data
+    /// while the background task finds the origin busy and the dirty blocks at or above
+    /// `writeback_percent` + `DIRTY_SLACK_PERCENT` of the cache (`throttled`). New data then
+    /// goes through to the origin, at its pace, while write-back brings the dirty share down;
+    /// writes to blocks already dirty stay in their slots.
+    pub(super) fn write_mode(&self, st: &State) -> Mode {
+        match st.meta.sb.mode {
+            Mode::Writeback if self.throttled.load(Relaxed) => Mode::Writethrough,
+            m => m,
+        }
+    }
+
     fn plan_write(&self, b: u64, within: u64, n: u64, bypass: bool) -> WritePlan {
         let mut st = self.state.lock();
         let now = self.now_ns();
         let full = within == 0 && n == self.block_len(b);
-        let mode = st.meta.sb.mode;
+        let mode = self.write_mode(&st);
         st.zeroed.remove(&b);
         if let Some(&s) = st.map.get(&b) {
             Counters::bump(&self.counters.write_hits);

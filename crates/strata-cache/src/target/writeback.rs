@@ -21,6 +21,9 @@ const TICK: Duration = Duration::from_millis(100);
 const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Below this foreground share of origin time the origin counts as idle.
 const IDLE_SHARE: f64 = 0.05;
+/// Points of the cache above `writeback_percent` where writeback stops making new dirty
+/// data while the origin is busy (see `Inner::write_mode`).
+pub(super) const DIRTY_SLACK_PERCENT: f64 = 5.0;
 
 const _: () =
     assert!(0 < WRITEBACK_DEPTH && WRITEBACK_DEPTH <= WRITEBACK_BATCH_MAX, "a batch is written in chunks of the depth");
@@ -221,15 +224,16 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         let mg_share = (mg - last_busy.1).as_secs_f64() / dt;
         last_busy = (fg, mg, Instant::now());
 
+        let idle = fg_share < IDLE_SHARE;
         let (dirty, target, flush_all) = {
             let st = me.state.lock();
             let slots = st.meta.slots() as f64;
-            let target = if st.meta.sb.mode == Mode::Writeback && !st.flush_all {
-                slots * st.meta.sb.writeback_percent as f64 / 100.0
-            } else {
-                0.0
-            };
-            (st.policy.dirty_len() as f64, target, st.flush_all)
+            let percent = st.meta.sb.writeback_percent as f64;
+            let target =
+                if st.meta.sb.mode == Mode::Writeback && !st.flush_all { slots * percent / 100.0 } else { 0.0 };
+            let dirty = st.policy.dirty_len() as f64;
+            me.throttled.store(dirty_limited(dirty, slots, percent, idle), Relaxed);
+            (dirty, target, st.flush_all)
         };
         if dirty == 0.0 {
             if flush_all {
@@ -243,7 +247,6 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         // the dirty count is, plus an integral term; flat out when the origin is idle or a
         // flush was asked for.
         let error = dirty - target;
-        let idle = fg_share < IDLE_SHARE;
         let budget_blocks = match me.budget.rate() {
             0 => f64::INFINITY,
             r => r as f64 / me.block as f64,
@@ -280,6 +283,12 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
     }
 }
 
+/// Whether writeback should make no new dirty data: on a busy origin, with `dirty` blocks of
+/// `slots` at or past `percent` + `DIRTY_SLACK_PERCENT` points (at least one block).
+fn dirty_limited(dirty: f64, slots: f64, percent: f64, idle: bool) -> bool {
+    !idle && dirty >= (slots * (percent + DIRTY_SLACK_PERCENT) / 100.0).max(1.0)
+}
+
 /// `blocks` sorted, without repeats, cut into runs of consecutive numbers of at most `max`.
 fn adjacent_runs(mut blocks: Vec<u64>, max: usize) -> Vec<Vec<u64>> {
     blocks.sort_unstable();
@@ -296,7 +305,16 @@ fn adjacent_runs(mut blocks: Vec<u64>, max: usize) -> Vec<Vec<u64>> {
 
 #[cfg(test)]
 mod tests {
-    use super::adjacent_runs;
+    use super::{adjacent_runs, dirty_limited};
+
+    #[test]
+    fn new_dirty_data_stops_at_five_points_over_target_on_a_busy_origin() {
+        assert!(!dirty_limited(149.0, 1000.0, 10.0, false));
+        assert!(dirty_limited(150.0, 1000.0, 10.0, false));
+        assert!(!dirty_limited(1000.0, 1000.0, 10.0, true), "an idle origin takes write-back flat out instead");
+        assert!(dirty_limited(1.0, 10.0, 0.0, false), "at least one block");
+        assert!(!dirty_limited(0.0, 10.0, 0.0, false));
+    }
 
     #[test]
     fn runs_are_sorted_adjacent_and_capped() {
