@@ -105,9 +105,9 @@ struct Inner {
     epoch: Instant,
     describe: String,
     share_cap: Mutex<f64>,
-    /// Writeback makes no new dirty data for now (see `write_mode`); set by the background
-    /// task.
-    throttled: AtomicBool,
+    /// The origin was busy with foreground IO at the background task's last look (then
+    /// writeback may stop making new dirty data: see `write_mode`).
+    origin_busy: AtomicBool,
 }
 
 /// The cache target as a `BlockDev`. Background tasks (write-back, periodic commit) stop

@@ -115,7 +115,7 @@ impl CacheDev {
             epoch: Instant::now(),
             describe,
             share_cap: Mutex::new(opts.migration_share_max),
-            throttled: AtomicBool::new(false),
+            origin_busy: AtomicBool::new(false),
             state: Mutex::new(State {
                 policy,
                 map,

@@ -463,7 +463,8 @@ mod tests {
         let clean = b + 100;
         dev.read(clean * bs, Buf::zeroed(BLOCK as usize)).await.unwrap();
         let dirty_before = dev.inner.state.lock().policy.dirty_len();
-        dev.inner.throttled.store(true, Relaxed);
+        dev.inner.origin_busy.store(true, Relaxed);
+        assert!(dev.status().unwrap()["dirty_limited"] == true, "{} dirty blocks", dirty_before);
         for (k, (blk, within, len)) in
             [(b, 512, 4096), (clean, 0, bs), (clean, 4096, 512), (b + 103, 0, bs), (b + 105, 8192, 4096)]
                 .into_iter()
@@ -482,7 +483,7 @@ mod tests {
             assert!(st.meta.entries[s as usize].dirty, "the dirty block stays dirty");
             st.check().unwrap();
         }
-        dev.inner.throttled.store(false, Relaxed);
+        dev.inner.origin_busy.store(false, Relaxed);
         let at = (b + 107) * bs;
         dev.write(at, Buf::from_slice(&vec![9u8; BLOCK as usize]), false).await.unwrap();
         assert!(dev.inner.state.lock().policy.dirty_len() > dirty_before, "writeback again once lifted");

@@ -52,7 +52,7 @@ impl Inner {
             origin_busy_share: (self.meter.busy(Kind::Foreground) + self.meter.busy(Kind::Migration)).as_secs_f64()
                 / up,
             flushing: st.flush_all,
-            dirty_limited: self.throttled.load(R),
+            dirty_limited: self.dirty_limited(&st),
             faults: st.faults.iter().rev().take(8).cloned().collect(),
             degraded: !st.faults.is_empty(),
             stopped: st.failed.clone(),

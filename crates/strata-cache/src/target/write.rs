@@ -1,6 +1,7 @@
 //! The write path: where a write is absorbed by the cache, passed to the origin, or both,
 //! where a write miss is promoted, and where a written clean block moves to a new slot.
 
+use super::writeback::dirty_limited;
 use super::{futures_join, Inner, State};
 use crate::format::Mode;
 use crate::meter::{Counters, Kind};
@@ -297,15 +298,20 @@ impl Inner {
     }
 
     /// The mode writes follow: the volume's, except that writeback makes no new dirty data
-    /// while the background task finds the origin busy and the dirty blocks at or above
-    /// `writeback_percent` + `DIRTY_SLACK_PERCENT` of the cache (`throttled`). New data then
-    /// goes through to the origin, at its pace, while write-back brings the dirty share down;
+    /// while the origin is busy (as the background task last found it) and the dirty blocks
+    /// are 5 points or more above `writeback_percent` (`dirty_limited`). New data then goes
+    /// through to the origin, at its pace, while write-back brings the dirty share down;
     /// writes to blocks already dirty stay in their slots.
     pub(super) fn write_mode(&self, st: &State) -> Mode {
         match st.meta.sb.mode {
-            Mode::Writeback if self.throttled.load(Relaxed) => Mode::Writethrough,
+            Mode::Writeback if self.dirty_limited(st) => Mode::Writethrough,
             m => m,
         }
+    }
+
+    pub(super) fn dirty_limited(&self, st: &State) -> bool {
+        let busy = self.origin_busy.load(Relaxed);
+        dirty_limited(st.policy.dirty_len(), st.meta.slots(), st.meta.sb.writeback_percent, busy)
     }
 
     fn plan_write(&self, b: u64, within: u64, n: u64, bypass: bool) -> WritePlan {

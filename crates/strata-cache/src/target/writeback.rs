@@ -23,7 +23,7 @@ const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 const IDLE_SHARE: f64 = 0.05;
 /// Points of the cache above `writeback_percent` where writeback stops making new dirty
 /// data while the origin is busy (see `Inner::write_mode`).
-pub(super) const DIRTY_SLACK_PERCENT: f64 = 5.0;
+const DIRTY_SLACK_PERCENT: usize = 5;
 
 const _: () =
     assert!(0 < WRITEBACK_DEPTH && WRITEBACK_DEPTH <= WRITEBACK_BATCH_MAX, "a batch is written in chunks of the depth");
@@ -225,15 +225,16 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         last_busy = (fg, mg, Instant::now());
 
         let idle = fg_share < IDLE_SHARE;
+        me.origin_busy.store(!idle, Relaxed);
         let (dirty, target, flush_all) = {
             let st = me.state.lock();
             let slots = st.meta.slots() as f64;
-            let percent = st.meta.sb.writeback_percent as f64;
-            let target =
-                if st.meta.sb.mode == Mode::Writeback && !st.flush_all { slots * percent / 100.0 } else { 0.0 };
-            let dirty = st.policy.dirty_len() as f64;
-            me.throttled.store(dirty_limited(dirty, slots, percent, idle), Relaxed);
-            (dirty, target, st.flush_all)
+            let target = if st.meta.sb.mode == Mode::Writeback && !st.flush_all {
+                slots * st.meta.sb.writeback_percent as f64 / 100.0
+            } else {
+                0.0
+            };
+            (st.policy.dirty_len() as f64, target, st.flush_all)
         };
         if dirty == 0.0 {
             if flush_all {
@@ -285,8 +286,8 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
 
 /// Whether writeback should make no new dirty data: on a busy origin, with `dirty` blocks of
 /// `slots` at or past `percent` + `DIRTY_SLACK_PERCENT` points (at least one block).
-fn dirty_limited(dirty: f64, slots: f64, percent: f64, idle: bool) -> bool {
-    !idle && dirty >= (slots * (percent + DIRTY_SLACK_PERCENT) / 100.0).max(1.0)
+pub(super) fn dirty_limited(dirty: usize, slots: usize, percent: u32, busy: bool) -> bool {
+    busy && dirty >= (slots * (percent as usize + DIRTY_SLACK_PERCENT) / 100).max(1)
 }
 
 /// `blocks` sorted, without repeats, cut into runs of consecutive numbers of at most `max`.
@@ -309,11 +310,11 @@ mod tests {
 
     #[test]
     fn new_dirty_data_stops_at_five_points_over_target_on_a_busy_origin() {
-        assert!(!dirty_limited(149.0, 1000.0, 10.0, false));
-        assert!(dirty_limited(150.0, 1000.0, 10.0, false));
-        assert!(!dirty_limited(1000.0, 1000.0, 10.0, true), "an idle origin takes write-back flat out instead");
-        assert!(dirty_limited(1.0, 10.0, 0.0, false), "at least one block");
-        assert!(!dirty_limited(0.0, 10.0, 0.0, false));
+        assert!(!dirty_limited(149, 1000, 10, true));
+        assert!(dirty_limited(150, 1000, 10, true));
+        assert!(!dirty_limited(1000, 1000, 10, false), "an idle origin takes write-back flat out instead");
+        assert!(dirty_limited(1, 10, 0, true), "at least one block");
+        assert!(!dirty_limited(0, 10, 0, true));
     }
 
     #[test]
