@@ -483,6 +483,9 @@ mod tests {
             assert!(st.meta.entries[s as usize].dirty, "the dirty block stays dirty");
             st.check().unwrap();
         }
+        let mut on_origin = vec![0u8; 4096];
+        origin.read_into(b * bs + 512, &mut on_origin).unwrap();
+        assert!(on_origin != vec![1u8; 4096], "the write to the dirty block stayed in its slot");
         dev.inner.origin_busy.store(false, Relaxed);
         let at = (b + 107) * bs;
         dev.write(at, Buf::from_slice(&vec![9u8; BLOCK as usize]), false).await.unwrap();

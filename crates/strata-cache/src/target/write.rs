@@ -327,8 +327,10 @@ impl Inner {
                 st.policy.access(Access::new(b, Op::Write, full, now));
             }
             let plan = match (mode, dirty) {
-                // A dirty block's newest data is in its slot: keep writing it there.
-                (Mode::Writethrough, true) => WritePlan::Both(s),
+                // A dirty block's newest data is in its slot: keep writing it there (and to
+                // the origin too in writethrough proper; a dirty-limited writeback adds no
+                // dirty block by writing one already dirty).
+                (Mode::Writethrough, true) if st.meta.sb.mode == Mode::Writethrough => WritePlan::Both(s),
                 (_, true) => WritePlan::Cache(s),
                 (Mode::Writeback | Mode::Writethrough, false) => WritePlan::Replace(s),
                 (Mode::Writearound | Mode::Passthrough | Mode::Cleaner, false) => {
