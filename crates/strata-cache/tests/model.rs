@@ -3,6 +3,9 @@
 //! forced write-backs, policy changes and commits thrown in at random points. Every read is
 //! compared, and the whole volume is compared again through a fresh open after shutdown.
 
+mod common;
+
+use common::wait_clean;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -131,16 +134,6 @@ async fn run_mode(mode: Mode, also: &[Mode], cache_bytes: u64) -> Vec<CacheStatu
         assert!(origin_view[..] == after[..], "seed {seed}: origin incomplete after detach");
     }
     seen
-}
-
-async fn wait_clean(dev: &CacheDev) {
-    for _ in 0..600 {
-        if CacheStatus::of(dev).unwrap().dirty_blocks == 0 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("dirty blocks never reached 0: {:?}", CacheStatus::of(dev).unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

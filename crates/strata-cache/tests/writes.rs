@@ -4,6 +4,9 @@
 //! invalidated; write-back goes in origin-address order, merging adjacent dirty blocks, and
 //! writes keep succeeding when every block is dirty.
 
+mod common;
+
+use common::wait_clean;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -256,16 +259,6 @@ async fn dirty_in_table(cache_dev: &MemDev) -> Vec<u64> {
     let mut d: Vec<u64> = meta.entries.iter().filter(|e| e.dirty).map(|e| e.origin_block).collect();
     d.sort_unstable();
     d
-}
-
-async fn wait_clean(dev: &CacheDev) {
-    for _ in 0..1000 {
-        if CacheStatus::of(dev).unwrap().dirty_blocks == 0 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("dirty blocks never reached 0: {:?}", CacheStatus::of(dev).unwrap());
 }
 
 /// Write-back goes in origin-address order and merges adjacent dirty blocks: runs of 40, 16
