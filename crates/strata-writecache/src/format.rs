@@ -1,0 +1,224 @@
+//! The on-disk format of a write-log cache device: a superblock, a table of one 32-byte entry
+//! per slot, and the slots (one cache block each).
+//!
+//! ```text
+//! [superblock: 4 KiB][entries: 32 B per slot, padded to 4 KiB][slots, aligned to the block size]
+//! ```
+//!
+//! An entry names the origin block its slot holds, the sequence number of the write that put
+//! it there (newest wins at recovery), the commit that first wrote the entry, and the CRC32C
+//! of the slot's data. Entries are written only by commits, each of which ends with one flush
+//! of the fast device; an entry of the last commit seen may have reached the media without
+//! its data, so recovery checks the data of those (and only those) against the CRC. An entry
+//! of all zeroes is a free slot. No entry crosses a 512-byte sector, so a torn commit leaves
+//! each entry whole, old or new.
+//!
+//! This module only encodes and decodes; it does no IO.
+
+use strata_io::{Error, ErrorKind, Result};
+
+pub const MAGIC: [u8; 8] = *b"STRATAWC";
+pub const VERSION: u32 = 1;
+pub const SUPERBLOCK_BYTES: u64 = 4096;
+pub const ENTRY_BYTES: u64 = 32;
+/// Entries are written in pages of this size (O_DIRECT-friendly).
+pub const ENTRY_PAGE_BYTES: u64 = 4096;
+pub const ENTRIES_PER_PAGE: u64 = ENTRY_PAGE_BYTES / ENTRY_BYTES;
+pub const BLOCK_BYTES_MIN: u32 = 512;
+pub const BLOCK_BYTES_MAX: u32 = 64 << 10;
+pub const BLOCK_BYTES_DEFAULT: u32 = 4096;
+/// Entry flag: the slot holds zeroes (no data was written; the data CRC is not checked).
+pub const FLAG_ZERO: u32 = 1;
+
+/// What the superblock records. It is written once, by `create`; everything that changes
+/// lives in the entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superblock {
+    pub block_bytes: u32,
+    pub slots: u64,
+    /// The origin's size when the cache was created; opening over another size is refused.
+    pub origin_bytes: u64,
+}
+
+impl Superblock {
+    /// The layout for a fast device of `cache_bytes` with blocks of `block_bytes`.
+    pub fn plan(cache_bytes: u64, block_bytes: u32, origin_bytes: u64) -> Result<Superblock> {
+        if !block_bytes.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes) {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("writecache: block size {block_bytes} is not a power of two from {BLOCK_BYTES_MIN} to {BLOCK_BYTES_MAX}"),
+            ));
+        }
+        let b = block_bytes as u64;
+        // Largest n with layout(n) inside the device.
+        let mut n = cache_bytes.saturating_sub(SUPERBLOCK_BYTES + ENTRY_PAGE_BYTES) / (b + ENTRY_BYTES);
+        while n > 0 && (Superblock { block_bytes, slots: n, origin_bytes }).end() > cache_bytes {
+            n -= 1;
+        }
+        if n < 2 {
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                format!("writecache: a fast device of {cache_bytes} bytes holds fewer than 2 blocks of {block_bytes}"),
+            ));
+        }
+        Ok(Superblock { block_bytes, slots: n, origin_bytes })
+    }
+
+    pub fn entries_offset(&self) -> u64 {
+        SUPERBLOCK_BYTES
+    }
+
+    pub fn entry_pages(&self) -> u64 {
+        self.slots.div_ceil(ENTRIES_PER_PAGE)
+    }
+
+    pub fn data_offset(&self) -> u64 {
+        (SUPERBLOCK_BYTES + self.entry_pages() * ENTRY_PAGE_BYTES).next_multiple_of(self.block_bytes as u64)
+    }
+
+    pub fn slot_offset(&self, slot: u64) -> u64 {
+        self.data_offset() + slot * self.block_bytes as u64
+    }
+
+    /// First byte past the last slot.
+    pub fn end(&self) -> u64 {
+        self.slot_offset(self.slots)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; SUPERBLOCK_BYTES as usize];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
+        b[16..24].copy_from_slice(&self.slots.to_le_bytes());
+        b[24..32].copy_from_slice(&self.origin_bytes.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..32]);
+        b[32..36].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks a superblock read from a device of `cache_bytes`.
+    pub fn decode(b: &[u8], cache_bytes: u64) -> Result<Superblock> {
+        let bad = |what: String| Error::new(ErrorKind::Invalid, format!("writecache superblock: {what}"));
+        if b.len() < 36 || b[0..8] != MAGIC {
+            return Err(bad("no writecache superblock (foreign or empty device)".into()));
+        }
+        let crc = u32::from_le_bytes(b[32..36].try_into().expect("4 bytes"));
+        if crc != crc32c::crc32c(&b[..32]) {
+            return Err(Error::new(ErrorKind::Checksum, "writecache superblock: checksum mismatch (corrupt)"));
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(bad(format!("version {version}, this build reads {VERSION}")));
+        }
+        let sb = Superblock {
+            block_bytes: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
+            slots: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+            origin_bytes: u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
+        };
+        if !sb.block_bytes.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&sb.block_bytes) {
+            return Err(bad(format!("block size {} out of range", sb.block_bytes)));
+        }
+        if sb.slots == 0 || sb.slots > cache_bytes / sb.block_bytes as u64 || sb.end() > cache_bytes {
+            return Err(bad(format!("{} slots do not fit a device of {cache_bytes} bytes", sb.slots)));
+        }
+        Ok(sb)
+    }
+}
+
+/// An entry that fails its checksum (torn by a crash, or corrupt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TornEntry;
+
+/// One slot's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    pub block: u64,
+    /// Write order; never zero in a valid entry.
+    pub seq: u64,
+    /// The commit that wrote the entry.
+    pub commit: u32,
+    pub flags: u32,
+    pub data_crc: u32,
+}
+
+impl Entry {
+    pub fn encode(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.block.to_le_bytes());
+        out[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        out[16..20].copy_from_slice(&self.commit.to_le_bytes());
+        out[20..24].copy_from_slice(&self.flags.to_le_bytes());
+        out[24..28].copy_from_slice(&self.data_crc.to_le_bytes());
+        let crc = crc32c::crc32c(&out[0..28]);
+        out[28..32].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The free entry (all zeroes).
+    pub fn encode_free(out: &mut [u8]) {
+        out[..ENTRY_BYTES as usize].fill(0);
+    }
+
+    /// `None` for a free slot; `Err` for an entry whose checksum fails (a torn or corrupt
+    /// entry, which recovery treats as free and clears).
+    pub fn decode(b: &[u8]) -> std::result::Result<Option<Entry>, TornEntry> {
+        if b[..ENTRY_BYTES as usize].iter().all(|&x| x == 0) {
+            return Ok(None);
+        }
+        let crc = u32::from_le_bytes(b[28..32].try_into().expect("4 bytes"));
+        if crc != crc32c::crc32c(&b[0..28]) {
+            return Err(TornEntry);
+        }
+        let e = Entry {
+            block: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+            seq: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            commit: u32::from_le_bytes(b[16..20].try_into().expect("4 bytes")),
+            flags: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
+            data_crc: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")),
+        };
+        if e.seq == 0 {
+            return Err(TornEntry);
+        }
+        Ok(Some(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_fits_and_aligns() {
+        for bs in [512u32, 4096, 65536] {
+            for cache in [64u64 << 10, 1 << 20, 3 << 20, (1 << 20) + 12345] {
+                let Ok(sb) = Superblock::plan(cache, bs, 1 << 30) else { continue };
+                assert!(sb.end() <= cache, "{bs} {cache}");
+                assert_eq!(sb.data_offset() % bs as u64, 0);
+                assert!(sb.entries_offset() + sb.slots * ENTRY_BYTES <= sb.data_offset());
+                let again = Superblock::decode(&sb.encode(), cache).unwrap();
+                assert_eq!(again, sb);
+            }
+        }
+        assert!(Superblock::plan(1 << 20, 3000, 1 << 30).is_err());
+        assert!(Superblock::plan(8192, 4096, 1 << 30).is_err());
+    }
+
+    #[test]
+    fn entries_round_trip_and_torn_ones_are_caught() {
+        let e = Entry { block: 7, seq: 9, commit: 3, flags: 0, data_crc: 0xdead };
+        let mut b = [0u8; 32];
+        e.encode(&mut b);
+        assert_eq!(Entry::decode(&b), Ok(Some(e)));
+        b[3] ^= 1;
+        assert_eq!(Entry::decode(&b), Err(TornEntry));
+        assert_eq!(Entry::decode(&[0u8; 32]), Ok(None));
+    }
+
+    #[test]
+    fn corrupt_superblock_is_refused() {
+        let sb = Superblock::plan(1 << 20, 4096, 1 << 30).unwrap();
+        let mut b = sb.encode();
+        b[20] ^= 1;
+        assert_eq!(Superblock::decode(&b, 1 << 20).unwrap_err().kind, ErrorKind::Checksum);
+        assert!(Superblock::decode(&[0u8; 4096], 1 << 20).is_err());
+    }
+}

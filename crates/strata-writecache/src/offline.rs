@@ -1,0 +1,160 @@
+//! Create, scan (the recovery read of the entries, shared by open, check and dump).
+//!
+//! `create` refuses a fast device that holds data unless forced, like `cache create`.
+//! `scan` reads the superblock and every entry, checks each entry of the last commit against
+//! its slot's data, and keeps the newest copy of each block: what recovery opens with, and
+//! what `check` and `dump` report.
+
+use crate::format::{Entry, Superblock, ENTRIES_PER_PAGE, ENTRY_BYTES, ENTRY_PAGE_BYTES, FLAG_ZERO, SUPERBLOCK_BYTES};
+use rustc_hash::FxHashMap;
+use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+
+/// Entry pages read at once while scanning.
+const SCAN_PAGES: u64 = 256;
+
+/// Formats `cache` as a write log in front of `origin` (which it does not touch).
+pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, block_bytes: u32, force: bool) -> Result<Superblock> {
+    let sb = Superblock::plan(cache.size(), block_bytes, origin.size())?;
+    if !force {
+        let head = cache.read(0, Buf::zeroed(SUPERBLOCK_BYTES as usize)).await?;
+        if head.iter().any(|&b| b != 0) {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "{}: the device holds data (its first 4 KiB are not zero); --force overwrites it",
+                    cache.describe()
+                ),
+            ));
+        }
+    }
+    // Entries first, zeroed; the superblock last, so a crash mid-create leaves no valid log.
+    cache.write(0, Buf::zeroed(SUPERBLOCK_BYTES as usize), false).await?;
+    cache.flush().await?;
+    let pages = sb.entry_pages();
+    let mut p = 0;
+    while p < pages {
+        let n = (pages - p).min(SCAN_PAGES);
+        let at = sb.entries_offset() + p * ENTRY_PAGE_BYTES;
+        cache.write(at, Buf::zeroed((n * ENTRY_PAGE_BYTES) as usize), false).await?;
+        p += n;
+    }
+    cache.flush().await?;
+    cache.write(0, Buf::from_slice(&sb.encode()), true).await?;
+    cache.flush().await?;
+    Ok(sb)
+}
+
+/// Reads and checks the superblock, and that `origin` is the one it was created over.
+pub async fn superblock(cache: &dyn BlockDev, origin: Option<&dyn BlockDev>) -> Result<Superblock> {
+    if cache.size() < SUPERBLOCK_BYTES {
+        return Err(Error::new(ErrorKind::Invalid, format!("{}: too small for a writecache", cache.describe())));
+    }
+    let head = cache.read(0, Buf::zeroed(SUPERBLOCK_BYTES as usize)).await?;
+    let sb = Superblock::decode(&head, cache.size())
+        .map_err(|e| Error::new(e.kind, format!("{}: {}", cache.describe(), e.context)))?;
+    if let Some(origin) = origin {
+        if origin.size() != sb.origin_bytes {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "{}: origin {} has {} bytes, the writecache was created over {} bytes (wrong origin, or its size changed)",
+                    cache.describe(),
+                    origin.describe(),
+                    origin.size(),
+                    sb.origin_bytes
+                ),
+            ));
+        }
+    }
+    Ok(sb)
+}
+
+/// What the entries say.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Block → (slot, entry) of its newest copy.
+    pub newest: FxHashMap<u64, (u32, Entry)>,
+    /// Valid entries older than their block's newest: (slot, entry).
+    pub older: Vec<(u32, Entry)>,
+    /// Slots whose entry cannot be trusted: torn, data not matching, block out of range.
+    pub garbage: Vec<u32>,
+    pub max_seq: u64,
+    pub max_commit: u32,
+    /// Human-readable findings about garbage entries (what `check` prints).
+    pub findings: Vec<String>,
+}
+
+/// Scans the entries of a cache whose superblock is `sb`.
+pub async fn scan(cache: &dyn BlockDev, sb: &Superblock) -> Result<Scan> {
+    let origin_blocks = sb.origin_bytes.div_ceil(sb.block_bytes as u64);
+    let mut all: Vec<(u32, Entry)> = Vec::new();
+    let mut out = Scan::default();
+    let pages = sb.entry_pages();
+    let mut p = 0;
+    while p < pages {
+        let n = (pages - p).min(SCAN_PAGES);
+        let at = sb.entries_offset() + p * ENTRY_PAGE_BYTES;
+        let buf = cache.read(at, Buf::zeroed((n * ENTRY_PAGE_BYTES) as usize)).await?;
+        for i in 0..n * ENTRIES_PER_PAGE {
+            let s = p * ENTRIES_PER_PAGE + i;
+            if s >= sb.slots {
+                break;
+            }
+            let raw = &buf[(i * ENTRY_BYTES) as usize..((i + 1) * ENTRY_BYTES) as usize];
+            match Entry::decode(raw) {
+                Ok(None) => {}
+                Ok(Some(e)) if e.block < origin_blocks => all.push((s as u32, e)),
+                Ok(Some(e)) => {
+                    out.findings
+                        .push(format!("slot {s}: block {} beyond the origin ({origin_blocks} blocks)", e.block));
+                    out.garbage.push(s as u32);
+                }
+                Err(crate::format::TornEntry) => {
+                    out.findings.push(format!("slot {s}: entry checksum mismatch (torn or corrupt)"));
+                    out.garbage.push(s as u32);
+                }
+            }
+        }
+        p += n;
+    }
+    out.max_commit = all.iter().map(|(_, e)| e.commit).max().unwrap_or(0);
+    // Entries of the last commit may have landed without their data: check it.
+    let last: Vec<(u32, Entry)> =
+        all.iter().filter(|(_, e)| e.commit == out.max_commit && e.flags & FLAG_ZERO == 0).copied().collect();
+    let mut bad = rustc_hash::FxHashSet::default();
+    for chunk in last.chunks(64) {
+        let reads =
+            chunk.iter().map(|(s, _)| cache.read(sb.slot_offset(*s as u64), Buf::zeroed(sb.block_bytes as usize)));
+        for ((s, e), r) in chunk.iter().zip(futures::future::join_all(reads).await) {
+            let data = r?;
+            let len = (sb.origin_bytes - e.block * sb.block_bytes as u64).min(sb.block_bytes as u64) as usize;
+            if crc32c::crc32c(&data[..len]) != e.data_crc {
+                bad.insert(*s);
+            }
+        }
+    }
+    for (s, e) in all {
+        if bad.contains(&s) {
+            out.findings
+                .push(format!("slot {s}: data of block {} does not match its entry (unfinished commit)", e.block));
+            out.garbage.push(s);
+            continue;
+        }
+        out.max_seq = out.max_seq.max(e.seq);
+        match out.newest.get(&e.block) {
+            Some(&(_, cur)) if cur.seq > e.seq => out.older.push((s, e)),
+            Some(&(cs, cur)) if cur.seq == e.seq => {
+                out.findings.push(format!("slots {cs} and {s}: block {} twice with sequence {}", e.block, e.seq));
+                out.garbage.push(s);
+            }
+            Some(&(cs, cur)) => {
+                out.older.push((cs, cur));
+                out.newest.insert(e.block, (s, e));
+            }
+            None => {
+                out.newest.insert(e.block, (s, e));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,172 @@
+//! What a writecache target reports about itself ([`WritecacheStatus`], the `target` part of
+//! `/status`, and the same figures as Prometheus samples for `/metrics`) and the tunables it
+//! takes live ([`Tunables`], dm-writecache's names where they mean the same).
+
+use serde::{Deserialize, Serialize};
+use strata_io::metrics::{MetricKind, Sample};
+use strata_io::{Error, ErrorKind, Result};
+
+/// Settings that change while serving (`message "NAME VALUE"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tunables {
+    /// Percent of slots in use above which clean blocks are evicted to keep the rest free.
+    pub high_watermark: u32,
+    /// Dirty share (percent of slots) the background write-back brings the log down to.
+    pub low_watermark: u32,
+    /// Longest a change waits for a background commit.
+    pub autocommit_time_ms: u64,
+    /// No background write-back (writes still go around a full log).
+    pub pause_writeback: bool,
+    /// Write back everything dirty (before a detach).
+    pub cleaner: bool,
+}
+
+impl Default for Tunables {
+    fn default() -> Tunables {
+        Tunables {
+            high_watermark: 50,
+            low_watermark: 45,
+            autocommit_time_ms: 1000,
+            pause_writeback: false,
+            cleaner: false,
+        }
+    }
+}
+
+impl Tunables {
+    /// Applies `NAME VALUE`; refuses unknown names and values that break
+    /// `low_watermark <= high_watermark <= 100`.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let bad = |why: String| Error::new(ErrorKind::Invalid, format!("writecache: {name} {value}: {why}"));
+        let num = || value.parse::<u64>().map_err(|e| bad(e.to_string()));
+        let flag = || match value {
+            "1" | "on" | "true" => Ok(true),
+            "0" | "off" | "false" => Ok(false),
+            _ => Err(bad("expected on or off".into())),
+        };
+        let mut t = *self;
+        match name {
+            "high_watermark" => t.high_watermark = num()?.min(1000) as u32,
+            "low_watermark" => t.low_watermark = num()?.min(1000) as u32,
+            "autocommit_time" => t.autocommit_time_ms = num()?,
+            "pause_writeback" => t.pause_writeback = flag()?,
+            "cleaner" => t.cleaner = flag()?,
+            _ => return Err(bad("unknown setting".into())),
+        }
+        if t.high_watermark > 100 || t.low_watermark > t.high_watermark {
+            return Err(bad("needs low_watermark <= high_watermark <= 100".into()));
+        }
+        *self = t;
+        Ok(())
+    }
+}
+
+/// The target's state and counters since it was opened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WritecacheStatus {
+    pub target: String,
+    pub block_bytes: u32,
+    /// Slots of the log.
+    pub blocks: u64,
+    pub free_blocks: u64,
+    pub dirty_blocks: u64,
+    /// Dirty blocks being written back now.
+    pub writeback_blocks: u64,
+    pub read_hits: u64,
+    pub read_misses: u64,
+    /// Writes to a block the log holds.
+    pub write_hits: u64,
+    pub write_misses: u64,
+    /// Writes that went to the origin because no slot was free.
+    pub writes_around: u64,
+    pub writebacks: u64,
+    pub writeback_errors: u64,
+    pub evictions: u64,
+    pub commits: u64,
+    pub tunables: Tunables,
+    pub last_error: Option<String>,
+}
+
+impl WritecacheStatus {
+    /// The figures as Prometheus samples.
+    pub fn samples(&self) -> Vec<Sample> {
+        use MetricKind::{Counter, Gauge};
+        let rows: [(&'static str, MetricKind, &'static str, f64); 15] = [
+            ("strata_writecache_block_bytes", Gauge, "Size of a log slot.", self.block_bytes as f64),
+            ("strata_writecache_blocks", Gauge, "Slots of the log.", self.blocks as f64),
+            ("strata_writecache_free_blocks", Gauge, "Slots free for new writes.", self.free_blocks as f64),
+            ("strata_writecache_dirty_blocks", Gauge, "Logged blocks not yet on the origin.", self.dirty_blocks as f64),
+            (
+                "strata_writecache_writeback_blocks",
+                Gauge,
+                "Blocks being written back now.",
+                self.writeback_blocks as f64,
+            ),
+            ("strata_writecache_read_hits_total", Counter, "Block reads served from the log.", self.read_hits as f64),
+            (
+                "strata_writecache_read_misses_total",
+                Counter,
+                "Block reads served by the origin.",
+                self.read_misses as f64,
+            ),
+            ("strata_writecache_write_hits_total", Counter, "Writes to a block the log held.", self.write_hits as f64),
+            (
+                "strata_writecache_write_misses_total",
+                Counter,
+                "Writes to a block the log did not hold.",
+                self.write_misses as f64,
+            ),
+            (
+                "strata_writecache_writes_around_total",
+                Counter,
+                "Writes sent to the origin as the log was full.",
+                self.writes_around as f64,
+            ),
+            (
+                "strata_writecache_writebacks_total",
+                Counter,
+                "Blocks written back to the origin.",
+                self.writebacks as f64,
+            ),
+            (
+                "strata_writecache_writeback_errors_total",
+                Counter,
+                "Write-back batches that failed.",
+                self.writeback_errors as f64,
+            ),
+            (
+                "strata_writecache_evictions_total",
+                Counter,
+                "Clean blocks dropped from the log to free slots.",
+                self.evictions as f64,
+            ),
+            ("strata_writecache_commits_total", Counter, "Commits (one fast-device flush each).", self.commits as f64),
+            (
+                "strata_writecache_low_watermark_ratio",
+                Gauge,
+                "Dirty share the write-back aims for.",
+                self.tunables.low_watermark as f64 / 100.0,
+            ),
+        ];
+        rows.into_iter()
+            .map(|(name, kind, help, value)| Sample { name, kind, help, labels: Vec::new(), value })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunables_refuse_bad_values_and_keep_the_old_ones() {
+        let mut t = Tunables::default();
+        t.set("high_watermark", "80").unwrap();
+        t.set("low_watermark", "10").unwrap();
+        assert!(t.set("low_watermark", "90").is_err());
+        assert!(t.set("high_watermark", "101").is_err());
+        assert!(t.set("cleaner", "maybe").is_err());
+        assert!(t.set("nonsense", "1").is_err());
+        assert_eq!((t.high_watermark, t.low_watermark, t.cleaner), (80, 10, false));
+    }
+}

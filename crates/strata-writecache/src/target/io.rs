@@ -1,0 +1,262 @@
+//! Foreground IO, split into cache blocks. A read of a logged block is served from its slot
+//! (pinned, so the slot is not reused under it); any other read from the origin. A write goes
+//! to a free slot, a partial one after merging with the block's newest copy; with no free
+//! slot it goes around the log (`go_around`). A discard or write-zeroes of a whole logged
+//! block logs a zero entry (no data IO), so the origin never sees it before the log forgets
+//! the block; of an unlogged block it goes to the origin.
+
+use super::state::SlotState;
+use super::{relaxed, Inner};
+use std::sync::atomic::Ordering::Relaxed;
+use strata_io::{check_range, Buf, Error, ErrorKind, Result, ZeroFlags};
+
+/// One request's part inside one cache block.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    block: u64,
+    /// Offset inside the block.
+    within: u64,
+    len: u64,
+    /// Offset inside the request.
+    at: u64,
+}
+
+fn pieces(offset: u64, len: u64, block: u64) -> impl Iterator<Item = Piece> {
+    let end = offset + len;
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let b = pos / block;
+        let within = pos % block;
+        let n = (block - within).min(end - pos);
+        let p = Piece { block: b, within, len: n, at: pos - offset };
+        pos += n;
+        Some(p)
+    })
+}
+
+impl Inner {
+    pub(super) async fn read(&self, offset: u64, mut buf: Buf) -> Result<Buf> {
+        check_range("writecache read", offset, buf.len() as u64, self.size)?;
+        for p in pieces(offset, buf.len() as u64, self.block) {
+            let data = self.read_piece(p.block, p.within, p.len).await?;
+            buf[p.at as usize..(p.at + p.len) as usize].copy_from_slice(&data);
+        }
+        Ok(buf)
+    }
+
+    /// `len` bytes at `within` of block `b`, from its newest copy.
+    async fn read_piece(&self, b: u64, within: u64, len: u64) -> Result<Buf> {
+        let slot = {
+            let mut st = self.state.lock();
+            match st.index.get(&b).copied() {
+                Some(s) => {
+                    let slot = &mut st.slots[s as usize];
+                    if slot.entry.flags & crate::format::FLAG_ZERO != 0 {
+                        relaxed(&self.counters.read_hits);
+                        return Ok(Buf::zeroed(len as usize));
+                    }
+                    slot.pins += 1;
+                    Some(s)
+                }
+                None => None,
+            }
+        };
+        match slot {
+            Some(s) => {
+                relaxed(&self.counters.read_hits);
+                let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(len as usize)).await;
+                self.state.lock().slots[s as usize].pins -= 1;
+                r.map_err(|e| {
+                    Error::new(e.kind, format!("writecache: block {b} (logged in slot {s}) unreadable: {}", e.context))
+                })
+            }
+            None => {
+                relaxed(&self.counters.read_misses);
+                self.origin.read(b * self.block + within, Buf::zeroed(len as usize)).await
+            }
+        }
+    }
+
+    pub(super) async fn write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        check_range("writecache write", offset, buf.len() as u64, self.size)?;
+        let mut generation = 0;
+        let mut around = false;
+        for p in pieces(offset, buf.len() as u64, self.block) {
+            let data = &buf[p.at as usize..(p.at + p.len) as usize];
+            match self.write_piece(p, Some(data), fua).await? {
+                Some(g) => generation = generation.max(g),
+                None => around = true,
+            }
+        }
+        if fua && generation > 0 {
+            self.commit_upto(generation).await?;
+        }
+        let _ = around;
+        Ok(buf)
+    }
+
+    /// Writes one piece (`None`: zeroes) under its block's lock. Returns the generation to
+    /// commit for a logged write, `None` for one that went around the log (FUA already done).
+    async fn write_piece(&self, p: Piece, data: Option<&[u8]>, fua: bool) -> Result<Option<u64>> {
+        let b = p.block;
+        let whole = p.within == 0 && p.len == self.block_len(b);
+        let _lock = self.stripes[self.stripe(b)].lock().await;
+        let len = self.block_len(b) as usize;
+        let hit = self.state.lock().index.contains_key(&b);
+        relaxed(if hit { &self.counters.write_hits } else { &self.counters.write_misses });
+        let block_data = if whole {
+            match data {
+                Some(d) => Buf::from_slice(d),
+                None => Buf::zeroed(len),
+            }
+        } else {
+            let mut cur = self.read_piece(b, 0, len as u64).await?;
+            let dst = &mut cur[p.within as usize..(p.within + p.len) as usize];
+            match data {
+                Some(d) => dst.copy_from_slice(d),
+                None => dst.fill(0),
+            }
+            cur
+        };
+        let zero = whole && data.is_none();
+        let slot = self.state.lock().alloc();
+        let Some(s) = slot else {
+            self.kick.notify_one();
+            relaxed(&self.counters.writes_around);
+            self.go_around(b).await?;
+            let r = if zero {
+                self.origin.write_zeroes(b * self.block, len as u64, ZeroFlags::default()).await
+            } else {
+                self.origin.write(b * self.block, block_data, fua).await.map(drop)
+            };
+            self.origin_writes.fetch_add(1, Relaxed);
+            r?;
+            return Ok(None);
+        };
+        let crc = if zero { 0 } else { crc32c::crc32c(&block_data) };
+        if !zero {
+            if let Err(e) = self.cache.write(self.slot_offset(s), block_data, false).await {
+                let mut st = self.state.lock();
+                st.free.push(s);
+                return Err(e);
+            }
+        }
+        let generation = {
+            let mut st = self.state.lock();
+            let g = st.install(b, s, crc, zero);
+            let (free, _) = st.counts();
+            if free * 100 < self.sb.slots * (100 - self.tunables.lock().high_watermark as u64) {
+                self.kick.notify_one();
+            }
+            g
+        };
+        Ok(Some(generation))
+    }
+
+    /// Makes block `b` safe to write on the origin directly (its lock held): its newest copy
+    /// is written back if dirty, then every logged copy is cleared on disk, oldest first, so
+    /// none can come back over what the origin is about to get.
+    pub(super) async fn go_around(&self, b: u64) -> Result<()> {
+        let live = self.state.lock().index.get(&b).copied();
+        if let Some(s) = live {
+            self.writeback_slot(b, s).await?;
+            let mut st = self.state.lock();
+            if st.index.get(&b) == Some(&s) {
+                st.retire(s);
+            }
+        }
+        while self.state.lock().logged_anywhere(b) {
+            self.commit_force().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes back live slot `s` of block `b` now if it is dirty (block lock held).
+    async fn writeback_slot(&self, b: u64, s: u32) -> Result<()> {
+        let (seq, zero) = {
+            let mut st = self.state.lock();
+            let slot = &mut st.slots[s as usize];
+            if slot.state != (SlotState::Live { dirty: true }) {
+                return Ok(());
+            }
+            slot.pins += 1;
+            (slot.entry.seq, slot.entry.flags & crate::format::FLAG_ZERO != 0)
+        };
+        let len = self.block_len(b);
+        let r = async {
+            if zero {
+                self.origin.write_zeroes(b * self.block, len, ZeroFlags::default()).await?;
+            } else {
+                let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await?;
+                self.origin.write(b * self.block, data, false).await?;
+            }
+            self.origin_writes.fetch_add(1, Relaxed);
+            self.origin_flush().await
+        }
+        .await;
+        let mut st = self.state.lock();
+        st.slots[s as usize].pins -= 1;
+        r?;
+        if st.mark_clean(s, seq) {
+            relaxed(&self.counters.writebacks);
+        }
+        Ok(())
+    }
+
+    pub(super) async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        check_range("writecache write_zeroes", offset, len, self.size)?;
+        if flags.fast_only {
+            return Err(Error::new(ErrorKind::Unsupported, "writecache: no fast zeroing"));
+        }
+        self.zero_or_discard(offset, len, false).await
+    }
+
+    pub(super) async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        check_range("writecache discard", offset, len, self.size)?;
+        self.zero_or_discard(offset, len, true).await
+    }
+
+    async fn zero_or_discard(&self, offset: u64, len: u64, discard: bool) -> Result<()> {
+        let mut generation = 0;
+        for p in pieces(offset, len, self.block) {
+            let whole = p.within == 0 && p.len == self.block_len(p.block);
+            if !whole {
+                if discard {
+                    continue; // contents become unspecified: leaving them is allowed
+                }
+                if let Some(g) = self.write_piece(p, None, false).await? {
+                    generation = generation.max(g);
+                }
+                continue;
+            }
+            let logged = self.state.lock().logged_anywhere(p.block);
+            if logged {
+                if let Some(g) = self.write_piece(p, None, false).await? {
+                    generation = generation.max(g);
+                }
+                continue;
+            }
+            let _lock = self.stripes[self.stripe(p.block)].lock().await;
+            if self.state.lock().logged_anywhere(p.block) {
+                drop(_lock);
+                if let Some(g) = self.write_piece(p, None, false).await? {
+                    generation = generation.max(g);
+                }
+                continue;
+            }
+            let at = p.block * self.block;
+            let r = if discard {
+                self.origin.discard(at, p.len).await
+            } else {
+                self.origin.write_zeroes(at, p.len, ZeroFlags::default()).await
+            };
+            self.origin_writes.fetch_add(1, Relaxed);
+            r?;
+        }
+        let _ = generation;
+        Ok(())
+    }
+}

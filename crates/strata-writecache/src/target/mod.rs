@@ -1,0 +1,181 @@
+//! The writecache target: every write goes to a free slot of the fast device and an
+//! in-memory index maps its origin block to the newest slot; reads of a logged block come
+//! from the fast device, every other read from the origin (reads are never promoted). A
+//! commit writes the changed entries and flushes the fast device once; FLUSH and FUA wait
+//! for one. When no slot is free, a write goes around the log to the origin instead of
+//! waiting, after the block's logged copies are written back and cleared on disk, so an
+//! older copy can never win afterwards (see `state.rs` for the rules).
+//!
+//! By concern: `io` serves reads, writes, discards and write-zeroes; `commit` makes entries
+//! durable; `writeback` copies dirty blocks to the origin in origin-address order and runs
+//! the background task; `state` keeps the slots' books and checks the invariants; `open`
+//! recovers a cache from its entries; `status` reports and takes messages.
+
+mod commit;
+mod io;
+mod open;
+mod state;
+mod status;
+mod writeback;
+
+pub use open::OpenOptions;
+
+use crate::format::Superblock;
+use crate::status::Tunables;
+use parking_lot::Mutex;
+use state::State;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use strata_io::{BlockDev, BoxFut, Buf, Geometry, Result, ZeroFlags};
+use tokio::sync::Notify;
+
+/// Block locks: an origin block hashes to one of these; writes, write-arounds and
+/// write-backs of a block hold its lock.
+const STRIPES: usize = 1024;
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub read_hits: AtomicU64,
+    pub read_misses: AtomicU64,
+    pub write_hits: AtomicU64,
+    pub write_misses: AtomicU64,
+    pub writes_around: AtomicU64,
+    pub writebacks: AtomicU64,
+    pub writeback_errors: AtomicU64,
+    pub commits: AtomicU64,
+    pub evictions: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) sb: Superblock,
+    cache: Arc<dyn BlockDev>,
+    origin: Arc<dyn BlockDev>,
+    block: u64,
+    size: u64,
+    describe_origin: String,
+    pub(crate) state: Mutex<State>,
+    stripes: Vec<tokio::sync::Mutex<()>>,
+    /// One commit at a time.
+    commit_lock: tokio::sync::Mutex<()>,
+    /// Writes that went to the origin directly (completed), and how many of them a completed
+    /// origin flush covers.
+    origin_writes: AtomicU64,
+    origin_durable: tokio::sync::Mutex<u64>,
+    pub(crate) counters: Counters,
+    pub(crate) tunables: Mutex<Tunables>,
+    /// Wakes the background task (a write filled the log, a tunable changed).
+    kick: Notify,
+    /// The last fault (write-back or commit), for status.
+    pub(crate) last_error: Mutex<Option<String>>,
+}
+
+/// The writecache target over an already-opened fast device and origin.
+pub struct WritecacheDev {
+    inner: Arc<Inner>,
+    describe: String,
+}
+
+impl Inner {
+    fn stripe(&self, b: u64) -> usize {
+        (b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % STRIPES
+    }
+
+    fn slot_offset(&self, s: u32) -> u64 {
+        self.sb.slot_offset(s as u64)
+    }
+
+    /// Bytes of block `b` inside the volume (the last block may be short).
+    fn block_len(&self, b: u64) -> u64 {
+        self.block.min(self.size - b * self.block)
+    }
+}
+
+impl WritecacheDev {
+    /// Runs the invariants of the slots' books (tests and `check`).
+    pub fn check_state(&self) -> std::result::Result<(), String> {
+        self.inner.state.lock().check()
+    }
+
+    pub fn block_bytes(&self) -> u32 {
+        self.inner.sb.block_bytes
+    }
+
+    /// Writes back everything dirty and waits until it is on the origin and durable.
+    pub async fn writeback_all(&self) -> Result<()> {
+        self.inner.writeback_all().await
+    }
+
+    /// Makes everything durable now (as FLUSH does).
+    pub async fn commit(&self) -> Result<()> {
+        self.inner.commit_force().await
+    }
+}
+
+impl BlockDev for WritecacheDev {
+    fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            min_block_bytes: self
+                .inner
+                .cache
+                .geometry()
+                .min_block_bytes
+                .max(self.inner.origin.geometry().min_block_bytes),
+            preferred_block_bytes: self.inner.sb.block_bytes,
+            rotational: false,
+            can_discard: true,
+            can_fast_zero: false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.inner.read(offset, buf))
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(self.inner.write(offset, buf, fua))
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.flush())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.discard(offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.inner.write_zeroes(offset, len, flags))
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.inner.status()).ok()
+    }
+
+    fn metrics(&self) -> Vec<strata_io::metrics::Sample> {
+        self.inner.status().samples()
+    }
+
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        let msg = msg.to_string();
+        Box::pin(async move { self.inner.message(&msg).await })
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            self.inner.flush().await?;
+            Ok(())
+        })
+    }
+}
+
+fn relaxed(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}

@@ -1,0 +1,89 @@
+//! Opening a write log: recovery from its entries (`offline::scan`), the first commit that
+//! clears what recovery could not trust, and the background task.
+//!
+//! Recovery keeps each block's newest entry (all counted dirty: whether it was written back
+//! is not recorded) and the older ones as stale, to be cleared oldest first. Untrusted
+//! entries are cleared by a commit before the target serves anything, and that commit writes
+//! no new entry, so a crash during it leaves the same last commit to check again.
+
+use super::state::{SlotState, State};
+use super::{writeback, Counters, Inner, WritecacheDev, STRIPES};
+use crate::offline::{scan, superblock};
+use crate::status::Tunables;
+use parking_lot::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use strata_io::{BlockDev, Result};
+use tokio::sync::Notify;
+
+/// How a writecache is opened.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    pub tunables: Tunables,
+    /// No background task (tests drive write-back and commits themselves).
+    pub no_background: bool,
+}
+
+impl WritecacheDev {
+    /// Opens the write log on `cache` in front of `origin`, recovering its entries.
+    pub async fn open(cache: Arc<dyn BlockDev>, origin: Arc<dyn BlockDev>, o: OpenOptions) -> Result<WritecacheDev> {
+        let sb = superblock(&*cache, Some(&*origin)).await?;
+        let found = scan(&*cache, &sb).await?;
+        let mut st = State::new(sb.slots);
+        let mut used = rustc_hash::FxHashSet::default();
+        for (&block, &(s, e)) in &found.newest {
+            let slot = &mut st.slots[s as usize];
+            slot.state = SlotState::Live { dirty: true };
+            slot.entry = e;
+            slot.on_disk = true;
+            slot.committed = true;
+            st.index.insert(block, s);
+            st.dirty.insert((e.seq, s));
+            used.insert(s);
+        }
+        for &(s, e) in &found.older {
+            let slot = &mut st.slots[s as usize];
+            slot.state = SlotState::Stale;
+            slot.entry = e;
+            slot.on_disk = true;
+            slot.committed = true;
+            st.stale.entry(e.block).or_default().insert((e.seq, s));
+            used.insert(s);
+        }
+        for &s in &found.garbage {
+            st.slots[s as usize].state = SlotState::Garbage;
+            st.slots[s as usize].on_disk = true;
+            st.garbage.push(s);
+            used.insert(s);
+        }
+        st.free = (0..sb.slots as u32).rev().filter(|s| !used.contains(s)).collect();
+        st.seq = found.max_seq;
+        st.commit = found.max_commit;
+        let inner = Arc::new(Inner {
+            sb,
+            block: sb.block_bytes as u64,
+            size: origin.size(),
+            describe_origin: origin.describe(),
+            cache,
+            origin,
+            state: Mutex::new(st),
+            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            commit_lock: tokio::sync::Mutex::new(()),
+            origin_writes: AtomicU64::new(0),
+            origin_durable: tokio::sync::Mutex::new(0),
+            counters: Counters::default(),
+            tunables: Mutex::new(o.tunables),
+            kick: Notify::new(),
+            last_error: Mutex::new(None),
+        });
+        if !found.garbage.is_empty() {
+            // Nothing else is dirty yet: this commit only zeroes the untrusted entries.
+            inner.commit_force().await?;
+        }
+        if !o.no_background {
+            tokio::spawn(writeback::background(Arc::downgrade(&inner)));
+        }
+        let describe = format!("writecache({} over {})", inner.cache.describe(), inner.describe_origin);
+        Ok(WritecacheDev { inner, describe })
+    }
+}

@@ -1,0 +1,60 @@
+//! The target's status and the messages it takes while serving.
+
+use super::Inner;
+use crate::status::WritecacheStatus;
+use std::sync::atomic::Ordering::Relaxed;
+use strata_io::{Error, ErrorKind, Result};
+
+impl Inner {
+    pub(crate) fn status(&self) -> WritecacheStatus {
+        let (free, dirty, writing) = {
+            let st = self.state.lock();
+            let (free, dirty) = st.counts();
+            (free, dirty, st.writing_back.len() as u64)
+        };
+        let c = &self.counters;
+        WritecacheStatus {
+            target: "writecache".into(),
+            block_bytes: self.sb.block_bytes,
+            blocks: self.sb.slots,
+            free_blocks: free,
+            dirty_blocks: dirty,
+            writeback_blocks: writing,
+            read_hits: c.read_hits.load(Relaxed),
+            read_misses: c.read_misses.load(Relaxed),
+            write_hits: c.write_hits.load(Relaxed),
+            write_misses: c.write_misses.load(Relaxed),
+            writes_around: c.writes_around.load(Relaxed),
+            writebacks: c.writebacks.load(Relaxed),
+            writeback_errors: c.writeback_errors.load(Relaxed),
+            evictions: c.evictions.load(Relaxed),
+            commits: c.commits.load(Relaxed),
+            tunables: *self.tunables.lock(),
+            last_error: self.last_error.lock().clone(),
+        }
+    }
+
+    /// `flush` (write back everything now), `commit`, or `NAME VALUE` for a tunable.
+    pub(crate) async fn message(&self, msg: &str) -> Result<String> {
+        let words: Vec<&str> = msg.split_whitespace().collect();
+        match words.as_slice() {
+            ["flush"] => {
+                self.writeback_all().await?;
+                Ok("every dirty block is on the origin".into())
+            }
+            ["commit"] => {
+                self.commit_force().await?;
+                Ok("committed".into())
+            }
+            [name, value] => {
+                self.tunables.lock().set(name, value)?;
+                self.kick.notify_one();
+                Ok(format!("{name} = {value}"))
+            }
+            _ => Err(Error::new(
+                ErrorKind::Invalid,
+                format!("writecache: unknown message {msg:?} (flush, commit, or NAME VALUE)"),
+            )),
+        }
+    }
+}
