@@ -1,0 +1,129 @@
+//! Failing devices and bad input: an origin that fails during write-back keeps its blocks
+//! dirty and the volume serving; a fast device that fails to read a dirty block reports it
+//! and keeps the block; a foreign, corrupt or mismatched log is refused with a clear error
+//! and left as it was.
+
+use std::sync::Arc;
+use strata_io::fault::{FaultDev, Rule};
+use strata_io::mem::MemDev;
+use strata_io::{BlockDev, Buf, ErrorKind};
+use strata_writecache::offline::create;
+use strata_writecache::{OpenOptions, WritecacheDev, WritecacheStatus};
+
+const BLOCK: u64 = 4096;
+const ORIGIN: u64 = 1 << 20;
+const CACHE: u64 = 256 << 10;
+
+fn opts() -> OpenOptions {
+    OpenOptions { no_background: true, ..OpenOptions::default() }
+}
+
+fn status(dev: &WritecacheDev) -> WritecacheStatus {
+    serde_json::from_value(dev.status().unwrap()).unwrap()
+}
+
+async fn read(dev: &dyn BlockDev, at: u64) -> Vec<u8> {
+    dev.read(at, Buf::zeroed(BLOCK as usize)).await.unwrap().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_failing_during_write_back_keeps_blocks_dirty_and_serving() {
+    let (origin, faults) = FaultDev::new(MemDev::new(ORIGIN));
+    let origin = Arc::new(origin);
+    let cache = Arc::new(MemDev::new(CACHE));
+    create(&*cache, &*origin, BLOCK as u32, false).await.unwrap();
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    for b in 0..8u8 {
+        dev.write(b as u64 * BLOCK, Buf::from_slice(&[b + 1; BLOCK as usize]), false).await.unwrap();
+    }
+    dev.flush().await.unwrap();
+    let rule = faults.add(Rule::write_error(0..ORIGIN).always());
+    let err = dev.message("flush").await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Io, "{err}");
+    let s = status(&dev);
+    assert_eq!(s.dirty_blocks, 8, "{s:?}");
+    assert!(s.writeback_errors > 0 && s.last_error.is_some(), "{s:?}");
+    // Still serving: reads, new writes, flushes.
+    assert_eq!(read(&dev, 3 * BLOCK).await, vec![4; BLOCK as usize]);
+    dev.write(9 * BLOCK, Buf::from_slice(&[10; BLOCK as usize]), true).await.unwrap();
+    dev.flush().await.unwrap();
+    dev.check_state().unwrap();
+    faults.remove(rule);
+    dev.message("flush").await.unwrap();
+    assert_eq!(status(&dev).dirty_blocks, 0);
+    for b in [0u8, 3, 7, 9] {
+        assert_eq!(read(&*origin, b as u64 * BLOCK).await, vec![b + 1; BLOCK as usize], "block {b} on the origin");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_device_failing_a_read_of_a_dirty_block_reports_it_and_keeps_it() {
+    let origin = Arc::new(MemDev::new(ORIGIN));
+    let (cache, faults) = FaultDev::new(MemDev::new(CACHE));
+    let cache = Arc::new(cache);
+    create(&*cache, &*origin, BLOCK as u32, false).await.unwrap();
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    dev.write(5 * BLOCK, Buf::from_slice(&[7; BLOCK as usize]), true).await.unwrap();
+    // Every slot unreadable (the test does not know which slot holds block 5).
+    let sb = strata_writecache::offline::superblock(&*cache, None).await.unwrap();
+    let rule = faults.add(Rule::read_error(sb.data_offset()..CACHE).always());
+    let err = dev.read(5 * BLOCK, Buf::zeroed(BLOCK as usize)).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Io);
+    assert!(err.context.contains("block 5"), "{err}");
+    assert!(dev.message("flush").await.is_err(), "write-back cannot read the block either");
+    assert_eq!(status(&dev).dirty_blocks, 1);
+    assert_eq!(read(&*origin, 5 * BLOCK).await, vec![0; BLOCK as usize], "nothing made up reached the origin");
+    faults.remove(rule);
+    assert_eq!(read(&dev, 5 * BLOCK).await, vec![7; BLOCK as usize]);
+    dev.message("flush").await.unwrap();
+    assert_eq!(read(&*origin, 5 * BLOCK).await, vec![7; BLOCK as usize]);
+}
+
+async fn refused(cache: &Arc<MemDev>, origin: &Arc<MemDev>) -> strata_io::Error {
+    let before = cache.read(0, Buf::zeroed(CACHE as usize)).await.unwrap();
+    let err = match WritecacheDev::open(cache.clone(), origin.clone(), opts()).await {
+        Ok(_) => panic!("opened"),
+        Err(e) => e,
+    };
+    let after = cache.read(0, Buf::zeroed(CACHE as usize)).await.unwrap();
+    assert!(before[..] == after[..], "a refused open changed the device");
+    err
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_logs_are_refused_and_left_alone() {
+    let origin = Arc::new(MemDev::new(ORIGIN));
+    // Foreign: some other data.
+    let cache = Arc::new(MemDev::new(CACHE));
+    cache.write(0, Buf::from_slice(&[0xab; 8192]), false).await.unwrap();
+    let e = refused(&cache, &origin).await;
+    assert!(e.to_string().contains("no writecache superblock"), "{e}");
+    // `create` will not overwrite it unless forced.
+    let e = create(&*cache, &*origin, BLOCK as u32, false).await.unwrap_err();
+    assert!(e.to_string().contains("holds data"), "{e}");
+    assert_eq!(read(&*cache, 0).await, vec![0xab; BLOCK as usize]);
+    create(&*cache, &*origin, BLOCK as u32, true).await.unwrap();
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    dev.write(0, Buf::from_slice(&[1; BLOCK as usize]), true).await.unwrap();
+    drop(dev);
+    // Wrong origin (another size), or the origin grew.
+    let other = Arc::new(MemDev::new(ORIGIN * 2));
+    let e = refused(&cache, &other).await;
+    assert!(e.to_string().contains("wrong origin"), "{e}");
+    // Corrupt superblock.
+    let mut head = read(&*cache, 0).await;
+    head[17] ^= 0x40;
+    cache.write(0, Buf::from_slice(&head), false).await.unwrap();
+    let e = refused(&cache, &origin).await;
+    assert_eq!(e.kind, ErrorKind::Checksum, "{e}");
+    head[17] ^= 0x40;
+    cache.write(0, Buf::from_slice(&head), false).await.unwrap();
+    // Repaired, it opens with the write intact.
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    assert_eq!(read(&dev, 0).await, vec![1; BLOCK as usize]);
+    // Bad block sizes.
+    for bs in [256u32, 3000, 128 << 10] {
+        let c = MemDev::new(CACHE);
+        assert_eq!(create(&c, &*origin, bs, false).await.unwrap_err().kind, ErrorKind::Invalid, "block size {bs}");
+    }
+}
