@@ -32,13 +32,20 @@ pub const FLAG_ZERO: u32 = 1;
 
 /// What the superblock records. It is written once, by `create`; everything that changes
 /// lives in the entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
     pub block_bytes: u32,
     pub slots: u64,
     /// The origin's size when the cache was created; opening over another size is refused.
     pub origin_bytes: u64,
+    /// How to open the origin (a device spec, opaque here), for `writecache:PATH` alone.
+    pub origin_spec: String,
+    /// What identifies the origin device (opaque here; empty: not checked).
+    pub origin_id: String,
 }
+
+/// Longest `origin_spec` plus `origin_id` the superblock holds.
+pub const ORIGIN_TEXT_BYTES_MAX: usize = 3072;
 
 impl Superblock {
     /// The layout for a fast device of `cache_bytes` with blocks of `block_bytes`.
@@ -52,8 +59,11 @@ impl Superblock {
         let b = block_bytes as u64;
         // Largest n with layout(n) inside the device.
         let mut n = cache_bytes.saturating_sub(SUPERBLOCK_BYTES + ENTRY_PAGE_BYTES) / (b + ENTRY_BYTES);
-        while n > 0 && (Superblock { block_bytes, slots: n, origin_bytes }).end() > cache_bytes {
+        let mut sb =
+            Superblock { block_bytes, slots: n, origin_bytes, origin_spec: String::new(), origin_id: String::new() };
+        while n > 0 && sb.end() > cache_bytes {
             n -= 1;
+            sb.slots = n;
         }
         if n < 2 {
             return Err(Error::new(
@@ -61,7 +71,7 @@ impl Superblock {
                 format!("writecache: a fast device of {cache_bytes} bytes holds fewer than 2 blocks of {block_bytes}"),
             ));
         }
-        Ok(Superblock { block_bytes, slots: n, origin_bytes })
+        Ok(sb)
     }
 
     pub fn entries_offset(&self) -> u64 {
@@ -92,19 +102,32 @@ impl Superblock {
         b[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
         b[16..24].copy_from_slice(&self.slots.to_le_bytes());
         b[24..32].copy_from_slice(&self.origin_bytes.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..32]);
+        let (spec, id) = (self.origin_spec.as_bytes(), self.origin_id.as_bytes());
+        assert!(spec.len() + id.len() <= ORIGIN_TEXT_BYTES_MAX, "origin text checked by the caller");
+        b[36..38].copy_from_slice(&(spec.len() as u16).to_le_bytes());
+        b[38..40].copy_from_slice(&(id.len() as u16).to_le_bytes());
+        b[64..64 + spec.len()].copy_from_slice(spec);
+        b[64 + spec.len()..64 + spec.len() + id.len()].copy_from_slice(id);
+        let crc = crc32c::crc32c(&b[..64 + ORIGIN_TEXT_BYTES_MAX]);
         b[32..36].copy_from_slice(&crc.to_le_bytes());
         b
+    }
+
+    /// The checksummed bytes with the checksum field zeroed.
+    fn checksum_of(b: &[u8]) -> u32 {
+        let mut c = b[..64 + ORIGIN_TEXT_BYTES_MAX].to_vec();
+        c[32..36].fill(0);
+        crc32c::crc32c(&c)
     }
 
     /// Decodes and checks a superblock read from a device of `cache_bytes`.
     pub fn decode(b: &[u8], cache_bytes: u64) -> Result<Superblock> {
         let bad = |what: String| Error::new(ErrorKind::Invalid, format!("writecache superblock: {what}"));
-        if b.len() < 36 || b[0..8] != MAGIC {
+        if b.len() < SUPERBLOCK_BYTES as usize || b[0..8] != MAGIC {
             return Err(bad("no writecache superblock (foreign or empty device)".into()));
         }
         let crc = u32::from_le_bytes(b[32..36].try_into().expect("4 bytes"));
-        if crc != crc32c::crc32c(&b[..32]) {
+        if crc != Superblock::checksum_of(b) {
             return Err(Error::new(ErrorKind::Checksum, "writecache superblock: checksum mismatch (corrupt)"));
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
@@ -115,7 +138,20 @@ impl Superblock {
             block_bytes: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
             slots: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
             origin_bytes: u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
+            origin_spec: String::new(),
+            origin_id: String::new(),
         };
+        let spec_len = u16::from_le_bytes(b[36..38].try_into().expect("2 bytes")) as usize;
+        let id_len = u16::from_le_bytes(b[38..40].try_into().expect("2 bytes")) as usize;
+        if spec_len + id_len > ORIGIN_TEXT_BYTES_MAX {
+            return Err(bad(format!("origin text of {} bytes", spec_len + id_len)));
+        }
+        let text = |r: std::ops::Range<usize>| {
+            String::from_utf8(b[r].to_vec()).map_err(|_| bad("origin text is not UTF-8".into()))
+        };
+        let mut sb = sb;
+        sb.origin_spec = text(64..64 + spec_len)?;
+        sb.origin_id = text(64 + spec_len..64 + spec_len + id_len)?;
         if !sb.block_bytes.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&sb.block_bytes) {
             return Err(bad(format!("block size {} out of range", sb.block_bytes)));
         }
@@ -215,8 +251,14 @@ mod tests {
 
     #[test]
     fn corrupt_superblock_is_refused() {
-        let sb = Superblock::plan(1 << 20, 4096, 1 << 30).unwrap();
+        let mut sb = Superblock::plan(1 << 20, 4096, 1 << 30).unwrap();
+        sb.origin_spec = "hdd:/var/tmp/o.img?rpm=5400".into();
+        sb.origin_id = "dev 8:1 ino 12".into();
+        assert_eq!(Superblock::decode(&sb.encode(), 1 << 20).unwrap(), sb);
         let mut b = sb.encode();
+        b[70] ^= 1;
+        assert_eq!(Superblock::decode(&b, 1 << 20).unwrap_err().kind, ErrorKind::Checksum, "origin text is checked");
+        b[70] ^= 1;
         b[20] ^= 1;
         assert_eq!(Superblock::decode(&b, 1 << 20).unwrap_err().kind, ErrorKind::Checksum);
         assert!(Superblock::decode(&[0u8; 4096], 1 << 20).is_err());

@@ -5,17 +5,50 @@
 //! its slot's data, and keeps the newest copy of each block: what recovery opens with, and
 //! what `check` and `dump` report.
 
-use crate::format::{Entry, Superblock, ENTRIES_PER_PAGE, ENTRY_BYTES, ENTRY_PAGE_BYTES, FLAG_ZERO, SUPERBLOCK_BYTES};
+use crate::format::{
+    Entry, Superblock, BLOCK_BYTES_DEFAULT, ENTRIES_PER_PAGE, ENTRY_BYTES, ENTRY_PAGE_BYTES, FLAG_ZERO,
+    ORIGIN_TEXT_BYTES_MAX, SUPERBLOCK_BYTES,
+};
 use rustc_hash::FxHashMap;
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 
 /// Entry pages read at once while scanning.
 const SCAN_PAGES: u64 = 256;
 
+/// How `create` formats a log.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    pub block_bytes: u32,
+    /// Overwrite a device that holds data.
+    pub force: bool,
+    /// Recorded in the superblock: how to open the origin, and what identifies it.
+    pub origin_spec: String,
+    pub origin_id: String,
+}
+
+impl Default for CreateOptions {
+    fn default() -> CreateOptions {
+        CreateOptions {
+            block_bytes: BLOCK_BYTES_DEFAULT,
+            force: false,
+            origin_spec: String::new(),
+            origin_id: String::new(),
+        }
+    }
+}
+
 /// Formats `cache` as a write log in front of `origin` (which it does not touch).
-pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, block_bytes: u32, force: bool) -> Result<Superblock> {
-    let sb = Superblock::plan(cache.size(), block_bytes, origin.size())?;
-    if !force {
+pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptions) -> Result<Superblock> {
+    let mut sb = Superblock::plan(cache.size(), o.block_bytes, origin.size())?;
+    if o.origin_spec.len() + o.origin_id.len() > ORIGIN_TEXT_BYTES_MAX {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!("writecache: the origin's spec and identity exceed {ORIGIN_TEXT_BYTES_MAX} bytes"),
+        ));
+    }
+    sb.origin_spec = o.origin_spec.clone();
+    sb.origin_id = o.origin_id.clone();
+    if !o.force {
         let head = cache.read(0, Buf::zeroed(SUPERBLOCK_BYTES as usize)).await?;
         if head.iter().any(|&b| b != 0) {
             return Err(Error::new(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use strata_io::fault::{FaultDev, Rule};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Buf, ErrorKind};
-use strata_writecache::offline::create;
+use strata_writecache::offline::{create, CreateOptions};
 use strata_writecache::{OpenOptions, WritecacheDev, WritecacheStatus};
 
 const BLOCK: u64 = 4096;
@@ -31,7 +31,9 @@ async fn origin_failing_during_write_back_keeps_blocks_dirty_and_serving() {
     let (origin, faults) = FaultDev::new(MemDev::new(ORIGIN));
     let origin = Arc::new(origin);
     let cache = Arc::new(MemDev::new(CACHE));
-    create(&*cache, &*origin, BLOCK as u32, false).await.unwrap();
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
+        .await
+        .unwrap();
     let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
     for b in 0..8u8 {
         dev.write(b as u64 * BLOCK, Buf::from_slice(&[b + 1; BLOCK as usize]), false).await.unwrap();
@@ -61,7 +63,9 @@ async fn fast_device_failing_a_read_of_a_dirty_block_reports_it_and_keeps_it() {
     let origin = Arc::new(MemDev::new(ORIGIN));
     let (cache, faults) = FaultDev::new(MemDev::new(CACHE));
     let cache = Arc::new(cache);
-    create(&*cache, &*origin, BLOCK as u32, false).await.unwrap();
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
+        .await
+        .unwrap();
     let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
     dev.write(5 * BLOCK, Buf::from_slice(&[7; BLOCK as usize]), true).await.unwrap();
     // Every slot unreadable (the test does not know which slot holds block 5).
@@ -99,10 +103,18 @@ async fn bad_logs_are_refused_and_left_alone() {
     let e = refused(&cache, &origin).await;
     assert!(e.to_string().contains("no writecache superblock"), "{e}");
     // `create` will not overwrite it unless forced.
-    let e = create(&*cache, &*origin, BLOCK as u32, false).await.unwrap_err();
+    let e = create(
+        &*cache,
+        &*origin,
+        &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() },
+    )
+    .await
+    .unwrap_err();
     assert!(e.to_string().contains("holds data"), "{e}");
     assert_eq!(read(&*cache, 0).await, vec![0xab; BLOCK as usize]);
-    create(&*cache, &*origin, BLOCK as u32, true).await.unwrap();
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: true, ..CreateOptions::default() })
+        .await
+        .unwrap();
     let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
     dev.write(0, Buf::from_slice(&[1; BLOCK as usize]), true).await.unwrap();
     drop(dev);
@@ -124,6 +136,13 @@ async fn bad_logs_are_refused_and_left_alone() {
     // Bad block sizes.
     for bs in [256u32, 3000, 128 << 10] {
         let c = MemDev::new(CACHE);
-        assert_eq!(create(&c, &*origin, bs, false).await.unwrap_err().kind, ErrorKind::Invalid, "block size {bs}");
+        assert_eq!(
+            create(&c, &*origin, &CreateOptions { block_bytes: bs, force: false, ..CreateOptions::default() })
+                .await
+                .unwrap_err()
+                .kind,
+            ErrorKind::Invalid,
+            "block size {bs}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use strata_io::mem::MemDev;
 use strata_io::testing::{check_model, random_ops, Slice, Workload};
 use strata_io::{BlockDev, Buf};
-use strata_writecache::offline::create;
+use strata_writecache::offline::{create, CreateOptions};
 use strata_writecache::{OpenOptions, Tunables, WritecacheDev, WritecacheStatus};
 
 const ORIGIN: u64 = 4 << 20;
@@ -25,7 +25,9 @@ async fn open(cache: &Arc<MemDev>, origin: &Arc<MemDev>, t: Tunables) -> Arc<Wri
 async fn exercise(cache_bytes: u64, block: u32, t: Tunables, seed: u64) -> WritecacheStatus {
     let origin = Arc::new(MemDev::new(ORIGIN));
     let cache = Arc::new(MemDev::new(cache_bytes));
-    create(&*cache, &*origin, block, false).await.unwrap();
+    create(&*cache, &*origin, &CreateOptions { block_bytes: block, force: false, ..CreateOptions::default() })
+        .await
+        .unwrap();
     let dev = open(&cache, &origin, t).await;
     let clients = 3u64;
     let region = ORIGIN / clients / 4096 * 4096;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use strata_io::mem::MemDev;
 use strata_io::powercut::{Clock, PowerCut, Window};
 use strata_io::{BlockDev, Buf, ZeroFlags};
-use strata_writecache::offline::create;
+use strata_writecache::offline::{create, CreateOptions};
 use strata_writecache::{OpenOptions, Tunables, WritecacheDev};
 
 const BLOCK: u64 = 4096;
@@ -56,7 +56,9 @@ async fn run(seed: u64, ops: usize, cache_bytes: u64, t: Tunables) -> Run {
     let window = |s| Window { seed: s, max_delay: std::time::Duration::ZERO, ..Window::default() };
     let origin = Arc::new(PowerCut::with_clock(MemDev::new(BLOCKS * BLOCK), clock.clone()).with_window(window(seed)));
     let cache = Arc::new(PowerCut::with_clock(MemDev::new(cache_bytes), clock.clone()).with_window(window(seed + 1)));
-    create(&*cache, &*origin, BLOCK as u32, false).await.unwrap();
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
+        .await
+        .unwrap();
     let dev = WritecacheDev::open(cache.clone(), origin.clone(), OpenOptions { tunables: t, no_background: false })
         .await
         .unwrap();

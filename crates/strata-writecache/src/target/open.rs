@@ -60,7 +60,6 @@ impl WritecacheDev {
         st.seq = found.max_seq;
         st.commit = found.max_commit;
         let inner = Arc::new(Inner {
-            sb,
             block: sb.block_bytes as u64,
             size: origin.size(),
             describe_origin: origin.describe(),
@@ -75,6 +74,7 @@ impl WritecacheDev {
             tunables: Mutex::new(o.tunables),
             kick: Notify::new(),
             last_error: Mutex::new(None),
+            sb,
         });
         if !found.garbage.is_empty() {
             // Nothing else is dirty yet: this commit only zeroes the untrusted entries.
