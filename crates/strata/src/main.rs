@@ -30,6 +30,8 @@ enum Command {
     Status(cmd::status::StatusArgs),
     /// Create, tune, flush, detach, check and dump caches.
     Cache(cmd::cache::CacheArgs),
+    /// Create, tune, flush, detach, check and dump write logs (the writecache target).
+    Writecache(cmd::writecache::WritecacheArgs),
     /// Replay a block trace (or a synthetic workload) through cache policies.
     Sim(cmd::sim::SimArgs),
     /// Crash a writeback cache at seeded points and count lost writes.
@@ -43,6 +45,7 @@ fn main() {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Cache(a) => cmd::cache::run(a),
+        Command::Writecache(a) => cmd::writecache::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Crashtest(a) => cmd::crashtest::run(a),
     };

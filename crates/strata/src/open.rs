@@ -17,6 +17,7 @@ use strata_io::file::{Claim, FileDev, FileOptions};
 use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
+use strata_writecache::WritecacheDev;
 
 /// Opens the device or stack `spec` names. `read_only` opens files read-only whatever their
 /// spec says (a cache's own device and its origin stay writable: the export is what refuses
@@ -32,6 +33,11 @@ pub async fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
             open_cache(path, origin.as_deref())
                 .await
                 .map_err(|e| Error::new(e.kind, format!("opening cache {}: {}", path.display(), e.context)))?,
+        ),
+        Spec::Writecache { path, origin } => Arc::new(
+            open_writecache(path, origin.as_deref())
+                .await
+                .map_err(|e| Error::new(e.kind, format!("opening writecache {}: {}", path.display(), e.context)))?,
         ),
     })
 }
@@ -108,4 +114,38 @@ async fn open_cache(path: &Path, origin: Option<&Spec>) -> Result<CacheDev> {
     let origin = Box::pin(open(origin, false)).await;
     let origin = origin.map_err(|e| Error::new(e.kind, format!("origin of {shown}: {}", e.context)))?;
     CacheDev::open(cache, origin, meta, OpenOptions::default()).await
+}
+
+/// Opens a write log for serving: reads its superblock, opens the origin `origin` names or
+/// else the one the superblock records, after checking it is the device the log was made
+/// for, and recovers the log.
+async fn open_writecache(path: &Path, origin: Option<&Spec>) -> Result<WritecacheDev> {
+    let shown = path.display();
+    let invalid = |msg: String| Error::new(ErrorKind::Invalid, msg);
+    let cache = cache_device(path, false)?;
+    let sb = strata_writecache::offline::superblock(&*cache, None).await?;
+    let recorded;
+    let origin = match origin {
+        Some(o) => o,
+        None if sb.origin_spec.is_empty() => {
+            return Err(invalid(format!(
+                "{shown}: the superblock names no origin; give writecache:{shown}?origin=SPEC"
+            )))
+        }
+        None => {
+            recorded = Spec::parse(&sb.origin_spec)
+                .map_err(|e| Error::new(e.kind, format!("{shown}: the recorded origin: {}", e.context)))?;
+            &recorded
+        }
+    };
+    let id = origin.identity();
+    if !sb.origin_id.is_empty() && !id.is_empty() && id != sb.origin_id {
+        return Err(invalid(format!(
+            "{shown}: wrong origin: {origin} is not the device this log was created for (identity {id}, expected {})",
+            sb.origin_id
+        )));
+    }
+    let origin = Box::pin(open(origin, false)).await;
+    let origin = origin.map_err(|e| Error::new(e.kind, format!("origin of {shown}: {}", e.context)))?;
+    WritecacheDev::open(cache, origin, strata_writecache::OpenOptions::default()).await
 }

@@ -19,6 +19,8 @@
 //!   records the spec of its origin, which `origin=` overrides. Everything after `origin=` is
 //!   the origin's spec, its own options included, so `origin=` comes last:
 //!   `cache:/var/tmp/c.img?origin=hdd:/var/tmp/o.img?rpm=5400&seek_max_ms=12`.
+//! - `writecache:PATH[?origin=SPEC]` — a write log made by `strata writecache create`; like
+//!   `cache:`, its superblock records its origin's spec, which `origin=` overrides (last).
 //!
 //! A word before the first `:` that names no kind (`foo:bar`) is refused with the list of
 //! kinds, unless a file of that name exists: a typo in a prefix should not read as a missing
@@ -46,7 +48,7 @@ use strata_io::units::{format_size_exact, parse_size};
 use strata_io::{Error, Result};
 
 /// The kinds of spec, as an error lists them.
-pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:";
+pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:";
 
 /// A device or a stack of targets, as a spec names it.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +65,8 @@ pub enum Spec {
     Fault { rules: Vec<Rule>, inner: Box<Spec> },
     /// `cache:PATH[?origin=SPEC]`; without `origin` the superblock's recorded spec is used.
     Cache { path: PathBuf, origin: Option<Box<Spec>> },
+    /// `writecache:PATH[?origin=SPEC]`; without `origin` the superblock's recorded spec is used.
+    Writecache { path: PathBuf, origin: Option<Box<Spec>> },
 }
 
 /// A file or block device and the options it opens with.
@@ -170,7 +174,7 @@ impl Spec {
                 let rules: std::result::Result<Vec<Rule>, String> = rules.split(',').map(parse_rule).collect();
                 Ok(Spec::Fault { rules: rules.map_err(invalid)?, inner: Box::new(Spec::parse(inner)?) })
             }
-            "cache" => {
+            "cache" | "writecache" => {
                 let (path, q) = split_query(rest);
                 if path.is_empty() {
                     return Err(invalid("no path".into()));
@@ -182,7 +186,11 @@ impl Spec {
                     Some("") => return Err(invalid("no spec after origin=".into())),
                     Some(o) => Some(Box::new(Spec::parse(o)?)),
                 };
-                Ok(Spec::Cache { path: path.into(), origin })
+                Ok(if kind == "cache" {
+                    Spec::Cache { path: path.into(), origin }
+                } else {
+                    Spec::Writecache { path: path.into(), origin }
+                })
             }
             _ if looks_like_kind(kind) && !may_exist(Path::new(split_query(s).0)) => {
                 Err(invalid(format!("unknown device kind {kind:?} ({KINDS})")))
@@ -209,7 +217,7 @@ impl Spec {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => each(f),
             Spec::Fault { inner, .. } => inner.for_each_file(each),
-            Spec::Cache { origin, .. } => {
+            Spec::Cache { origin, .. } | Spec::Writecache { origin, .. } => {
                 if let Some(o) = origin {
                     o.for_each_file(each)
                 }
@@ -223,7 +231,7 @@ impl Spec {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => Some(&f.path),
             Spec::Fault { inner, .. } => inner.path(),
-            Spec::Cache { path, .. } => Some(path),
+            Spec::Cache { path, .. } | Spec::Writecache { path, .. } => Some(path),
             Spec::Mem { .. } => None,
         }
     }
@@ -300,8 +308,9 @@ impl fmt::Display for Spec {
                 let rules: Vec<String> = rules.iter().map(Rule::to_string).collect();
                 write!(f, "fault:{}@{inner}", rules.join(","))
             }
-            Spec::Cache { path, origin } => {
-                write!(f, "cache:{}", path.display())?;
+            Spec::Cache { path, origin } | Spec::Writecache { path, origin } => {
+                let kind = if matches!(self, Spec::Cache { .. }) { "cache" } else { "writecache" };
+                write!(f, "{kind}:{}", path.display())?;
                 match origin {
                     Some(o) => write!(f, "?origin={o}"),
                     None => Ok(()),
@@ -365,6 +374,9 @@ mod tests {
                 "cache:/c.img?origin=fault:write:eio:after=100@/o.img",
             ),
             ("cache:/c.img?origin=cache:/d.img?origin=mem:1GiB", "cache:/c.img?origin=cache:/d.img?origin=mem:1GiB"),
+            ("writecache:/w.img", "writecache:/w.img"),
+            ("writecache:/w.img?origin=cache:/c.img", "writecache:/w.img?origin=cache:/c.img"),
+            ("writecache:/w.img?origin=hdd:/o.img?rpm=5400", "writecache:/w.img?origin=hdd:/o.img?rpm=5400"),
         ] {
             let spec = parse(text);
             assert_eq!(spec.to_string(), canonical, "{text}");
@@ -403,6 +415,9 @@ mod tests {
             ("?size=1MiB", "no path"),
             ("hdd:", "no path"),
             ("cache:?origin=/o.img", "no path"),
+            ("writecache:?origin=/o.img", "no path"),
+            ("writecache:/w.img?origin=", "no spec after origin="),
+            ("writecache:/w.img?block_size=4K&origin=/o.img", "unknown option(s): block_size"),
             ("cache:/c.img?origin=", "no spec after origin="),
             ("cache:/c.img?ro&origin=/o.img", "unknown option(s): ro"),
             ("cache:/c.img?origin=/o.img?bogus=1", "unknown option(s): bogus"),
@@ -422,7 +437,7 @@ mod tests {
             ("fault:read:boom@mem:1MiB", "expected an effect"),
             ("fault:read:eio:p=2@mem:1MiB", "probability"),
             ("fault:read:eio@mem:lots", "expected a number"),
-            ("foo:bar", "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:)"),
+            ("foo:bar", "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:)"),
             ("nbd+unix:///vol?socket=/s", "unknown device kind \"nbd+unix\""),
         ] {
             let e = refused(text);
@@ -504,12 +519,14 @@ mod tests {
             (file(), hdd()).prop_map(|(file, params)| Spec::Hdd { file, params }),
             (file(), ssd()).prop_map(|(file, params)| Spec::Ssd { file, params }),
             path().prop_map(|path| Spec::Cache { path, origin: None }),
+            path().prop_map(|path| Spec::Writecache { path, origin: None }),
         ];
         leaf.prop_recursive(4, 16, 3, |inner| {
             prop_oneof![
                 (proptest::collection::vec(rule(), 1..4), inner.clone())
                     .prop_map(|(rules, inner)| Spec::Fault { rules, inner: Box::new(inner) }),
-                (path(), inner).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
+                (path(), inner.clone()).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
+                (path(), inner).prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
             ]
         })
     }

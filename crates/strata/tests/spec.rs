@@ -102,7 +102,10 @@ fn a_typo_in_a_prefix_names_the_kinds_but_a_file_of_that_name_opens() {
     let o = strata_in(d.path(), &["cache", "create", "--origin", "hdx:o.img", "--cache", "c.img?size=8MiB"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
-    assert!(err.contains("unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:)"), "{err}");
+    assert!(
+        err.contains("unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:)"),
+        "{err}"
+    );
     assert!(!d.path().join("c.img").exists(), "nothing was created");
     // A relative path whose first part reads like a kind is a file once it exists.
     std::fs::write(d.path().join("hdx:o.img"), vec![1u8; 16 << 20]).unwrap();

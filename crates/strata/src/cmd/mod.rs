@@ -4,3 +4,4 @@ pub mod demo;
 pub mod serve;
 pub mod sim;
 pub mod status;
+pub mod writecache;

@@ -1,0 +1,210 @@
+//! `strata writecache`: create a write log in front of an origin, tune a running one, write
+//! back its dirty blocks, detach it, and check or dump its entries offline.
+
+use crate::cmd::cache::Bytes;
+use crate::http;
+use crate::open::{cache_device, open, open_file};
+use crate::spec::Spec;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use std::time::Duration;
+use strata_io::units::{format_size, format_size_exact};
+use strata_writecache::format::{Superblock, BLOCK_BYTES_DEFAULT, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
+use strata_writecache::offline::{self, CreateOptions};
+use strata_writecache::WritecacheStatus;
+
+#[derive(Args, Debug)]
+pub struct WritecacheArgs {
+    #[command(subcommand)]
+    pub command: WritecacheCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum WritecacheCommand {
+    /// Format a fast device as a write log in front of an origin.
+    Create(CreateArgs),
+    /// Change a running log: high_watermark=, low_watermark=, autocommit_time= (ms), pause_writeback=on|off, cleaner=on|off.
+    Set(SetArgs),
+    /// Write back every dirty block of a running log and wait.
+    Flush(ControlArgs),
+    /// Turn on the cleaner and wait until the origin holds everything (then the log can go).
+    Detach(ControlArgs),
+    /// Verify a log's superblock and entries (offline).
+    Check(PathArgs),
+    /// Print a log's superblock and entries as JSON (offline).
+    Dump(PathArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Example:
+  strata writecache create --origin hdd:/var/tmp/origin.img --cache /var/tmp/log.img?size=1GiB
+  strata serve --unix /tmp/strata.sock vol=writecache:/var/tmp/log.img")]
+pub struct CreateArgs {
+    /// The slow device (any device spec, a cache: too; recorded in the superblock).
+    #[arg(long, value_name = "SPEC")]
+    pub origin: Spec,
+    /// The fast device to format (a file or block device; PATH?size=1GiB creates a file).
+    #[arg(long, value_name = "SPEC")]
+    pub cache: Spec,
+    #[arg(long, default_value_t = Bytes(BLOCK_BYTES_DEFAULT as u64), help = format!(
+        "Log block size ({} to {}, a power of two)",
+        format_size_exact(BLOCK_BYTES_MIN as u64),
+        format_size_exact(BLOCK_BYTES_MAX as u64)
+    ))]
+    pub block_size: Bytes,
+    /// Format even if the device holds data.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Example:\n  strata writecache set --admin 127.0.0.1:9810 vol low_watermark=10 pause_writeback=on"
+)]
+pub struct SetArgs {
+    /// The server's admin endpoint.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: String,
+    /// Volume name.
+    pub name: String,
+    /// Settings as KEY=VALUE.
+    #[arg(required = true)]
+    pub settings: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Example:\n  strata writecache detach --admin 127.0.0.1:9810 vol")]
+pub struct ControlArgs {
+    /// The server's admin endpoint.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: String,
+    /// Volume name.
+    pub name: String,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Example:\n  strata writecache check /var/tmp/log.img")]
+pub struct PathArgs {
+    /// The log's device.
+    pub path: String,
+}
+
+pub fn run(args: WritecacheArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        match args.command {
+            WritecacheCommand::Create(a) => run_create(a).await,
+            WritecacheCommand::Set(a) => {
+                for kv in &a.settings {
+                    let (k, v) = kv.split_once('=').with_context(|| format!("expected KEY=VALUE, got {kv:?}"))?;
+                    let answer = http::message(&a.admin, &a.name, &format!("{} {v}", k.replace('-', "_"))).await?;
+                    print!("{}: {answer}", a.name);
+                }
+                Ok(())
+            }
+            WritecacheCommand::Flush(a) => {
+                print!("{}: {}", a.name, http::message(&a.admin, &a.name, "flush").await?);
+                Ok(())
+            }
+            WritecacheCommand::Detach(a) => detach(a).await,
+            WritecacheCommand::Check(a) => run_check(a).await,
+            WritecacheCommand::Dump(a) => run_dump(a).await,
+        }
+    })
+}
+
+async fn run_create(a: CreateArgs) -> Result<()> {
+    let Spec::File(file) = &a.cache else {
+        bail!("the log device must be a file or block device path, not {:?}", a.cache.to_string());
+    };
+    let origin = open(&a.origin, true).await.with_context(|| format!("cannot open the origin {}", a.origin))?;
+    let cache = open_file(file, false).with_context(|| format!("cannot open the log device {}", a.cache))?;
+    let opts = CreateOptions {
+        block_bytes: u32::try_from(a.block_size.0).unwrap_or(u32::MAX),
+        force: a.force,
+        origin_spec: a.origin.recordable().to_string(),
+        origin_id: a.origin.identity(),
+    };
+    let sb = offline::create(&cache, &*origin, &opts)
+        .await
+        .with_context(|| format!("cannot create a writecache on {}", file.path.display()))?;
+    let path = file.path.display();
+    println!(
+        "created writecache {path}: {} blocks of {} ({}) for origin {} ({})",
+        sb.slots,
+        format_size(sb.block_bytes as u64),
+        format_size(sb.slots * sb.block_bytes as u64),
+        sb.origin_spec,
+        format_size(sb.origin_bytes)
+    );
+    println!("serve it with: strata serve --unix /tmp/strata.sock NAME=writecache:{path}");
+    Ok(())
+}
+
+async fn detach(a: ControlArgs) -> Result<()> {
+    http::message(&a.admin, &a.name, "cleaner on").await?;
+    loop {
+        let v = http::status(&a.admin).await?;
+        let target = v.volumes.into_iter().find(|x| x.name == a.name).and_then(|x| x.target);
+        let s: WritecacheStatus =
+            serde_json::from_value(target.context("no such volume")?).context("that volume is not a writecache")?;
+        if s.dirty_blocks == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    http::message(&a.admin, &a.name, "flush").await?;
+    println!("{}: the origin is complete; stop the server and serve the origin directly", a.name);
+    Ok(())
+}
+
+fn describe(sb: &Superblock) -> String {
+    format!(
+        "{} blocks of {}, origin {} ({} bytes)",
+        sb.slots,
+        format_size(sb.block_bytes as u64),
+        if sb.origin_spec.is_empty() { "not recorded" } else { &sb.origin_spec },
+        sb.origin_bytes
+    )
+}
+
+async fn run_check(a: PathArgs) -> Result<()> {
+    let dev = cache_device(a.path.as_ref(), true)?;
+    let sb = offline::superblock(&*dev, None).await.with_context(|| a.path.clone())?;
+    let scan = offline::scan(&*dev, &sb).await.with_context(|| a.path.clone())?;
+    println!("{}: superblock ok ({})", a.path, describe(&sb));
+    for f in &scan.findings {
+        println!("{}: cleared on open: {f}", a.path);
+    }
+    println!(
+        "{}: entries ok: {} blocks logged, {} older copies awaiting clearing, last commit {}",
+        a.path,
+        scan.newest.len(),
+        scan.older.len(),
+        scan.max_commit
+    );
+    Ok(())
+}
+
+async fn run_dump(a: PathArgs) -> Result<()> {
+    let dev = cache_device(a.path.as_ref(), true)?;
+    let sb = offline::superblock(&*dev, None).await.with_context(|| a.path.clone())?;
+    let scan = offline::scan(&*dev, &sb).await.with_context(|| a.path.clone())?;
+    let mut newest: Vec<_> = scan.newest.iter().map(|(b, (s, e))| (*b, *s, e.seq, e.commit, e.flags)).collect();
+    newest.sort_unstable();
+    let entry = |(b, s, seq, commit, flags): (u64, u32, u64, u32, u32)| serde_json::json!({"block": b, "slot": s, "seq": seq, "commit": commit, "zero": flags & 1 != 0});
+    let out = serde_json::json!({
+        "block_bytes": sb.block_bytes,
+        "slots": sb.slots,
+        "origin_bytes": sb.origin_bytes,
+        "origin_spec": sb.origin_spec,
+        "origin_id": sb.origin_id,
+        "last_commit": scan.max_commit,
+        "blocks": newest.into_iter().map(entry).collect::<Vec<_>>(),
+        "older": scan.older.iter().map(|(s, e)| entry((e.block, *s, e.seq, e.commit, e.flags))).collect::<Vec<_>>(),
+        "untrusted": scan.findings,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! `strata writecache` end to end: create a log over a plain file and over a cache, serve it,
+//! write and read through NBD, read its status, write everything back and detach, and check
+//! and dump it offline; bad input is refused and overwrites nothing.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn create_log(dir: &Path, origin: &str) -> Output {
+    let log = format!("{}?size=8MiB", dir.join("log.img").display());
+    strata(&["writecache", "create", "--origin", origin, "--cache", &log])
+}
+
+/// Writes a pattern through the server, reads it back, and detaches; returns the pattern.
+fn exercise(srv: &common::Server) -> Vec<u8> {
+    let data = common::random_bytes(256 << 10, 7);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+        c.write(1 << 20, &data, false).await.unwrap();
+        c.write(1 << 20, &data[..1000], true).await.unwrap(); // a partial block, FUA
+        c.flush().await.unwrap();
+        common::assert_same_bytes(&c.read(1 << 20, data.len() as u32).await.unwrap(), &data, "read back");
+        c.disconnect().await.unwrap();
+    });
+    let status = srv.status();
+    let target = &status["volumes"][0]["target"];
+    assert_eq!(target["target"], "writecache", "{status}");
+    assert!(target["write_misses"].as_u64().unwrap() > 0, "{status}");
+    assert!(target["read_hits"].as_u64().unwrap() > 0, "{status}");
+    let metrics = srv.admin_get("/metrics");
+    assert!(metrics.contains("strata_writecache_dirty_blocks{volume=\"vol\"}"), "{metrics}");
+    let admin = srv.admin.clone().unwrap();
+    let o = strata(&["writecache", "detach", "--admin", &admin, "vol"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(srv.status()["volumes"][0]["target"]["dirty_blocks"], 0);
+    data
+}
+
+fn serve(dir: tempfile::TempDir, spec: &str) -> common::Server {
+    common::Server::start_opts(
+        dir,
+        common::ServerOpts { admin: true, args: vec![format!("vol={spec}")], ..Default::default() },
+    )
+}
+
+#[test]
+fn over_a_plain_file_create_serve_detach_check_dump() {
+    let d = common::tempdir();
+    let origin = d.path().join("origin.img");
+    let o = create_log(d.path(), &format!("{}?size=32MiB", origin.display()));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log = d.path().join("log.img");
+    let mut srv = serve(d, "writecache:{dir}/log.img");
+    let data = exercise(&srv);
+    let (st, err) = srv.terminate();
+    assert!(st.success(), "{err}");
+    let on_origin = std::fs::read(&origin).unwrap();
+    common::assert_same_bytes(&on_origin[1 << 20..(1 << 20) + data.len()], &data, "the origin after detach");
+    let c = strata(&["writecache", "check", log.to_str().unwrap()]);
+    assert!(c.status.success() && stdout(&c).contains("entries ok"), "{}{}", stdout(&c), stderr(&c));
+    let dump = strata(&["writecache", "dump", log.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&dump.stdout).unwrap();
+    assert_eq!(v["block_bytes"], 4096);
+    assert_eq!(v["origin_bytes"], 32 << 20);
+    assert!(!v["origin_spec"].as_str().unwrap().contains("size="), "size= is not recorded");
+}
+
+#[test]
+fn over_a_cache_create_serve_detach() {
+    let d = common::tempdir();
+    let origin = format!("{}?size=32MiB", d.path().join("origin.img").display());
+    let cache = format!("{}?size=8MiB", d.path().join("cache.img").display());
+    let o = strata(&["cache", "create", "--origin", &origin, "--cache", &cache]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = create_log(d.path(), &format!("cache:{}", d.path().join("cache.img").display()));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let srv = serve(d, "writecache:{dir}/log.img");
+    exercise(&srv);
+    srv.stop();
+}
+
+#[test]
+fn bad_input_is_refused_and_overwrites_nothing() {
+    let d = common::tempdir();
+    let origin = d.path().join("origin.img");
+    assert!(create_log(d.path(), &format!("{}?size=32MiB", origin.display())).status.success());
+    let log = d.path().join("log.img");
+    let before = std::fs::read(&log).unwrap();
+    // A device that holds data (here: a log).
+    let o = create_log(d.path(), origin.to_str().unwrap());
+    assert!(!o.status.success() && stderr(&o).contains("holds data"), "{}", stderr(&o));
+    assert!(std::fs::read(&log).unwrap() == before, "nothing overwritten");
+    // A bad block size.
+    let other = format!("{}?size=8MiB", d.path().join("other.img").display());
+    let o = strata(&[
+        "writecache",
+        "create",
+        "--origin",
+        origin.to_str().unwrap(),
+        "--cache",
+        &other,
+        "--block-size",
+        "3000",
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("power of two"), "{}", stderr(&o));
+    // A foreign device.
+    let foreign = d.path().join("foreign.img");
+    std::fs::write(&foreign, vec![0x11u8; 1 << 20]).unwrap();
+    let o = strata(&["writecache", "check", foreign.to_str().unwrap()]);
+    assert!(!o.status.success() && stderr(&o).contains("no writecache superblock"), "{}", stderr(&o));
+    // A corrupt superblock.
+    let mut bad = before.clone();
+    bad[20] ^= 1;
+    std::fs::write(&log, &bad).unwrap();
+    let o = strata(&["writecache", "check", log.to_str().unwrap()]);
+    assert!(!o.status.success() && stderr(&o).contains("checksum"), "{}", stderr(&o));
+    std::fs::write(&log, &before).unwrap();
+    // The origin's size changed.
+    std::fs::OpenOptions::new().write(true).open(&origin).unwrap().set_len(64 << 20).unwrap();
+    let sock = d.path().join("s2.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+    cmd.args(["serve", "--unix", sock.to_str().unwrap(), &format!("vol=writecache:{}", log.display())]);
+    let out = common::output(&mut cmd, common::START_TIMEOUT);
+    assert!(!out.status.success() && stderr(&out).contains("wrong origin"), "{}", stderr(&out));
+    assert!(std::fs::read(&log).unwrap() == before, "nothing overwritten");
+}
