@@ -72,6 +72,27 @@ async fn power_cut_suite_in_every_cache_mode_loses_nothing() {
     assert!(bad.is_empty(), "{} failing points:\n{}", bad.len(), bad.join("\n"));
 }
 
+/// The power-cut suite on the write log (`WritecacheTarget`) in each of its tunings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cut_suite_on_the_write_log_loses_nothing() {
+    use strata::crashtest::{powercut_run, CrashTarget, PowercutSetup, WritecacheTarget};
+    let setup = PowercutSetup::default();
+    let mut bad = Vec::new();
+    for mode in WritecacheTarget.modes() {
+        for seed in 1..=8 {
+            let out = powercut_run(&WritecacheTarget, &setup, &mode, seed).await.unwrap();
+            let v = out.verdict;
+            if v.lost + v.garbage + out.check_failures as u64 + out.unstable > 0 {
+                bad.push(format!(
+                    "{mode} seed {seed}: {v:?}, {} check failures, {} unstable\n{}",
+                    out.check_failures, out.unstable, out.detail
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{} failing points:\n{}", bad.len(), bad.join("\n"));
+}
+
 /// A deliberately broken wrapper of a `CrashTarget`'s volume, to show the suite can fail.
 mod broken {
     use std::sync::atomic::{AtomicU64, Ordering};

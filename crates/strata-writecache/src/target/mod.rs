@@ -105,6 +105,20 @@ impl WritecacheDev {
         self.inner.writeback_all().await
     }
 
+    /// Drops every clean block from the log and clears their entries on disk (later reads of
+    /// them go to the origin).
+    pub async fn evict_clean(&self) -> Result<()> {
+        self.inner.evict(u64::MAX);
+        // Stale copies clear one per block per commit, oldest first.
+        for _ in 0..8 {
+            if self.inner.state.lock().stale.is_empty() {
+                break;
+            }
+            self.inner.commit_force().await?;
+        }
+        Ok(())
+    }
+
     /// Makes everything durable now (as FLUSH does).
     pub async fn commit(&self) -> Result<()> {
         self.inner.commit_force().await

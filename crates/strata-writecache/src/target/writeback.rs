@@ -133,7 +133,7 @@ impl Inner {
     }
 
     /// Evicts the oldest clean blocks until `want` slots are free or being freed.
-    fn evict(&self, want: u64) -> usize {
+    pub(super) fn evict(&self, want: u64) -> usize {
         let mut st = self.state.lock();
         let (free, _) = st.counts();
         let pending = st.stale.values().map(|v| v.len() as u64).sum::<u64>();

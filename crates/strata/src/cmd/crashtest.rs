@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use crate::crashtest::soak::{soak, SoakSetup};
 use crate::crashtest::{ext4, faults};
-use crate::crashtest::{kill_point, powercut_run, CacheTarget, CrashTarget, KillSetup, PowercutSetup};
+use crate::crashtest::{
+    kill_point, powercut_run, CacheTarget, CrashTarget, KillSetup, PowercutSetup, WritecacheTarget,
+};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum CrashMode {
@@ -51,6 +53,7 @@ The last line reads: N points, L lost writes, C check failures.
 
 Example:
   strata crashtest --points 200 --seed 1 --mode powercut --cache-mode all --clients 4
+  strata crashtest --points 400 --seed 1 --mode powercut --target writecache
   strata crashtest --points 200 --seed 1 --mode kill
   strata crashtest --mode ext4 --points 0 --seed 1
   nice -n 19 strata crashtest --mode soak --minutes 30 --rate-iops 1500")]
@@ -67,8 +70,13 @@ pub struct CrashtestArgs {
     /// Workload steps per point (powercut: requests of all clients together).
     #[arg(long, default_value_t = 400)]
     pub steps: usize,
-    /// Powercut: the cache mode the cache is created in (all: each in turn, --points each).
-    #[arg(long, default_value = "all", value_parser = ["writeback", "writethrough", "writearound", "passthrough", "cleaner", "all"])]
+    /// Powercut: the target crashed: the cache, or the write log (writecache).
+    #[arg(long, default_value = "cache", value_parser = ["cache", "writecache"])]
+    pub target: String,
+    /// Powercut: the mode the target is created in (all: each in turn, --points each). Cache:
+    /// writeback, writethrough, writearound, passthrough, cleaner; writecache: default, eager
+    /// (no headroom, everything written back), paused (no write-back, writes go around).
+    #[arg(long, default_value = "all", value_parser = ["writeback", "writethrough", "writearound", "passthrough", "cleaner", "default", "eager", "paused", "all"])]
     pub cache_mode: String,
     /// Powercut: clients issuing requests at once.
     #[arg(long, default_value_t = 4)]
@@ -100,6 +108,9 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         return run_faults(&a, &rt);
     }
     if let CrashMode::Powercut = a.mode {
+        if a.target == "writecache" {
+            return run_powercut(&a, &rt, &WritecacheTarget);
+        }
         return run_powercut(&a, &rt, &CacheTarget);
     }
     if let CrashMode::Soak = a.mode {
