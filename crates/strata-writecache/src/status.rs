@@ -85,6 +85,9 @@ pub struct WritecacheStatus {
     pub commits: u64,
     pub tunables: Tunables,
     pub last_error: Option<String>,
+    /// Why the volume accepts no writes or flushes (a flush of one device failed): restart
+    /// it to recover from what is durable.
+    pub stopped: Option<String>,
 }
 
 impl WritecacheStatus {

@@ -146,3 +146,34 @@ async fn bad_logs_are_refused_and_left_alone() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_flush_stops_the_volume() {
+    for log_device in [true, false] {
+        let (origin, origin_faults) = FaultDev::new(MemDev::new(ORIGIN));
+        let (cache, cache_faults) = FaultDev::new(MemDev::new(CACHE));
+        let (origin, cache) = (Arc::new(origin), Arc::new(cache));
+        create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() })
+            .await
+            .unwrap();
+        let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+        dev.write(0, Buf::from_slice(&[1; BLOCK as usize]), true).await.unwrap();
+        dev.write(BLOCK, Buf::from_slice(&[2; BLOCK as usize]), false).await.unwrap();
+        if log_device {
+            cache_faults.add(Rule::flush_error().once());
+            assert!(dev.flush().await.is_err());
+        } else {
+            dev.message("flush").await.unwrap(); // on the origin, clean
+            origin_faults.add(Rule::flush_error().once());
+            dev.write(2 * BLOCK, Buf::from_slice(&[3; BLOCK as usize]), false).await.unwrap();
+            assert!(dev.message("flush").await.is_err());
+        }
+        // Whatever that flush covered may be gone: nothing later may claim it durable.
+        let s = status(&dev);
+        assert!(s.stopped.is_some(), "{s:?}");
+        assert!(dev.flush().await.is_err(), "log device {log_device}: a later flush succeeded");
+        assert!(dev.write(3 * BLOCK, Buf::from_slice(&[4; BLOCK as usize]), false).await.is_err());
+        let logged_read = dev.read(0, Buf::zeroed(BLOCK as usize)).await;
+        assert_eq!(logged_read.is_err(), log_device, "reads from the log stop only when the log lost writes");
+    }
+}

@@ -13,6 +13,7 @@ use strata_io::{Buf, Result};
 impl Inner {
     /// Returns once every change up to generation `generation` is durable.
     pub(super) async fn commit_upto(&self, generation: u64) -> Result<()> {
+        self.state.lock().check_running()?;
         if self.state.lock().durable_gen >= generation {
             return Ok(());
         }
@@ -30,6 +31,7 @@ impl Inner {
     }
 
     async fn commit_locked(&self) -> Result<()> {
+        self.state.lock().check_running()?;
         let (pages, clearing, garbage, live, generation) = {
             let mut st = self.state.lock();
             st.commit += 1;
@@ -82,6 +84,9 @@ impl Inner {
         }
         if result.is_ok() {
             result = self.cache.flush().await;
+            if let Err(e) = &result {
+                self.state.lock().stop(format!("fast device flush: {e}"), true);
+            }
         }
         let mut st = self.state.lock();
         match result {
@@ -115,7 +120,11 @@ impl Inner {
     /// FLUSH: the log's entries, and the origin if writes went around the log since its last
     /// flush.
     pub(super) async fn flush(&self) -> Result<()> {
-        let generation = self.state.lock().write_gen;
+        let generation = {
+            let st = self.state.lock();
+            st.check_running()?;
+            st.write_gen
+        };
         let (a, b) = futures::join!(self.commit_upto(generation), self.origin_flush());
         a.and(b)
     }
@@ -127,8 +136,12 @@ impl Inner {
         if *durable >= wanted {
             return Ok(());
         }
+        self.state.lock().check_running()?;
         let upto = self.origin_writes.load(Relaxed);
-        self.origin.flush().await?;
+        if let Err(e) = self.origin.flush().await {
+            self.state.lock().stop(format!("origin flush: {e}"), false);
+            return Err(e);
+        }
         *durable = upto;
         Ok(())
     }

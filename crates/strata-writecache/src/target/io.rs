@@ -52,6 +52,12 @@ impl Inner {
         let slot = {
             let mut st = self.state.lock();
             match st.index.get(&b).copied() {
+                Some(_) if st.log_suspect => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        format!("writecache: block {b} is in the log, which lost writes in a failed flush"),
+                    ))
+                }
                 Some(s) => {
                     let slot = &mut st.slots[s as usize];
                     if slot.entry.flags & crate::format::FLAG_ZERO != 0 {
@@ -82,6 +88,7 @@ impl Inner {
 
     pub(super) async fn write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         check_range("writecache write", offset, buf.len() as u64, self.size)?;
+        self.state.lock().check_running()?;
         let mut generation = 0;
         let mut around = false;
         for p in pieces(offset, buf.len() as u64, self.block) {
@@ -104,6 +111,7 @@ impl Inner {
         let b = p.block;
         let whole = p.within == 0 && p.len == self.block_len(b);
         let _lock = self.stripes[self.stripe(b)].lock().await;
+        self.state.lock().check_running()?;
         let len = self.block_len(b) as usize;
         let hit = self.state.lock().index.contains_key(&b);
         relaxed(if hit { &self.counters.write_hits } else { &self.counters.write_misses });
@@ -220,6 +228,7 @@ impl Inner {
     }
 
     async fn zero_or_discard(&self, offset: u64, len: u64, discard: bool) -> Result<()> {
+        self.state.lock().check_running()?;
         let mut generation = 0;
         for p in pieces(offset, len, self.block) {
             let whole = p.within == 0 && p.len == self.block_len(p.block);

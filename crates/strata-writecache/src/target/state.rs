@@ -65,6 +65,12 @@ pub struct State {
     pub durable_gen: u64,
     /// Slots being written back right now (not written back twice at once).
     pub writing_back: HashSet<u32>,
+    /// Why the volume stopped: a flush of one device failed, so writes it covered may be gone
+    /// for good and no later flush can vouch for them. No writes or flushes are accepted.
+    pub stopped: Option<String>,
+    /// The failed flush was the fast device's: a slot written since its last good flush may
+    /// hold older data, so no read is served from the log.
+    pub log_suspect: bool,
 }
 
 impl State {
@@ -202,6 +208,25 @@ impl State {
         slot.on_disk = false;
         slot.committed = false;
         self.free.push(s);
+    }
+
+    /// Stops the volume after a failed flush (see `stopped`).
+    pub fn stop(&mut self, why: String, log_device: bool) {
+        self.log_suspect |= log_device;
+        self.stopped.get_or_insert(why);
+    }
+
+    /// Refuses writes and flushes once stopped.
+    pub fn check_running(&self) -> strata_io::Result<()> {
+        match &self.stopped {
+            None => Ok(()),
+            Some(why) => Err(strata_io::Error::new(
+                strata_io::ErrorKind::Io,
+                format!(
+                    "writecache stopped after a failed flush ({why}); it accepts no writes or flushes until restarted"
+                ),
+            )),
+        }
     }
 
     /// Whether `block` has any copy in the log (live or with an entry on disk).

@@ -7,10 +7,10 @@ use strata_io::{Error, ErrorKind, Result};
 
 impl Inner {
     pub(crate) fn status(&self) -> WritecacheStatus {
-        let (free, dirty, writing) = {
+        let (free, dirty, writing, stopped) = {
             let st = self.state.lock();
             let (free, dirty) = st.counts();
-            (free, dirty, st.writing_back.len() as u64)
+            (free, dirty, st.writing_back.len() as u64, st.stopped.clone())
         };
         let c = &self.counters;
         WritecacheStatus {
@@ -31,6 +31,7 @@ impl Inner {
             commits: c.commits.load(Relaxed),
             tunables: *self.tunables.lock(),
             last_error: self.last_error.lock().clone(),
+            stopped,
         }
     }
 

@@ -21,6 +21,13 @@ const TICK: Duration = Duration::from_millis(20);
 impl Inner {
     /// Writes back up to `max` of the oldest dirty blocks; returns how many became clean.
     pub(super) async fn writeback_batch(&self, max: usize) -> Result<usize> {
+        {
+            let st = self.state.lock();
+            st.check_running()?;
+            if st.log_suspect {
+                return Ok(0);
+            }
+        }
         let mut picks: Vec<(u64, u32, u64, bool)> = {
             let mut st = self.state.lock();
             let mut picks = Vec::new();
