@@ -54,12 +54,22 @@ fn crashtest_command_reports_counts() {
 /// `strata::crashtest::powercut_run`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cut_suite_in_every_cache_mode_loses_nothing() {
-    use strata::crashtest::{powercut_run, CacheTarget, CrashTarget, PowercutSetup};
+    let bad = failing_points(&strata::crashtest::CacheTarget, 1..=12).await;
+    assert!(bad.is_empty(), "{} failing points:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// Runs the default power-cut setup on `target` in each of its modes for `seeds`; describes
+/// every point that lost a write, read garbage, failed a check or read unstably.
+async fn failing_points<T: strata::crashtest::CrashTarget>(
+    target: &T,
+    seeds: std::ops::RangeInclusive<u64>,
+) -> Vec<String> {
+    use strata::crashtest::{powercut_run, PowercutSetup};
     let setup = PowercutSetup::default();
     let mut bad = Vec::new();
-    for mode in CacheTarget.modes() {
-        for seed in 1..=12 {
-            let out = powercut_run(&CacheTarget, &setup, &mode, seed).await.unwrap();
+    for mode in target.modes() {
+        for seed in seeds.clone() {
+            let out = powercut_run(target, &setup, &mode, seed).await.unwrap();
             let v = out.verdict;
             if v.lost + v.garbage + out.check_failures as u64 + out.unstable > 0 {
                 bad.push(format!(
@@ -69,27 +79,13 @@ async fn power_cut_suite_in_every_cache_mode_loses_nothing() {
             }
         }
     }
-    assert!(bad.is_empty(), "{} failing points:\n{}", bad.len(), bad.join("\n"));
+    bad
 }
 
 /// The power-cut suite on the write log (`WritecacheTarget`) in each of its tunings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cut_suite_on_the_write_log_loses_nothing() {
-    use strata::crashtest::{powercut_run, CrashTarget, PowercutSetup, WritecacheTarget};
-    let setup = PowercutSetup::default();
-    let mut bad = Vec::new();
-    for mode in WritecacheTarget.modes() {
-        for seed in 1..=8 {
-            let out = powercut_run(&WritecacheTarget, &setup, &mode, seed).await.unwrap();
-            let v = out.verdict;
-            if v.lost + v.garbage + out.check_failures as u64 + out.unstable > 0 {
-                bad.push(format!(
-                    "{mode} seed {seed}: {v:?}, {} check failures, {} unstable\n{}",
-                    out.check_failures, out.unstable, out.detail
-                ));
-            }
-        }
-    }
+    let bad = failing_points(&strata::crashtest::WritecacheTarget, 1..=8).await;
     assert!(bad.is_empty(), "{} failing points:\n{}", bad.len(), bad.join("\n"));
 }
 

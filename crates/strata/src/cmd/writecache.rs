@@ -1,7 +1,7 @@
 //! `strata writecache`: create a write log in front of an origin, tune a running one, write
 //! back its dirty blocks, detach it, and check or dump its entries offline.
 
-use crate::cmd::cache::Bytes;
+use crate::cmd::cache::{send_settings, Bytes};
 use crate::http;
 use crate::open::{cache_device, open, open_file};
 use crate::spec::Spec;
@@ -95,14 +95,7 @@ pub fn run(args: WritecacheArgs) -> Result<()> {
     rt.block_on(async move {
         match args.command {
             WritecacheCommand::Create(a) => run_create(a).await,
-            WritecacheCommand::Set(a) => {
-                for kv in &a.settings {
-                    let (k, v) = kv.split_once('=').with_context(|| format!("expected KEY=VALUE, got {kv:?}"))?;
-                    let answer = http::message(&a.admin, &a.name, &format!("{} {v}", k.replace('-', "_"))).await?;
-                    print!("{}: {answer}", a.name);
-                }
-                Ok(())
-            }
+            WritecacheCommand::Set(a) => send_settings(&a.admin, &a.name, &a.settings).await,
             WritecacheCommand::Flush(a) => {
                 print!("{}: {}", a.name, http::message(&a.admin, &a.name, "flush").await?);
                 Ok(())
