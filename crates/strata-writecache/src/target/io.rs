@@ -199,6 +199,7 @@ impl Inner {
                 self.origin.write_zeroes(b * self.block, len, ZeroFlags::default()).await?;
             } else {
                 let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await?;
+                self.verify_slot(b, s, &data)?;
                 self.origin.write(b * self.block, data, false).await?;
             }
             self.origin_writes.fetch_add(1, Relaxed);

@@ -114,8 +114,9 @@ impl Inner {
                     .map(|p| self.cache.read(self.slot_offset(p.1), Buf::zeroed(self.block_len(p.0) as usize)));
                 let mut buf = Buf::zeroed(len as usize);
                 let mut pos = 0usize;
-                for r in futures::future::join_all(reads).await {
+                for (p, r) in run.iter().zip(futures::future::join_all(reads).await) {
                     let d = r?;
+                    self.verify_slot(p.0, p.1, &d)?;
                     buf[pos..pos + d.len()].copy_from_slice(&d);
                     pos += d.len();
                 }
@@ -125,6 +126,20 @@ impl Inner {
             i = j;
         }
         self.origin_flush().await
+    }
+
+    /// Checks data read from slot `s` against its entry's checksum before it goes to the
+    /// origin: after a failed flush of the fast device a slot may hold another block's older
+    /// data, and copying that to the origin would make it permanent.
+    pub(super) fn verify_slot(&self, b: u64, s: u32, data: &[u8]) -> Result<()> {
+        let want = self.state.lock().slots[s as usize].entry.data_crc;
+        if crc32c::crc32c(data) != want {
+            return Err(strata_io::Error::new(
+                strata_io::ErrorKind::Checksum,
+                format!("writecache: slot {s} does not hold block {b}'s data (the fast device lost a write); not written back"),
+            ));
+        }
+        Ok(())
     }
 
     /// Writes back until nothing is dirty (detach, `flush` message).
