@@ -21,13 +21,12 @@
 //! | write hit | write `bytes` | write `bytes` | |
 //! | write miss, not promoted | write `bytes` | — | |
 //! | write miss, promoted, whole block | write `B` | write `B` | |
-//! | write miss, promoted, partial (never in a replay) | read `B`, write `bytes` | write `B` | |
+//! | write miss, promoted, partial | read `B`, write `bytes` | write `B` | |
 //! | write-back | write `B` | read `B` | |
 //!
 //! The simulator does not model dirty data (policies are never told a block is dirty), so
 //! writes are charged as in writethrough mode and there are no write-backs; the charge for
-//! one is [`CostState::writeback`]. As in writethrough, a replay never promotes a partial
-//! write (`sim::decide`): it is a write miss, the origin written alone. Block `b` sits at origin offset `b × B`, and an IO for
+//! one is [`CostState::writeback`]. Block `b` sits at origin offset `b × B`, and an IO for
 //! part of a block is placed at the block's start. On an HDD cache device, blocks get
 //! cache slots in promotion order, a promoted block taking its victim's slot.
 //!

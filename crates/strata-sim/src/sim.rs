@@ -146,18 +146,7 @@ pub fn replay_hits<I>(policy: &mut dyn Policy, accesses: I) -> u64
 where
     I: IntoIterator<Item = BlockAccess>,
 {
-    accesses.into_iter().filter(|a| decide(policy, a).is_hit()).count() as u64
-}
-
-/// The decision on one access, by the cache target's writethrough rule: a partial write to
-/// a block the cache does not hold goes to the origin alone (caching it would first read
-/// the rest of the block from the origin), and the policy does not see it.
-#[inline]
-pub fn decide(policy: &mut dyn Policy, a: &BlockAccess) -> Outcome {
-    if a.op == Op::Write && !a.full && !policy.contains(a.block) {
-        return Outcome::Miss;
-    }
-    policy.access(a.to_access())
+    accesses.into_iter().filter(|a| policy.access(a.to_access()).is_hit()).count() as u64
 }
 
 /// Replay with full counts, `windows` equal slices of hit ratio over time (0 for none), and
@@ -227,7 +216,7 @@ fn replay_observed<O: Observer>(
                     policy.prefetch(next.block);
                 }
                 bytes += a.bytes as u64;
-                let out = decide(policy, a);
+                let out = policy.access(a.to_access());
                 match out {
                     Outcome::Hit => {
                         hits += 1;

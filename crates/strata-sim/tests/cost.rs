@@ -124,21 +124,3 @@ fn csv_keeps_the_old_columns_first() {
     let table = report::table(&run(&w, &["lru"], &[2], Some("hdd,ssd")), &w, &[(2, "2".into())]);
     assert!(table.lines().next().unwrap().ends_with("cache busy s"), "{table}");
 }
-
-/// The writethrough rule the cache target follows: partial writes to uncached blocks go to
-/// the origin alone, never promoted and never read from the origin; a whole-block write is
-/// promoted as before, and a partial write to a cached block is a hit.
-#[test]
-fn partial_write_misses_go_to_the_origin_alone() {
-    let w =
-        |block, bytes, i: u64| BlockAccess { block, time_ns: i * 1_000_000, bytes, op: Op::Write, full: bytes == 4096 };
-    let accesses = vec![w(0, 512, 0), w(0, 512, 1), w(1, 4096, 2), w(1, 512, 3), w(2, 1024, 4)];
-    let wl = Workload { accesses, requests: 5, block_size: 4096, footprint: 3, max_block: 2 };
-    for policy in ["lru", "strata", "arc"] {
-        let r = &run(&wl, &[policy], &[2], Some("ssd,ssd"))[0];
-        assert_eq!((r.counts.hits, r.counts.promotions), (1, 1), "{policy}: {:?}", r.counts);
-        let c = r.cost.as_ref().unwrap();
-        assert_eq!(c.origin_reads, 0, "{policy}: no fill read: {c:?}");
-        assert_eq!((c.origin_writes, c.cache_writes), (5, 2), "{policy}: {c:?}");
-    }
-}
