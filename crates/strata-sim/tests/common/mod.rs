@@ -7,11 +7,13 @@ use strata_sim::trace::{open_reader, Format, Requests};
 
 /// The shared CloudPhysics sample (`../shared/testdata` next to the repository) opened for
 /// parsing, with the format guessed from its content; or `None`, after saying the test is
-/// skipped, when it is not there.
+/// skipped, when it is not there. Under CI (`CI=true`) a missing sample fails the test: a
+/// checkout without it would pass these tests without running them.
 pub fn cloudphysics_sample() -> Option<(Requests<Box<dyn BufRead + Send>>, Format)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/cloudphysics-w.csv");
     if !path.exists() {
-        eprintln!("skipping: {} not present", path.display());
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{} not present (CI=true)", path.display());
+        eprintln!("SKIP: {} not present", path.display());
         return None;
     }
     Some(Requests::new(open_reader(&path).unwrap(), None).unwrap())
