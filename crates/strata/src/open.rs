@@ -3,13 +3,21 @@
 //! cache's origin all open through `open`; a target's constructor gets devices already
 //! opened. A new target adds one arm here (see `crate::spec`).
 //!
+//! An `Opener` lives as long as a server (or a command) and holds what several specs share:
+//! exports whose specs name one pool or one scheduled device get one open object, made the
+//! first time a spec names it (`Opener::shared`) and dropped with the last export using it.
+//!
 //! What it must never do: open a cache over an origin other than the one it was made for
 //! (the superblock's recorded size and identity are checked), or create a missing origin
 //! (recorded specs carry no `size=`).
 
 use crate::spec::{FileSpec, Spec};
+use parking_lot::Mutex;
+use std::any::Any;
+use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use strata_cache::meta::Meta;
 use strata_cache::{CacheDev, OpenOptions};
 use strata_io::fault::{FaultDev, Rule};
@@ -19,23 +27,71 @@ use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
 use strata_writecache::WritecacheDev;
 
-/// Opens the device or stack `spec` names. `read_only` opens files read-only whatever their
-/// spec says (a cache's own device and its origin stay writable: the export is what refuses
-/// writes).
+/// Opens the device or stack `spec` names, sharing nothing with other opens (see `Opener`).
 pub async fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+    Opener::new().open(spec, read_only).await
+}
+
+/// Opens specs, keeping one open object for what several of them share.
+#[derive(Default)]
+pub struct Opener {
+    /// Shared objects by key; weak, so the last export to drop one closes it.
+    shared: Mutex<HashMap<String, Weak<dyn Any + Send + Sync>>>,
+    /// Serialises the making of shared objects, so two specs naming one never make two.
+    making: tokio::sync::Mutex<()>,
+}
+
+impl Opener {
+    pub fn new() -> Opener {
+        Opener::default()
+    }
+
+    /// Opens the device or stack `spec` names. `read_only` opens files read-only whatever
+    /// their spec says (a cache's own device and its origin stay writable: the export is
+    /// what refuses writes).
+    pub async fn open(&self, spec: &Spec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+        open_with(self, spec, read_only).await
+    }
+
+    /// The object shared under `key` (for instance `thin-pool:` and the metadata device's
+    /// canonical path), made by `make` if no live one is held. A key names one type: asking
+    /// for another type under it is refused.
+    pub async fn shared<T, F, Fut>(&self, key: &str, make: F) -> Result<Arc<T>>
+    where
+        T: Any + Send + Sync,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Arc<T>>>,
+    {
+        let _making = self.making.lock().await;
+        if let Some(held) = self.shared.lock().get(key).and_then(Weak::upgrade) {
+            return held.downcast::<T>().map_err(|_| {
+                Error::new(ErrorKind::Invalid, format!("{key} is already open as another kind of device"))
+            });
+        }
+        let made = make().await?;
+        let erased: Arc<dyn Any + Send + Sync> = made.clone();
+        let mut shared = self.shared.lock();
+        shared.retain(|_, w| w.strong_count() > 0);
+        shared.insert(key.to_string(), Arc::downgrade(&erased));
+        Ok(made)
+    }
+}
+
+async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+    let open = |spec, read_only| Box::pin(open_with(opener, spec, read_only));
     Ok(match spec {
         Spec::File(f) => Arc::new(open_file(f, read_only)?),
         Spec::Mem { bytes } => Arc::new(MemDev::new(*bytes)),
         Spec::Hdd { file, params } => Arc::new(LatencyDev::hdd(open_file(file, read_only)?, *params)),
         Spec::Ssd { file, params } => Arc::new(LatencyDev::ssd(open_file(file, read_only)?, *params)),
-        Spec::Fault { rules, inner } => with_faults(Box::pin(open(inner, read_only)).await?, rules),
+        Spec::Fault { rules, inner } => with_faults(open(inner, read_only).await?, rules),
         Spec::Cache { path, origin } => Arc::new(
-            open_cache(path, origin.as_deref())
+            open_cache(opener, path, origin.as_deref())
                 .await
                 .map_err(|e| Error::new(e.kind, format!("opening cache {}: {}", path.display(), e.context)))?,
         ),
         Spec::Writecache { path, origin } => Arc::new(
-            open_writecache(path, origin.as_deref())
+            open_writecache(opener, path, origin.as_deref())
                 .await
                 .map_err(|e| Error::new(e.kind, format!("opening writecache {}: {}", path.display(), e.context)))?,
         ),
@@ -77,7 +133,7 @@ pub fn cache_device(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDev>> {
 /// Opens a cache for serving: loads its metadata (reporting what recovery repaired), opens
 /// the origin `origin` names or else the one its superblock records, after checking that
 /// it is the device the cache was made for.
-async fn open_cache(path: &Path, origin: Option<&Spec>) -> Result<CacheDev> {
+async fn open_cache(opener: &Opener, path: &Path, origin: Option<&Spec>) -> Result<CacheDev> {
     let shown = path.display();
     let invalid = |msg: String| Error::new(ErrorKind::Invalid, msg);
     let cache = cache_device(path, false)?;
@@ -111,7 +167,7 @@ async fn open_cache(path: &Path, origin: Option<&Spec>) -> Result<CacheDev> {
             meta.sb.origin_id
         )));
     }
-    let origin = Box::pin(open(origin, false)).await;
+    let origin = Box::pin(opener.open(origin, false)).await;
     let origin = origin.map_err(|e| Error::new(e.kind, format!("origin of {shown}: {}", e.context)))?;
     CacheDev::open(cache, origin, meta, OpenOptions::default()).await
 }
@@ -119,7 +175,7 @@ async fn open_cache(path: &Path, origin: Option<&Spec>) -> Result<CacheDev> {
 /// Opens a write log for serving: reads its superblock, opens the origin `origin` names or
 /// else the one the superblock records, after checking it is the device the log was made
 /// for, and recovers the log.
-async fn open_writecache(path: &Path, origin: Option<&Spec>) -> Result<WritecacheDev> {
+async fn open_writecache(opener: &Opener, path: &Path, origin: Option<&Spec>) -> Result<WritecacheDev> {
     let shown = path.display();
     let invalid = |msg: String| Error::new(ErrorKind::Invalid, msg);
     let cache = cache_device(path, false)?;
@@ -145,7 +201,34 @@ async fn open_writecache(path: &Path, origin: Option<&Spec>) -> Result<Writecach
             sb.origin_id
         )));
     }
-    let origin = Box::pin(open(origin, false)).await;
+    let origin = Box::pin(opener.open(origin, false)).await;
     let origin = origin.map_err(|e| Error::new(e.kind, format!("origin of {shown}: {}", e.context)))?;
     WritecacheDev::open(cache, origin, strata_writecache::OpenOptions::default()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_shared_object_is_made_once_while_held_and_anew_after_the_last_drop() {
+        let opener = Opener::new();
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let make = || async {
+            made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(Arc::new(7u32))
+        };
+        let a = opener.shared("pool:/x", make).await.unwrap();
+        let b = opener.shared("pool:/x", make).await.unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let other = opener.shared("pool:/y", make).await.unwrap();
+        assert!(!Arc::ptr_eq(&a, &other));
+        let wrong = opener.shared("pool:/x", || async { Ok(Arc::new("text")) }).await;
+        assert_eq!(wrong.unwrap_err().kind, ErrorKind::Invalid);
+        drop((a, b));
+        let c = opener.shared("pool:/x", make).await.unwrap();
+        assert_eq!(*c, 7);
+        assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 3);
+    }
 }

@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::http::{self, Admin, Volume};
-use crate::open::open;
+use crate::open::Opener;
 use crate::spec::Spec;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -121,10 +121,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata").build()?;
     runtime.block_on(async move {
         strata_io::engine::reap_on_current_runtime();
+        let opener = Opener::new();
         let mut volumes = Vec::new();
         let mut exports = Vec::new();
         for (name, spec, ro) in wanted {
-            let dev = open(&spec, ro).await.with_context(|| format!("volume {name}"))?;
+            let dev = opener.open(&spec, ro).await.with_context(|| format!("volume {name}"))?;
             let stats = Arc::new(StatsDev::new(dev));
             exports.push(Export {
                 name: name.clone(),
