@@ -3,6 +3,7 @@
 //! ([`Negotiated`]). The server builds these; the handshake and transmission phases read them,
 //! so neither phase depends on the server or on the other.
 
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -49,8 +50,7 @@ impl Default for Limits {
 /// buffer budgets, and the shutdown signal. The server owns the connection count and the
 /// shutdown switch; the handshake and transmission phases read the rest.
 pub struct Shared {
-    exports: BTreeMap<String, Arc<Export>>,
-    default_export: Option<String>,
+    exports: RwLock<Exports>,
     pub limits: Limits,
     pub connections: Arc<Semaphore>,
     pub buffers: Arc<Semaphore>,
@@ -65,11 +65,10 @@ pub struct Shared {
 
 impl Shared {
     /// The state of a server offering `exports`; `default_export` answers the empty name.
-    pub fn new(exports: BTreeMap<String, Arc<Export>>, default_export: Option<String>, limits: Limits) -> Shared {
+    pub fn new(limits: Limits) -> Shared {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         Shared {
-            exports,
-            default_export,
+            exports: RwLock::new(Exports::default()),
             connections: Arc::new(Semaphore::new(limits.max_connections)),
             buffers: Arc::new(Semaphore::new(limits.buffer_budget_bytes)),
             limits,
@@ -81,13 +80,57 @@ impl Shared {
         }
     }
 
+    /// The export `name` names; the empty name is the default export.
     pub fn find(&self, name: &str) -> Option<Arc<Export>> {
-        let key = if name.is_empty() { self.default_export.as_deref()? } else { name };
-        self.exports.get(key).cloned()
+        self.attach(name).map(|(e, _)| e)
     }
 
-    pub fn exports(&self) -> impl Iterator<Item = &Arc<Export>> {
-        self.exports.values()
+    /// The export `name` names and a receiver that turns true when it is removed: a
+    /// connection holds it for as long as it serves the export.
+    pub fn attach(&self, name: &str) -> Option<(Arc<Export>, watch::Receiver<bool>)> {
+        let exports = self.exports.read();
+        let key = if name.is_empty() { exports.default.as_deref()? } else { name };
+        exports.map.get(key).map(|s| (s.export.clone(), s.retire.subscribe()))
+    }
+
+    pub fn exports(&self) -> Vec<Arc<Export>> {
+        self.exports.read().map.values().map(|s| s.export.clone()).collect()
+    }
+
+    /// Offers `export` to new connections. The first export added while there is no default
+    /// answers the empty name.
+    pub fn add(&self, export: Export) -> Result<Arc<Export>, String> {
+        if export.name.len() > 4096 {
+            return Err(format!("export name longer than 4096 bytes: {:?}...", &export.name[..32]));
+        }
+        let mut exports = self.exports.write();
+        if exports.map.contains_key(&export.name) {
+            return Err(format!("an export named {:?} is already served", export.name));
+        }
+        let export = Arc::new(export);
+        exports.default.get_or_insert_with(|| export.name.clone());
+        exports.map.insert(export.name.clone(), Served { export: export.clone(), retire: watch::channel(false).0 });
+        Ok(export)
+    }
+
+    /// Takes the export `name` away from new connections. With connections serving it, it is
+    /// refused unless `force`, which tells them to finish what is in flight and close;
+    /// `Removed::closed` waits for the last of them.
+    pub fn remove(&self, name: &str, force: bool) -> Result<Removed, String> {
+        let mut exports = self.exports.write();
+        let Some(served) = exports.map.get(name) else {
+            return Err(format!("no export named {name:?}"));
+        };
+        let users = served.retire.receiver_count();
+        if users > 0 && !force {
+            return Err(format!("export {name:?} has {users} connection(s); remove it with force to close them"));
+        }
+        let served = exports.map.remove(name).expect("found above");
+        if exports.default.as_deref() == Some(name) {
+            exports.default = None;
+        }
+        let _ = served.retire.send(true);
+        Ok(Removed { export: served.export, retire: served.retire })
     }
 
     pub fn shutting_down(&self) -> bool {
@@ -95,9 +138,37 @@ impl Shared {
     }
 }
 
+#[derive(Default)]
+struct Exports {
+    map: BTreeMap<String, Served>,
+    /// The export the empty name selects.
+    default: Option<String>,
+}
+
+struct Served {
+    export: Arc<Export>,
+    /// Sends true when the export is removed; each connection serving it holds a receiver.
+    retire: watch::Sender<bool>,
+}
+
+/// An export taken away from new connections.
+pub struct Removed {
+    pub export: Arc<Export>,
+    retire: watch::Sender<bool>,
+}
+
+impl Removed {
+    /// Completes when no connection serves the export any more.
+    pub async fn closed(&self) {
+        self.retire.closed().await
+    }
+}
+
 /// What the client negotiated, handed to the transmission phase.
 pub struct Negotiated {
     pub export: Arc<Export>,
+    /// Turns true when the export is removed: the connection finishes and closes.
+    pub retired: watch::Receiver<bool>,
     pub structured: bool,
     pub base_allocation: bool,
     /// The client asked for block sizes, so it promised to honour them.

@@ -131,7 +131,7 @@ where
             OPT_EXPORT_NAME => {
                 // No error reply is possible here: an unknown name can only hang up.
                 let name = String::from_utf8_lossy(&data).into_owned();
-                let Some(export) = shared.find(&name) else {
+                let Some((export, retired)) = shared.attach(&name) else {
                     return Err(HandshakeEnd::Drop(format!("EXPORT_NAME {name:?}: no such export")));
                 };
                 if shared.shutting_down() {
@@ -146,7 +146,7 @@ where
                 wr.write_all(&out).await?;
                 wr.flush().await?;
                 let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
-                return Ok(Negotiated { export, structured, base_allocation, block_size_agreed: false });
+                return Ok(Negotiated { export, retired, structured, base_allocation, block_size_agreed: false });
             }
             OPT_ABORT => {
                 option_reply(&mut out, opt, REP_ACK, &[]);
@@ -159,7 +159,7 @@ where
                     reply_err(wr, opt, REP_ERR_INVALID, "LIST takes no data").await?;
                     continue;
                 }
-                for e in shared.exports() {
+                for e in &shared.exports() {
                     let mut d = Vec::with_capacity(4 + e.name.len());
                     d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
                     d.extend_from_slice(e.name.as_bytes());
@@ -187,7 +187,7 @@ where
                     reply_err(wr, opt, REP_ERR_INVALID, "malformed INFO/GO request").await?;
                     continue;
                 };
-                let Some(export) = shared.find(&name) else {
+                let Some((export, retired)) = shared.attach(&name) else {
                     reply_err(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
                     continue;
                 };
@@ -225,7 +225,7 @@ where
                 if opt == OPT_GO {
                     let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
                     let block_size_agreed = reqs.contains(&INFO_BLOCK_SIZE);
-                    return Ok(Negotiated { export, structured, base_allocation, block_size_agreed });
+                    return Ok(Negotiated { export, retired, structured, base_allocation, block_size_agreed });
                 }
                 continue;
             }

@@ -2,10 +2,9 @@
 //! handshake and then the transmission phase, and a shutdown that lets in-flight requests
 //! finish before the devices are flushed.
 
-use crate::export::{stopped, Export, Limits, Shared};
+use crate::export::{stopped, Export, Limits, Removed, Shared};
 use crate::handshake::{negotiate, HandshakeEnd};
 use crate::transmission::transmit;
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,21 +19,25 @@ pub struct Server {
 impl Server {
     /// A server for `exports`; the first is also the default export (empty name).
     pub fn new(exports: Vec<Export>, limits: Limits) -> Result<Server, String> {
-        let default_export = exports.first().map(|e| e.name.clone());
-        let mut map = BTreeMap::new();
+        let server = Server { shared: Arc::new(Shared::new(limits)) };
         for e in exports {
-            if e.name.len() > 4096 {
-                return Err(format!("export name longer than 4096 bytes: {:?}...", &e.name[..32]));
-            }
-            if map.insert(e.name.clone(), Arc::new(e)).is_some() {
-                return Err("two exports with the same name".into());
-            }
+            server.add(e)?;
         }
-        Ok(Server { shared: Arc::new(Shared::new(map, default_export, limits)) })
+        Ok(server)
     }
 
     pub fn exports(&self) -> Vec<Arc<Export>> {
-        self.shared.exports().cloned().collect()
+        self.shared.exports()
+    }
+
+    /// Offers another export while serving (see `Shared::add`).
+    pub fn add(&self, export: Export) -> Result<Arc<Export>, String> {
+        self.shared.add(export)
+    }
+
+    /// Takes an export away while serving (see `Shared::remove`).
+    pub fn remove(&self, name: &str, force: bool) -> Result<Removed, String> {
+        self.shared.remove(name, force)
     }
 
     /// Accepts on a Unix socket until shutdown.

@@ -191,6 +191,7 @@ where
     let mut rd = rd.into_inner();
     let mut input = Input::Header;
     let mut stop = shared.shutdown_rx.clone();
+    let mut retired = neg.retired;
     let mut client_gone = false;
 
     loop {
@@ -212,6 +213,7 @@ where
         tokio::select! {
             biased;
             _ = stopped(&mut stop), if reading => input = Input::Closed,
+            _ = stopped(&mut retired), if reading => input = Input::Closed,
             Some(reply) = s.running.next(), if !s.running.is_empty() => {
                 if client_gone {
                     s.held -= 1;

@@ -1,9 +1,15 @@
-//! The admin endpoint over HTTP: `GET /status` (JSON), `GET /metrics` (Prometheus text) and
-//! `POST /volumes/NAME/message`, over plain HTTP/1.1 on loopback, one small request per
-//! connection (anything else gets 404 or 400); and the client side that `strata status` and
-//! `strata cache set|flush|detach` use. It knows volumes and the `BlockDev` trait, not the
-//! targets: each target describes itself through `status()` and `metrics()`.
+//! The admin endpoint over HTTP: `GET /status` (JSON), `GET /metrics` (Prometheus text),
+//! `POST /volumes/NAME/message`, and `POST /exports` (body `NAME=SPEC`, `?read_only`) and
+//! `DELETE /exports/NAME` (`?force`) to add and remove exports while serving; over plain
+//! HTTP/1.1 on loopback, one small request per connection (anything else gets 404 or 400); and
+//! the client side that `strata status`, `strata export` and `strata cache set|flush|detach`
+//! use. It knows volumes and the `BlockDev` trait, not the targets: each target describes
+//! itself through `status()` and `metrics()`.
 
+use crate::open::Opener;
+use crate::spec::Spec;
+use anyhow::{bail, Context};
+use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,6 +18,7 @@ use std::time::Instant;
 use strata_io::metrics::MetricKind;
 use strata_io::stats::{StatsDev, LATENCY_BUCKETS_US, OPS};
 use strata_io::BlockDev;
+use strata_nbd::{Export, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -22,10 +29,13 @@ pub struct Volume {
     pub dev: Arc<StatsDev<Arc<dyn BlockDev>>>,
 }
 
+/// A server's volumes, as the admin endpoint and `strata serve` manage them: every export is
+/// opened, offered and taken away through here.
 pub struct Admin {
-    pub volumes: Vec<Volume>,
-    pub started: Instant,
-    pub connections: Box<dyn Fn() -> usize + Send + Sync>,
+    volumes: RwLock<Vec<Arc<Volume>>>,
+    started: Instant,
+    server: Server,
+    opener: Opener,
 }
 
 /// The `/status` document.
@@ -53,9 +63,49 @@ pub struct VolumeStatus {
 }
 
 impl Admin {
+    pub fn new(server: Server) -> Admin {
+        Admin { volumes: RwLock::default(), started: Instant::now(), server, opener: Opener::new() }
+    }
+
+    /// The volumes served now, in the order they were added.
+    pub fn volumes(&self) -> Vec<Arc<Volume>> {
+        self.volumes.read().clone()
+    }
+
+    /// Opens `spec` and offers it as export `name` (wrapped in request counters).
+    pub async fn add(&self, name: &str, spec: &Spec, read_only: bool) -> anyhow::Result<Arc<Volume>> {
+        if self.volumes.read().iter().any(|v| v.name == name) {
+            bail!("an export named {name:?} is already served");
+        }
+        let dev = self.opener.open(spec, read_only).await.with_context(|| format!("volume {name}"))?;
+        let dev = Arc::new(StatsDev::new(dev));
+        let export = Export { name: name.to_string(), description: dev.describe(), dev: dev.clone(), read_only };
+        self.server.add(export).map_err(anyhow::Error::msg)?;
+        let volume = Arc::new(Volume { name: name.to_string(), read_only, dev });
+        self.volumes.write().push(volume.clone());
+        Ok(volume)
+    }
+
+    /// Takes export `name` away: new connections no longer see it; with connections serving
+    /// it, refused unless `force`, which lets their in-flight requests finish and closes
+    /// them. Then its device is flushed and closed (its files' claims released).
+    pub async fn remove(&self, name: &str, force: bool) -> anyhow::Result<()> {
+        let removed = self.server.remove(name, force).map_err(anyhow::Error::msg)?;
+        removed.closed().await;
+        let volume = {
+            let mut volumes = self.volumes.write();
+            let i = volumes.iter().position(|v| v.name == name).context("volume not in the list")?;
+            volumes.remove(i)
+        };
+        if !volume.read_only {
+            volume.dev.shutdown().await.with_context(|| format!("flushing {name}"))?;
+        }
+        Ok(())
+    }
+
     pub fn status(&self) -> ServerStatus {
         let volumes = self
-            .volumes
+            .volumes()
             .iter()
             .map(|v| VolumeStatus {
                 name: v.name.clone(),
@@ -68,7 +118,7 @@ impl Admin {
             .collect();
         ServerStatus {
             uptime_s: self.started.elapsed().as_secs_f64(),
-            connections: (self.connections)() as u64,
+            connections: self.server.live_connections() as u64,
             volumes,
         }
     }
@@ -87,9 +137,10 @@ impl Admin {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
         head("strata_connections", "gauge", "Open NBD connections.", &mut out);
-        let _ = writeln!(out, "strata_connections {}", (self.connections)());
+        let _ = writeln!(out, "strata_connections {}", self.server.live_connections());
+        let volumes = self.volumes();
         head("strata_volume_size_bytes", "gauge", "Volume size.", &mut out);
-        for v in &self.volumes {
+        for v in &volumes {
             let _ = writeln!(out, "strata_volume_size_bytes{{volume=\"{}\"}} {}", v.name, v.dev.size());
         }
         for (metric, field, help) in [
@@ -98,7 +149,7 @@ impl Admin {
             ("strata_errors_total", "errors", "Requests that failed, by operation."),
         ] {
             head(metric, "counter", help, &mut out);
-            for v in &self.volumes {
+            for v in &volumes {
                 for op in OPS {
                     let s = v.dev.op(op);
                     let n = match field {
@@ -111,7 +162,7 @@ impl Admin {
             }
         }
         head("strata_request_duration_seconds", "histogram", "Request latency, by operation.", &mut out);
-        for v in &self.volumes {
+        for v in &volumes {
             for op in OPS {
                 let s = v.dev.op(op);
                 let mut cumulative = 0u64;
@@ -134,7 +185,7 @@ impl Admin {
         }
         // What each target reports about itself: one family per name, across the volumes.
         let mut families: BTreeMap<&str, (MetricKind, &str, Vec<String>)> = BTreeMap::new();
-        for v in &self.volumes {
+        for v in &volumes {
             for s in v.dev.metrics() {
                 let mut labels = format!("volume=\"{}\"", escape(&v.name));
                 for (k, value) in &s.labels {
@@ -189,7 +240,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
                 ("POST", r) if r.starts_with("/volumes/") && r.ends_with("/message") => {
                     let name = &r["/volumes/".len()..r.len() - "/message".len()];
-                    match admin.volumes.iter().find(|v| v.name == name) {
+                    match admin.volumes().iter().find(|v| v.name == name) {
                         None => ("404 Not Found", "text/plain", format!("no volume named {name:?}\n")),
                         Some(v) => match v.dev.message(body.trim()).await {
                             Ok(answer) => ("200 OK", "text/plain", format!("{answer}\n")),
@@ -197,11 +248,30 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                         },
                     }
                 }
+                ("POST", "/exports") => {
+                    let read_only = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "read_only"));
+                    let added = match crate::cmd::serve::parse_named(body.trim()) {
+                        Ok((name, spec)) => admin.add(&name, &spec, read_only).await.map(|v| v.dev.describe()),
+                        Err(e) => Err(anyhow::Error::msg(e)),
+                    };
+                    match added {
+                        Ok(device) => ("200 OK", "text/plain", format!("added: {device}\n")),
+                        Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
+                    }
+                }
+                ("DELETE", r) if r.starts_with("/exports/") => {
+                    let force = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "force"));
+                    match admin.remove(&r["/exports/".len()..], force).await {
+                        Ok(()) => ("200 OK", "text/plain", "removed\n".to_string()),
+                        Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
+                    }
+                }
                 ("GET", _) => ("404 Not Found", "text/plain", "try /status or /metrics\n".to_string()),
                 _ => (
                     "400 Bad Request",
                     "text/plain",
-                    "GET /status, GET /metrics, POST /volumes/NAME/message\n".to_string(),
+                    "GET /status, GET /metrics, POST /volumes/NAME/message, POST /exports, DELETE /exports/NAME\n"
+                        .to_string(),
                 ),
             };
             let resp = format!(
@@ -260,6 +330,16 @@ pub async fn get(addr: &str, path: &str) -> anyhow::Result<String> {
 /// The `/status` of a running server.
 pub async fn status(addr: &str) -> anyhow::Result<ServerStatus> {
     Ok(serde_json::from_str(&get(addr, "/status").await?)?)
+}
+
+/// Adds export `named` (`NAME=SPEC`) to a running server.
+pub async fn add_export(addr: &str, named: &str, read_only: bool) -> anyhow::Result<String> {
+    request(addr, "POST", if read_only { "/exports?read_only" } else { "/exports" }, named).await
+}
+
+/// Removes export `name` from a running server.
+pub async fn remove_export(addr: &str, name: &str, force: bool) -> anyhow::Result<String> {
+    request(addr, "DELETE", &format!("/exports/{name}{}", if force { "?force" } else { "" }), "").await
 }
 
 /// Sends a control message to a volume of a running server.

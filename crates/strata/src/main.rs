@@ -28,6 +28,8 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Show what a running server is doing (from its --admin endpoint).
     Status(cmd::status::StatusArgs),
+    /// Add or remove exports of a running server (through its --admin endpoint).
+    Export(cmd::export::ExportArgs),
     /// Create, tune, flush, detach, check and dump caches.
     Cache(cmd::cache::CacheArgs),
     /// Create, tune, flush, detach, check and dump write logs (the writecache target).
@@ -44,6 +46,7 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Export(a) => cmd::export::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Writecache(a) => cmd::writecache::run(a),
         Command::Sim(a) => cmd::sim::run(a),

@@ -2,17 +2,14 @@
 //! is in flight, flush every volume and exit 0.
 
 use crate::config::Config;
-use crate::http::{self, Admin, Volume};
-use crate::open::Opener;
+use crate::http::{self, Admin};
 use crate::spec::Spec;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
-use strata_io::stats::StatsDev;
 use strata_io::BlockDev;
-use strata_nbd::{Export, Limits, Server};
+use strata_nbd::{Limits, Server};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -121,20 +118,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata").build()?;
     runtime.block_on(async move {
         strata_io::engine::reap_on_current_runtime();
-        let opener = Opener::new();
-        let mut volumes = Vec::new();
-        let mut exports = Vec::new();
-        for (name, spec, ro) in wanted {
-            let dev = opener.open(&spec, ro).await.with_context(|| format!("volume {name}"))?;
-            let stats = Arc::new(StatsDev::new(dev));
-            exports.push(Export {
-                name: name.clone(),
-                description: stats.describe(),
-                dev: stats.clone() as Arc<dyn BlockDev>,
-                read_only: ro,
-            });
-            volumes.push(Volume { name, read_only: ro, dev: stats });
-        }
         let mut limits = Limits::default();
         if let Some(n) = args.max_connections.or(cfg.max_connections) {
             limits.max_connections = n.max(1);
@@ -142,7 +125,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if let Some(n) = args.max_inflight.or(cfg.max_inflight) {
             limits.max_inflight_per_connection = n.max(1);
         }
-        let server = Server::new(exports, limits).map_err(anyhow::Error::msg)?;
+        let server = Server::new(Vec::new(), limits).map_err(anyhow::Error::msg)?;
+        let admin = Arc::new(Admin::new(server.clone()));
+        for (name, spec, ro) in wanted {
+            if let Err(e) = admin.add(&name, &spec, ro).await {
+                // Close what was opened cleanly: a cache left open would be marked unclean.
+                for v in admin.volumes() {
+                    let _ = admin.remove(&v.name, true).await;
+                }
+                return Err(e);
+            }
+        }
 
         let mut tasks = Vec::new();
         if let Some(path) = &unix {
@@ -164,20 +157,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
             tasks.push(tokio::spawn(async move { s.serve_tcp(l).await }));
             eprintln!("strata: serving NBD on tcp:{addr}");
         }
-        let admin = Arc::new(Admin {
-            volumes,
-            started: Instant::now(),
-            connections: Box::new({
-                let s = server.clone();
-                move || s.live_connections()
-            }),
-        });
         if let Some(addr) = &admin_addr {
             let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin {addr}"))?;
             tokio::spawn(http::serve(l, admin.clone()));
             eprintln!("strata: admin endpoint on http://{addr}/status and /metrics");
         }
-        for v in &admin.volumes {
+        for v in &admin.volumes() {
             eprintln!("strata: export {:?}: {} bytes, {}", v.name, v.dev.size(), v.dev.describe());
         }
 
@@ -189,7 +174,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         server.wait_idle().await;
         let mut failed = false;
-        for v in &admin.volumes {
+        for v in &admin.volumes() {
             if !v.read_only {
                 if let Err(e) = v.dev.shutdown().await {
                     eprintln!("strata: flushing {}: {e}", v.name);

@@ -1,0 +1,111 @@
+//! Exports added and removed while serving (`strata export add|remove`): a new export is
+//! served at once with its data, bad requests are refused and leave the server serving,
+//! removing an export with clients is refused unless forced, a forced removal closes its
+//! connections after their requests and flushes the device, and its file can be opened again.
+
+mod common;
+
+use common::{Server, ServerOpts};
+use std::process::{Command, Output};
+use strata_nbd::client::Client;
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap()
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "strata failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn refused(o: Output) -> String {
+    assert!(!o.status.success(), "strata should have refused: {}", String::from_utf8_lossy(&o.stdout));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn names(srv: &Server) -> Vec<String> {
+    let st = srv.status();
+    st["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn exports_are_added_and_removed_while_serving() {
+    let srv = Server::start_opts(
+        common::tempdir(),
+        ServerOpts { admin: true, args: vec!["a=mem:4MiB".into()], ..Default::default() },
+    );
+    let admin = srv.admin.clone().unwrap();
+    let sock = srv.sock.clone().unwrap();
+    let img = srv.dir.path().join("b.img");
+    let b = format!("b={}?size=4MiB", img.display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let data = common::random_bytes(64 << 10, 11);
+
+    assert!(ok(strata(&["export", "add", "--admin", &admin, &b])).contains("added"));
+    assert_eq!(names(&srv), ["a", "b"]);
+
+    // Refused, naming why; the server goes on serving both.
+    assert!(refused(strata(&["export", "add", "--admin", &admin, &b])).contains("already served"));
+    assert!(refused(strata(&["export", "add", "--admin", &admin, "c=foo:bar"])).contains("unknown device kind"));
+    let claimed = format!("c={}", img.display());
+    assert!(refused(strata(&["export", "add", "--admin", &admin, &claimed])).contains("cannot claim"));
+    assert!(refused(strata(&["export", "remove", "--admin", &admin, "nope"])).contains("no export named"));
+    assert_eq!(names(&srv), ["a", "b"]);
+
+    rt.block_on(async {
+        let mut c = Client::connect_unix(&sock, "b").await.unwrap();
+        c.write(1 << 20, &data, false).await.unwrap();
+        // With a client connected, removal needs force.
+        let why = refused(strata(&["export", "remove", "--admin", &admin, "b"]));
+        assert!(why.contains("1 connection"), "{why}");
+        c.write(2 << 20, &data, false).await.unwrap();
+        assert_eq!(c.read(1 << 20, data.len() as u32).await.unwrap(), data);
+        ok(strata(&["export", "remove", "--admin", &admin, "--force", "b"]));
+        // The connection is closed: the next request fails rather than reaching a closed device.
+        assert!(c.read(0, 4096).await.is_err());
+        // New connections no longer see it; the other export is untouched.
+        assert!(Client::connect_unix(&sock, "b").await.is_err());
+        let mut other = Client::connect_unix(&sock, "a").await.unwrap();
+        other.write(0, &data, true).await.unwrap();
+        assert_eq!(other.read(0, data.len() as u32).await.unwrap(), data);
+    });
+    assert_eq!(names(&srv), ["a"]);
+
+    // The device was flushed and its claim released: the file holds the unflushed writes and
+    // can be served again.
+    let on_disk = std::fs::read(&img).unwrap();
+    assert_eq!(&on_disk[1 << 20..(1 << 20) + data.len()], &data[..]);
+    assert_eq!(&on_disk[2 << 20..(2 << 20) + data.len()], &data[..]);
+    ok(strata(&["export", "add", "--admin", &admin, "--read-only", &b]));
+    rt.block_on(async {
+        let mut c = Client::connect_unix(&sock, "b").await.unwrap();
+        assert_eq!(c.read(2 << 20, data.len() as u32).await.unwrap(), data);
+        assert!(c.write(0, &data, false).await.is_err(), "a read-only export refuses writes");
+    });
+}
+
+#[test]
+fn a_volume_that_fails_to_open_at_start_leaves_the_others_closed_cleanly() {
+    // The second volume claims the cache's origin: the server refuses to start, and the cache,
+    // already opened, is closed with a clean shutdown (no recovery at the next open).
+    let dir = common::tempdir();
+    let (origin, cache) = (dir.path().join("o.img"), dir.path().join("c.img"));
+    ok(strata(&[
+        "cache",
+        "create",
+        "--origin",
+        &format!("{}?size=4MiB", origin.display()),
+        "--cache",
+        &format!("{}?size=2MiB", cache.display()),
+    ]));
+    let why = refused(strata(&[
+        "serve",
+        "--unix",
+        dir.path().join("s.sock").to_str().unwrap(),
+        &format!("a=cache:{}", cache.display()),
+        &format!("b={}", origin.display()),
+    ]));
+    assert!(why.contains("volume b") && why.contains("cannot claim"), "{why}");
+    let check = ok(strata(&["cache", "check", cache.to_str().unwrap()]));
+    assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");
+}
