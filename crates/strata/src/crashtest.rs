@@ -570,8 +570,27 @@ mod tests {
     }
 }
 
+/// The target a kill -9 point serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Killed {
+    Cache,
+    Writecache,
+}
+
+impl Killed {
+    /// Its spec prefix and its command's name.
+    fn word(self) -> &'static str {
+        match self {
+            Killed::Cache => "cache",
+            Killed::Writecache => "writecache",
+        }
+    }
+}
+
 /// How a kill -9 crash point is set up.
 pub struct KillSetup {
+    /// What is served and killed.
+    pub target: Killed,
     /// The strata binary to run as the server.
     pub strata: std::path::PathBuf,
     /// Scratch directory (one subdirectory per point).
@@ -600,12 +619,12 @@ struct ServerProc {
 }
 
 impl ServerProc {
-    fn start(strata: &Path, sock: &Path, cache: &Path, log: &Path) -> anyhow::Result<Self> {
+    fn start(strata: &Path, sock: &Path, target: Killed, cache: &Path, log: &Path) -> anyhow::Result<Self> {
         let _ = std::fs::remove_file(sock);
         let child = std::process::Command::new(strata)
             .args(["serve", "--unix"])
             .arg(sock)
-            .arg(format!("vol=cache:{}", cache.display()))
+            .arg(format!("vol={}:{}", target.word(), cache.display()))
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log)?)
             .spawn()?;
@@ -686,49 +705,61 @@ fn create_cache(
     cache_bytes: u64,
     block: &str,
 ) -> anyhow::Result<()> {
+    let opts =
+        ["--block-size", block, "--migration-budget", "0", "--sequential-cutoff", "0", "--writeback-percent", "30"];
+    create_target(strata, Killed::Cache, (origin, origin_bytes), (cache, cache_bytes), &opts)
+}
+
+/// `strata cache create` or `strata writecache create` (the write log with 4 KiB blocks and
+/// default tunables: write-back runs while the workload does) with `opts`.
+fn create_target(
+    strata: &Path,
+    target: Killed,
+    (origin, origin_bytes): (&Path, u64),
+    (cache, cache_bytes): (&Path, u64),
+    opts: &[&str],
+) -> anyhow::Result<()> {
     let out = std::process::Command::new(strata)
-        .args(["cache", "create", "--origin"])
+        .args([target.word(), "create", "--origin"])
         .arg(format!("{}?size={origin_bytes}", origin.display()))
         .arg("--cache")
         .arg(format!("{}?size={cache_bytes}", cache.display()))
-        .args([
-            "--block-size",
-            block,
-            "--migration-budget",
-            "0",
-            "--sequential-cutoff",
-            "0",
-            "--writeback-percent",
-            "30",
-        ])
+        .args(opts)
         .output()?;
-    anyhow::ensure!(out.status.success(), "cache create: {}", String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(out.status.success(), "{} create: {}", target.word(), String::from_utf8_lossy(&out.stderr));
     Ok(())
 }
 
-/// `strata cache check CACHE`: `None` when it passes, its report when it does not.
-fn cache_check(strata: &Path, cache: &Path) -> anyhow::Result<Option<String>> {
-    let out = std::process::Command::new(strata).args(["cache", "check"]).arg(cache).output()?;
+/// `strata cache check CACHE` (or `writecache check`): `None` when it passes, its report when
+/// it does not.
+fn target_check(strata: &Path, target: Killed, cache: &Path) -> anyhow::Result<Option<String>> {
+    let out = std::process::Command::new(strata).args([target.word(), "check"]).arg(cache).output()?;
     Ok((!out.status.success()).then(|| String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
-/// One kill -9 crash point: a writeback cache over a file origin is driven by a random
-/// workload through NBD and killed at a seeded step (mid-request); then the metadata is
-/// checked, the cache restarted, every sector verified against the oracle, and the
-/// metadata checked again after a clean stop.
+/// One kill -9 crash point: a writeback cache (or a write log) over a file origin is driven
+/// by a random workload through NBD and killed at a seeded step (mid-request); then the
+/// metadata is checked, the target restarted, every sector verified against the oracle, and
+/// the metadata checked again after a clean stop.
 pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOutcome> {
     let dir = setup.dir.join(format!("point-{seed}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let (origin, cache, sock, log) =
         (dir.join("origin.img"), dir.join("cache.img"), dir.join("s.sock"), dir.join("server.log"));
-    create_cache(&setup.strata, &origin, setup.origin_bytes, &cache, setup.cache_bytes, "32KiB")?;
+    match setup.target {
+        Killed::Cache => create_cache(&setup.strata, &origin, setup.origin_bytes, &cache, setup.cache_bytes, "32KiB")?,
+        Killed::Writecache => {
+            let (o, c) = ((origin.as_path(), setup.origin_bytes), (cache.as_path(), setup.cache_bytes));
+            create_target(&setup.strata, Killed::Writecache, o, c, &[])?
+        }
+    }
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let steps = workload(seed, setup.steps, setup.origin_bytes);
     let kill_at = rng.gen_range(setup.steps / 4..setup.steps);
     let mut oracle = Oracle::new(setup.origin_bytes);
-    let mut server = ServerProc::start(&setup.strata, &sock, &cache, &log)?;
+    let mut server = ServerProc::start(&setup.strata, &sock, setup.target, &cache, &log)?;
     {
         let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
         for step in &steps[..kill_at] {
@@ -750,11 +781,11 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
 
     let mut check_failures = 0;
     let mut detail = String::new();
-    if let Some(report) = cache_check(&setup.strata, &cache)? {
+    if let Some(report) = target_check(&setup.strata, setup.target, &cache)? {
         check_failures += 1;
         detail.push_str(&format!("check after crash: {report}\n"));
     }
-    let server = ServerProc::start(&setup.strata, &sock, &cache, &log)?;
+    let server = ServerProc::start(&setup.strata, &sock, setup.target, &cache, &log)?;
     let image = {
         let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
         let image = read_region(&mut c, 0, setup.origin_bytes).await?;
@@ -762,7 +793,7 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
         image
     };
     server.stop()?;
-    if let Some(report) = cache_check(&setup.strata, &cache)? {
+    if let Some(report) = target_check(&setup.strata, setup.target, &cache)? {
         check_failures += 1;
         detail.push_str(&format!("check after recovery: {report}\n"));
     }
@@ -799,38 +830,26 @@ pub async fn writeback_cache(
     Ok(CacheDev::open(cache, origin, meta, OpenOptions { seed, ..OpenOptions::default() }).await?)
 }
 
-/// Restarts a cache from the images a power cut left of its cache device and origin: checks
-/// the metadata, opens the cache (recovering it), reads the whole volume, shuts it down and
-/// checks the metadata again. Returns the volume's content, the number of failed checks and
-/// what they found.
-pub async fn recover_cache(
+/// Restarts a target from the images a power cut left of its cache device and origin: opens
+/// it (recovering it, and checking what it found), checks it, reads the whole volume, shuts
+/// it down and checks what it leaves. Returns the volume's content, the number of problems
+/// found and what they were.
+pub async fn recover<T: CrashTarget>(
+    target: &T,
     cache_img: strata_io::mem::MemDev,
     origin_img: strata_io::mem::MemDev,
 ) -> anyhow::Result<(strata_io::Buf, u32, String)> {
     use std::sync::Arc;
-    use strata_cache::meta::Meta;
-    use strata_cache::{CacheDev, OpenOptions};
     use strata_io::{BlockDev, Buf};
 
     let (cache_img, origin_img) = (Arc::new(cache_img), Arc::new(origin_img));
-    let mut check_failures = 0;
-    let mut detail = String::new();
-    let (meta, findings) = Meta::load(&*cache_img).await?;
-    if !findings.errors.is_empty() {
-        check_failures += 1;
-        detail.push_str(&format!("check after the cut: {:?}\n", findings.errors));
-    }
     let size = origin_img.size();
-    let dev = CacheDev::open(cache_img.clone(), origin_img, meta, OpenOptions::default()).await?;
-    let image = dev.read(0, Buf::zeroed(size as usize)).await?;
-    dev.shutdown().await?;
-    drop(dev);
-    let (_, findings) = Meta::load(&*cache_img).await?;
-    if !findings.errors.is_empty() || !findings.repaired.is_empty() {
-        check_failures += 1;
-        detail.push_str(&format!("check after recovery: {:?} {:?}\n", findings.errors, findings.repaired));
-    }
-    Ok((image, check_failures, detail))
+    let (vol, mut problems) = target.reopen(cache_img.clone(), origin_img).await?;
+    problems.extend(target.check(&vol).await);
+    let image = vol.read(0, Buf::zeroed(size as usize)).await?;
+    problems.extend(target.close(vol, cache_img).await);
+    let detail = problems.iter().map(|p| format!("{p}\n")).collect();
+    Ok((image, problems.len() as u32, detail))
 }
 
 // ------------------------------------------------------------------- power-cut runs

@@ -2,12 +2,23 @@
 //! with flushes; after restart `strata cache check` passes and every flushed or FUA write
 //! reads back (see `strata::crashtest` for the oracle and the runners).
 
-use strata::crashtest::{kill_point, KillSetup};
+use strata::crashtest::{kill_point, KillSetup, Killed};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_seeded_points_loses_no_flushed_write() {
+    kill_points(Killed::Cache).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_write_log_at_seeded_points_loses_no_flushed_write() {
+    kill_points(Killed::Writecache).await;
+}
+
+/// Twelve seeded kill -9 points of `target`, every sector checked after each.
+async fn kill_points(target: Killed) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let setup = KillSetup {
+        target,
         strata: env!("CARGO_BIN_EXE_strata").into(),
         dir: dir.path().to_owned(),
         origin_bytes: 16 << 20,
@@ -19,7 +30,7 @@ async fn kill_9_at_seeded_points_loses_no_flushed_write() {
         let out = kill_point(&setup, seed).await.unwrap();
         assert_eq!(out.verdict.lost, 0, "seed {seed}: lost flushed writes\n{}", out.detail);
         assert_eq!(out.verdict.garbage, 0, "seed {seed}: sectors hold bytes never written\n{}", out.detail);
-        assert_eq!(out.check_failures, 0, "seed {seed}: cache check failed\n{}", out.detail);
+        assert_eq!(out.check_failures, 0, "seed {seed}: {target:?} check failed\n{}", out.detail);
         verified += out.verdict.sectors;
     }
     assert_eq!(verified, 12 * (16 << 20) / 512);
@@ -223,29 +234,23 @@ async fn power_cut_suite_catches_unstable_reads() {
 }
 
 /// ext4 through nbdfuse + loop on recording devices, cut at 20 seeded flush points on a plain
-/// volume and 20 on a writeback cache: `e2fsck -fn` clean after the journal replay, every
-/// fsynced file intact (see `strata::crashtest::ext4`).
+/// volume, 20 on a writeback cache and 20 on a write log: `e2fsck -fn` clean after the journal
+/// replay, every fsynced file intact (see `strata::crashtest::ext4`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ext4_cut_at_flush_points_is_clean_and_keeps_fsynced_files() {
-    use strata::crashtest::ext4::{replay, unavailable, Ext4Setup};
+    use strata::crashtest::ext4::{replay, unavailable, Ext4Setup, Stack};
     if let Some(why) = unavailable() {
         eprintln!("SKIP: ext4_cut_at_flush_points_is_clean_and_keeps_fsynced_files: {why}");
         return;
     }
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    for cache in [false, true] {
-        let s = Ext4Setup {
-            dir: dir.path().join(if cache { "c" } else { "p" }),
-            volume_bytes: 64 << 20,
-            ops: 40,
-            seed: 3,
-            cache,
-        };
+    for stack in Stack::ALL {
+        let s = Ext4Setup { dir: dir.path().join(stack.name()), volume_bytes: 64 << 20, ops: 40, seed: 3, stack };
         let sum = replay(&s, 20).await.unwrap();
-        assert!(sum.flush_points >= 20, "cache={cache}: only {} flush points recorded", sum.flush_points);
-        assert_eq!(sum.points, 20, "cache={cache}");
-        assert!(sum.paths > 0, "cache={cache}: no fsynced file was checked");
-        assert_eq!((sum.lost, sum.check_failures), (0, 0), "cache={cache}:\n{}", sum.failures.join("\n"));
+        assert!(sum.flush_points >= 20, "{stack:?}: only {} flush points recorded", sum.flush_points);
+        assert_eq!(sum.points, 20, "{stack:?}");
+        assert!(sum.paths > 0, "{stack:?}: no fsynced file was checked");
+        assert_eq!((sum.lost, sum.check_failures), (0, 0), "{stack:?}:\n{}", sum.failures.join("\n"));
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use crate::crashtest::soak::{soak, SoakSetup};
 use crate::crashtest::{ext4, faults};
 use crate::crashtest::{
-    kill_point, powercut_run, CacheTarget, CrashTarget, KillSetup, PowercutSetup, WritecacheTarget,
+    kill_point, powercut_run, CacheTarget, CrashTarget, KillSetup, Killed, PowercutSetup, WritecacheTarget,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -28,7 +28,7 @@ pub enum CrashMode {
     Soak,
     /// Record an ext4 workload (mkfs, files written and fsynced, renames, deletes) through
     /// nbdfuse + loop on devices that record every write, then cut it at its flush points
-    /// (--points of them, every one for 0) on a plain volume and on a writeback cache: after
+    /// (--points of them, every one for 0) on a plain volume, a writeback cache and a write log: after
     /// the journal replay `e2fsck -fn` must be clean and every fsynced file intact. Needs
     /// root, FUSE, loop devices, nbdfuse and e2fsprogs.
     Ext4,
@@ -70,7 +70,7 @@ pub struct CrashtestArgs {
     /// Workload steps per point (powercut: requests of all clients together).
     #[arg(long, default_value_t = 400)]
     pub steps: usize,
-    /// Powercut: the target crashed: the cache, or the write log (writecache).
+    /// Powercut and kill: the target crashed: the cache, or the write log (writecache).
     #[arg(long, default_value = "cache", value_parser = ["cache", "writecache"])]
     pub target: String,
     /// Powercut: the mode the target is created in (all: each in turn, --points each). Cache:
@@ -94,6 +94,7 @@ pub struct CrashtestArgs {
 
 pub fn run(a: CrashtestArgs) -> Result<()> {
     let setup = KillSetup {
+        target: if a.target == "writecache" { Killed::Writecache } else { Killed::Cache },
         strata: std::env::current_exe()?,
         dir: a.dir.clone(),
         origin_bytes: 16 << 20,
@@ -223,18 +224,18 @@ fn run_ext4(a: &CrashtestArgs, rt: &tokio::runtime::Runtime) -> Result<()> {
         anyhow::bail!("--mode ext4 cannot run here: {why}");
     }
     let (mut points, mut lost, mut failures) = (0, 0, 0);
-    for cache in [false, true] {
+    for stack in ext4::Stack::ALL {
         let s = ext4::Ext4Setup {
-            dir: a.dir.join(if cache { "ext4-cache" } else { "ext4-plain" }),
+            dir: a.dir.join(format!("ext4-{}", stack.name())),
             volume_bytes: 64 << 20,
             ops: 60,
             seed: a.seed,
-            cache,
+            stack,
         };
         let sum = rt.block_on(ext4::replay(&s, a.points as usize))?;
         eprintln!(
             "{} volume: {} flush points, {} cut, {} fsynced paths checked",
-            if cache { "cache" } else { "plain" },
+            stack.name(),
             sum.flush_points,
             sum.points,
             sum.paths

@@ -5,21 +5,21 @@
 //! process, so the recordings stay reachable), attached with `nbdfuse`, `losetup` and
 //! `mount`, and a seeded ext4 workload runs on it: `mkfs.ext4`, files written and fsynced,
 //! partial overwrites, renames and deletes made durable by an fsync of their directory, some
-//! writes never synced, then `umount`. Two volumes: a plain RAM device, and a writeback cache
-//! whose cache device and origin both record.
+//! writes never synced, then `umount`. Three volumes: a plain RAM device, a writeback cache
+//! and a write log, the last two with a cache device and an origin that both record.
 //!
 //! Replay: for each volume-level flush k from mkfs's last one on, a cut at a seeded moment after flush k completed
 //! and before flush k+1 completed (or the end): every device keeps what the power-cut rules
 //! allow at that moment (writes after the last completed flush kept, dropped or torn, as the
-//! seed decides); a cache is recovered from its two images and read back. On a copy of the
+//! seed decides); a cache or write log is recovered from its two images and read back. On a copy of the
 //! volume image, the journal is replayed (`e2fsck -E journal_only -y`, what mounting does),
 //! then `e2fsck -fn` must report a clean file system, and every path whose last operation
 //! was made durable (fsync returned) before the cut must hold what that operation left:
 //! the file's content, or no file after a durable delete or rename away. A path with an
 //! operation in flight or never synced at the cut is not checked. A file not intact is a
-//! lost write; an unclean `e2fsck` or cache check is a check failure.
+//! lost write; an unclean `e2fsck` or a failed check of the target is a check failure.
 
-use super::recover_cache;
+use super::{recover, CacheTarget, CrashTarget, WritecacheTarget};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -87,10 +87,34 @@ struct PathOp {
     state: PathState,
 }
 
+/// The volume the file system lives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stack {
+    /// A RAM device.
+    Plain,
+    /// A writeback cache of a quarter of the volume (blocks are evicted and written back).
+    Cache,
+    /// A write log of a quarter of the volume, default tunables (it fills, writes back and
+    /// lets writes go around).
+    Writecache,
+}
+
+impl Stack {
+    pub const ALL: [Stack; 3] = [Stack::Plain, Stack::Cache, Stack::Writecache];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::Plain => "plain",
+            Stack::Cache => "cache",
+            Stack::Writecache => "writecache",
+        }
+    }
+}
+
 /// Which devices a recording was made on.
 pub enum Devices {
     Plain(Arc<PowerCut<MemDev>>),
-    Cache { cache: Arc<PowerCut<MemDev>>, origin: Arc<PowerCut<MemDev>> },
+    Stacked { stack: Stack, cache: Arc<PowerCut<MemDev>>, origin: Arc<PowerCut<MemDev>> },
 }
 
 /// A recorded ext4 workload, ready to be cut anywhere.
@@ -136,10 +160,13 @@ impl Recording {
                 img.read_into(0, &mut buf)?;
                 Ok((buf, 0, String::new()))
             }
-            Devices::Cache { cache, origin } => {
+            Devices::Stacked { stack, cache, origin } => {
                 let cache_img = cache.crash_at(cache.point_at_tick(tick)?, seed)?;
                 let origin_img = origin.crash_at(origin.point_at_tick(tick)?, seed.wrapping_add(1))?;
-                let (buf, failures, detail) = recover_cache(cache_img, origin_img).await?;
+                let (buf, failures, detail) = match stack {
+                    Stack::Writecache => recover(&WritecacheTarget, cache_img, origin_img).await?,
+                    _ => recover(&CacheTarget, cache_img, origin_img).await?,
+                };
                 Ok((buf.to_vec(), failures, detail))
             }
         }
@@ -303,9 +330,8 @@ pub struct Ext4Setup {
     /// Operations of the file workload.
     pub ops: usize,
     pub seed: u64,
-    /// Put the volume behind a writeback cache whose devices record (the plain volume when
-    /// false).
-    pub cache: bool,
+    /// The volume: plain, or a target whose cache device and origin both record.
+    pub stack: Stack,
 }
 
 /// Records the ext4 workload (see the module docs).
@@ -313,19 +339,23 @@ pub async fn record(s: &Ext4Setup) -> anyhow::Result<Recording> {
     let _ = std::fs::remove_dir_all(&s.dir);
     std::fs::create_dir_all(&s.dir)?;
     let clock = Clock::default();
-    let (dev, devices): (Arc<dyn BlockDev>, Devices) = if s.cache {
+    let (dev, devices): (Arc<dyn BlockDev>, Devices) = if s.stack == Stack::Plain {
+        let plain = Arc::new(PowerCut::with_clock(MemDev::new(s.volume_bytes), clock.clone()));
+        plain.set_history_limit(4 * s.volume_bytes);
+        (plain.clone(), Devices::Plain(plain))
+    } else {
         let origin = Arc::new(PowerCut::with_clock(MemDev::new(s.volume_bytes), clock.clone()));
-        // A cache of a quarter of the volume: blocks are evicted and written back.
         let cache = Arc::new(PowerCut::with_clock(MemDev::new(s.volume_bytes / 4), clock.clone()));
         for d in [&origin, &cache] {
             d.set_history_limit(4 * s.volume_bytes);
         }
-        let dev = super::writeback_cache(cache.clone(), origin.clone(), s.seed).await?;
-        (Arc::new(dev), Devices::Cache { cache, origin })
-    } else {
-        let plain = Arc::new(PowerCut::with_clock(MemDev::new(s.volume_bytes), clock.clone()));
-        plain.set_history_limit(4 * s.volume_bytes);
-        (plain.clone(), Devices::Plain(plain))
+        let dev: Arc<dyn BlockDev> = match s.stack {
+            Stack::Writecache => {
+                Arc::new(WritecacheTarget.create(cache.clone(), origin.clone(), "default", s.seed).await?)
+            }
+            _ => Arc::new(super::writeback_cache(cache.clone(), origin.clone(), s.seed).await?),
+        };
+        (dev, Devices::Stacked { stack: s.stack, cache, origin })
     };
     let volume = Arc::new(PowerCut::with_clock(dev, clock.clone()));
     volume.set_history_limit(4 * s.volume_bytes);
@@ -494,7 +524,7 @@ pub async fn replay(s: &Ext4Setup, points: usize) -> anyhow::Result<Ext4Summary>
     let rec = record(s).await?;
     let ticks = cut_ticks(&rec, points, s.seed);
     let mut sum = Ext4Summary { flush_points: rec.flush_ticks().len(), ..Ext4Summary::default() };
-    let kind = if s.cache { "cache" } else { "plain" };
+    let kind = s.stack.name();
     for (i, &tick) in ticks.iter().enumerate() {
         let seed = s.seed.wrapping_mul(1000).wrapping_add(i as u64);
         let p = check_cut(&rec, tick, seed, &s.dir).await?;

@@ -16,7 +16,7 @@
 //! Each cycle: the oracle's load on B starts, job A runs, fio's load on C joins, and after a
 //! seeded 3-30 s the server gets SIGKILL; then `strata cache check`, restart, verify B and A. fio runs are rate-limited so the soak takes little CPU.
 
-use super::{apply_at, cache_check, create_cache, read_region, workload, Oracle, ServerProc};
+use super::{apply_at, create_cache, read_region, target_check, workload, Killed, Oracle, ServerProc};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
@@ -160,7 +160,7 @@ pub async fn soak(s: &SoakSetup) -> anyhow::Result<SoakReport> {
     // The last job A that ran to completion: verified again after each crash.
     let mut last_a: Option<u64> = None;
     let started = Instant::now();
-    let mut server = ServerProc::start(&s.strata, &sock, &cache, &log)?;
+    let mut server = ServerProc::start(&s.strata, &sock, Killed::Cache, &cache, &log)?;
     for cycle in 0.. {
         let seed = s.seed * 10_000 + cycle;
         let load = tokio::spawn(oracle_load(sock.clone(), oracle, seed));
@@ -188,11 +188,11 @@ pub async fn soak(s: &SoakSetup) -> anyhow::Result<SoakReport> {
         }
 
         let mut problems = Vec::new();
-        if let Some(r) = cache_check(&s.strata, &cache)? {
+        if let Some(r) = target_check(&s.strata, Killed::Cache, &cache)? {
             report.check_failures += 1;
             problems.push(format!("cache check after the kill: {r}"));
         }
-        server = ServerProc::start(&s.strata, &sock, &cache, &log)?;
+        server = ServerProc::start(&s.strata, &sock, Killed::Cache, &cache, &log)?;
         let image = {
             let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
             let image = read_region(&mut c, REGION_B.0, REGION_B.1).await?;
@@ -228,7 +228,7 @@ pub async fn soak(s: &SoakSetup) -> anyhow::Result<SoakReport> {
         }
     }
     server.stop()?;
-    if let Some(r) = cache_check(&s.strata, &cache)? {
+    if let Some(r) = target_check(&s.strata, Killed::Cache, &cache)? {
         report.check_failures += 1;
         eprintln!("cache check after the final clean stop: {r}");
     }
