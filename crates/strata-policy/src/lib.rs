@@ -26,6 +26,7 @@ mod dirty;
 mod hash;
 mod hints;
 mod list;
+pub mod pacing;
 pub mod policies;
 
 use std::fmt;

@@ -15,6 +15,13 @@ pub struct Tunables {
     pub low_watermark: u32,
     /// Longest a change waits for a background commit.
     pub autocommit_time_ms: u64,
+    /// Blocks written without a FLUSH after which the background commits.
+    pub autocommit_blocks: u64,
+    /// Most blocks a write-back takes at once (0: a whole batch); fewer keep origin reads
+    /// quicker while it writes back.
+    pub writeback_jobs: u32,
+    /// A block dirty longer than this is written back whatever the dirty share (0: no limit).
+    pub max_age_ms: u64,
     /// No background write-back (writes still go around a full log).
     pub pause_writeback: bool,
     /// Write back everything dirty (before a detach).
@@ -27,6 +34,9 @@ impl Default for Tunables {
             high_watermark: 50,
             low_watermark: 45,
             autocommit_time_ms: 1000,
+            autocommit_blocks: 65536,
+            writeback_jobs: 0,
+            max_age_ms: 0,
             pause_writeback: false,
             cleaner: false,
         }
@@ -49,6 +59,9 @@ impl Tunables {
             "high_watermark" => t.high_watermark = num()?.min(1000) as u32,
             "low_watermark" => t.low_watermark = num()?.min(1000) as u32,
             "autocommit_time" => t.autocommit_time_ms = num()?,
+            "autocommit_blocks" => t.autocommit_blocks = num()?.max(1),
+            "writeback_jobs" => t.writeback_jobs = num()?.min(u32::MAX as u64) as u32,
+            "max_age" => t.max_age_ms = num()?,
             "pause_writeback" => t.pause_writeback = flag()?,
             "cleaner" => t.cleaner = flag()?,
             _ => return Err(bad("unknown setting".into())),
@@ -80,6 +93,10 @@ pub struct WritecacheStatus {
     /// Writes that went to the origin because no slot was free.
     pub writes_around: u64,
     pub writebacks: u64,
+    /// The write-back controller's rate now, in blocks per second: 0 at or below the target,
+    /// bcache's proportional-integral rate above it, `null` for flat out (flushing,
+    /// cleaning, a full log, an idle origin, or blocks past `max_age`).
+    pub writeback_rate: Option<f64>,
     pub writeback_errors: u64,
     pub evictions: u64,
     pub commits: u64,
@@ -94,7 +111,7 @@ impl WritecacheStatus {
     /// The figures as Prometheus samples.
     pub fn samples(&self) -> Vec<Sample> {
         use MetricKind::{Counter, Gauge};
-        let rows: [(&'static str, MetricKind, &'static str, f64); 15] = [
+        let rows: [(&'static str, MetricKind, &'static str, f64); 16] = [
             ("strata_writecache_block_bytes", Gauge, "Size of a log slot.", self.block_bytes as f64),
             ("strata_writecache_blocks", Gauge, "Slots of the log.", self.blocks as f64),
             ("strata_writecache_free_blocks", Gauge, "Slots free for new writes.", self.free_blocks as f64),
@@ -144,6 +161,12 @@ impl WritecacheStatus {
                 self.evictions as f64,
             ),
             ("strata_writecache_commits_total", Counter, "Commits (one fast-device flush each).", self.commits as f64),
+            (
+                "strata_writecache_writeback_rate_blocks_per_second",
+                Gauge,
+                "The write-back controller's rate (+Inf: flat out).",
+                self.writeback_rate.unwrap_or(f64::INFINITY),
+            ),
             (
                 "strata_writecache_low_watermark_ratio",
                 Gauge,

@@ -46,12 +46,15 @@ async fn exercise(cache_bytes: u64, block: u32, t: Tunables, seed: u64) -> Write
         tokio::spawn(async move {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             for _ in 0..30 {
-                let msg = match rng.gen_range(0..6) {
+                let msg = match rng.gen_range(0..9) {
                     0 => "flush".to_string(),
                     1 => "commit".to_string(),
                     2 => format!("pause_writeback {}", rng.gen_bool(0.5) as u8),
                     3 => format!("cleaner {}", rng.gen_bool(0.3) as u8),
                     4 => format!("low_watermark {}", rng.gen_range(0..=40)),
+                    5 => format!("writeback_jobs {}", rng.gen_range(0..8)),
+                    6 => format!("max_age {}", rng.gen_range(0..20)),
+                    7 => format!("autocommit_blocks {}", rng.gen_range(1..64)),
                     _ => format!("autocommit_time {}", rng.gen_range(0..50)),
                 };
                 dev.message(&msg).await.unwrap();

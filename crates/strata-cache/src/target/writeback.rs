@@ -194,9 +194,8 @@ impl Inner {
 /// The background task: periodic commits, windowed statistics, and paced write-back.
 pub(super) async fn background(weak: std::sync::Weak<Inner>) {
     let mut last_commit = Instant::now();
-    let mut integral = 0.0f64;
+    let mut pacer = strata_policy::pacing::Pacer::default();
     let mut last_busy = (Duration::ZERO, Duration::ZERO, Instant::now());
-    let mut credit = 0.0f64;
     loop {
         let Some(me) = weak.upgrade() else { return };
         if me.stop.load(Relaxed) {
@@ -236,42 +235,25 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
             };
             (st.policy.dirty_len() as f64, target, st.flush_all)
         };
-        if dirty == 0.0 {
-            if flush_all {
-                me.state.lock().flush_all = false;
-            }
-            integral = 0.0;
-            credit = 0.0;
-            continue;
-        }
-        // bcache's controller, in blocks per second: proportional to how far above target
-        // the dirty count is, plus an integral term; flat out when the origin is idle or a
-        // flush was asked for.
-        let error = dirty - target;
+        // bcache's controller (`strata_policy::pacing`), capped by the migration budget; flat
+        // out when the origin is idle or a flush was asked for.
         let budget_blocks = match me.budget.rate() {
             0 => f64::INFINITY,
             r => r as f64 / me.block as f64,
         };
-        let rate = if flush_all || idle {
-            budget_blocks
-        } else if error > 0.0 {
-            integral = (integral + error * dt / 10_000.0).max(0.0);
-            (error / 40.0 + integral).max(1.0).min(budget_blocks)
-        } else {
-            integral = 0.0;
-            0.0
-        };
+        pacer.update(dirty, target, dt, flush_all || idle, budget_blocks);
+        if dirty == 0.0 {
+            if flush_all {
+                me.state.lock().flush_all = false;
+            }
+            continue;
+        }
         // Migration's own share of origin time stays under the cap unless flushing.
         let cap = *me.share_cap.lock();
         if mg_share > cap && !flush_all && !idle {
             continue;
         }
-        // At most one second of credit, and at most one batch per tick.
-        credit = (credit + rate * dt).min(rate.max(1.0)).min(WRITEBACK_BATCH_MAX as f64);
-        let n = credit.floor() as usize;
-        if n == 0 {
-            continue;
-        }
+        let n = pacer.earn(dt, WRITEBACK_BATCH_MAX);
         let mut allowed = 0;
         while allowed < n && me.budget.try_take(me.block) {
             allowed += 1;
@@ -279,7 +261,7 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         if allowed == 0 {
             continue;
         }
-        credit -= allowed as f64;
+        pacer.spend(allowed);
         me.writeback_batch(allowed).await;
     }
 }

@@ -156,7 +156,9 @@ impl Inner {
             let mut st = self.state.lock();
             let g = st.install(b, s, crc, zero);
             let (free, _) = st.counts();
-            if free * 100 < self.sb.slots * (100 - self.tunables.lock().high_watermark as u64) {
+            let t = *self.tunables.lock();
+            if free * 100 < self.sb.slots * (100 - t.high_watermark as u64) || g - st.durable_gen >= t.autocommit_blocks
+            {
                 self.kick.notify_one();
             }
             g

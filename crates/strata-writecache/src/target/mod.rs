@@ -65,6 +65,8 @@ pub(crate) struct Inner {
     pub(crate) tunables: Mutex<Tunables>,
     /// Wakes the background task (a write filled the log, a tunable changed).
     kick: Notify,
+    /// The write-back controller's rate (f64 bits, blocks per second; infinite: flat out).
+    writeback_rate: AtomicU64,
     /// The last fault (write-back or commit), for status.
     pub(crate) last_error: Mutex<Option<String>>,
 }

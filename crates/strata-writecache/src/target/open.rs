@@ -73,6 +73,7 @@ impl WritecacheDev {
             counters: Counters::default(),
             tunables: Mutex::new(o.tunables),
             kick: Notify::new(),
+            writeback_rate: AtomicU64::new(0),
             last_error: Mutex::new(None),
             sb,
         });

@@ -26,6 +26,7 @@ impl Inner {
             write_misses: c.write_misses.load(Relaxed),
             writes_around: c.writes_around.load(Relaxed),
             writebacks: c.writebacks.load(Relaxed),
+            writeback_rate: Some(f64::from_bits(self.writeback_rate.load(Relaxed))).filter(|r| r.is_finite()),
             writeback_errors: c.writeback_errors.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
             commits: c.commits.load(Relaxed),

@@ -1,17 +1,23 @@
 //! Write-back: copying dirty slots to the origin, a batch at a time: the oldest dirty blocks
 //! are taken, sorted by origin address, runs of adjacent blocks merged into one origin write
 //! each, and the origin flushed once per batch before the blocks count as clean. The
-//! background task writes back continuously while the dirty share is above
-//! `low_watermark` (everything with `cleaner`), evicts the oldest clean blocks to keep
-//! `100 - high_watermark` percent of the slots free, and commits at least every
-//! `autocommit_time`. A failed origin write leaves its blocks dirty and the volume serving.
+//! background task writes back continuously at the pace of bcache's controller
+//! (`strata_policy::pacing`) while the dirty share is above `low_watermark`: flat out when
+//! the origin is idle (no read missed the log and no write went around since the last
+//! round), when the log is full, or with `cleaner` (everything); blocks dirty longer than
+//! `max_age` go whatever the share; a batch takes at most `writeback_jobs` blocks. It evicts
+//! the oldest clean blocks to keep `100 - high_watermark` percent of the slots free, and
+//! commits at least every `autocommit_time` and after `autocommit_blocks` changes. A failed
+//! origin write leaves its blocks dirty and the volume serving.
 
 use super::state::SlotState;
 use super::{relaxed, Inner};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 use strata_io::{Buf, Result, ZeroFlags};
+use strata_policy::pacing::Pacer;
 
 /// Most blocks one batch takes (one origin flush per batch).
 pub(crate) const BATCH_MAX: usize = 256;
@@ -171,53 +177,146 @@ impl Inner {
         n
     }
 
+    /// Origin requests made for clients so far (reads that missed the log, writes around it).
+    fn foreground_origin_requests(&self) -> u64 {
+        self.counters.read_misses.load(Relaxed) + self.counters.writes_around.load(Relaxed)
+    }
+
     /// One round of the background task: what the tunables ask for now.
     /// Returns false when a write-back failed (the task then waits a tick before retrying).
-    async fn background_round(&self, last_commit: &mut Instant) -> bool {
+    async fn background_round(&self, r: &mut Rounds) -> bool {
         let mut ok = true;
         let t = *self.tunables.lock();
         let slots = self.sb.slots;
-        let (_, dirty) = self.state.lock().counts();
+        let now = Instant::now();
+        let dt = now.duration_since(r.last).as_secs_f64();
+        r.last = now;
+        let foreground = self.foreground_origin_requests();
+        let idle = foreground == r.foreground;
+        r.foreground = foreground;
+        let (free, dirty, overdue) = {
+            let st = self.state.lock();
+            let (free, dirty) = st.counts();
+            (free, dirty, r.overdue(&st.dirty, st.seq, t.max_age_ms, now))
+        };
+        let target = if t.cleaner { 0 } else { slots * t.low_watermark as u64 / 100 };
+        let full = free * 100 < slots * (100 - t.high_watermark as u64).max(1);
+        let flat_out = t.cleaner || idle || full;
+        let rate = if t.pause_writeback {
+            0.0
+        } else {
+            r.pacer.update(dirty as f64, target as f64, dt, flat_out, f64::INFINITY)
+        };
+        self.writeback_rate.store(if overdue > 0 { f64::INFINITY } else { rate }.to_bits(), Relaxed);
         if !t.pause_writeback {
-            let target = if t.cleaner { 0 } else { slots * t.low_watermark as u64 / 100 };
-            if dirty > target {
-                let n = ((dirty - target) as usize).clamp(1, BATCH_MAX);
+            let jobs = if t.writeback_jobs == 0 { BATCH_MAX } else { (t.writeback_jobs as usize).min(BATCH_MAX) };
+            let paced = r.pacer.earn(dt, jobs);
+            let n = paced.max(overdue.min(jobs));
+            if n > 0 {
                 ok = self.writeback_batch(n).await.is_ok();
+                r.pacer.spend(paced.min(n));
             }
         }
         let reserve = (slots * (100 - t.high_watermark as u64)).div_ceil(100).max(1);
         let evicted = self.evict(reserve);
-        let stale = !self.state.lock().stale.is_empty();
-        let due = last_commit.elapsed() >= Duration::from_millis(t.autocommit_time_ms);
-        let pending = {
+        let (stale, pending) = {
             let st = self.state.lock();
-            st.write_gen > st.durable_gen
+            (!st.stale.is_empty(), st.write_gen - st.durable_gen)
         };
-        if evicted > 0 || (stale && due) || (pending && due) {
+        let due = r.last_commit.elapsed() >= Duration::from_millis(t.autocommit_time_ms);
+        if evicted > 0 || ((stale || pending > 0) && due) || pending >= t.autocommit_blocks {
             let _ = self.commit_force().await;
-            *last_commit = Instant::now();
+            r.last_commit = Instant::now();
         }
         ok
+    }
+
+    /// Whether the background task has write-back to do at once (no tick's wait).
+    fn behind(&self, r: &Rounds) -> bool {
+        let t = *self.tunables.lock();
+        if t.pause_writeback {
+            return false;
+        }
+        let st = self.state.lock();
+        let (free, dirty) = st.counts();
+        let full = free * 100 < self.sb.slots * (100 - t.high_watermark as u64).max(1);
+        dirty > 0 && (t.cleaner || full || r.pacer.rate() == f64::INFINITY)
+    }
+}
+
+/// What the background task carries from one round to the next.
+struct Rounds {
+    pacer: Pacer,
+    last: Instant,
+    last_commit: Instant,
+    /// `foreground_origin_requests` at the last round.
+    foreground: u64,
+    /// (when, last sequence number handed out then), oldest first: for `max_age`.
+    ages: VecDeque<(Instant, u64)>,
+}
+
+impl Rounds {
+    /// How many dirty blocks are older than `max_age_ms` (0: no limit), counting at most a
+    /// batch. A sample `(t, seq)` taken each tick says every block up to `seq` was written by
+    /// `t`; the newest sample at least `max_age` old is the cutoff.
+    fn overdue(&mut self, dirty: &BTreeSet<(u64, u32)>, seq: u64, max_age_ms: u64, now: Instant) -> usize {
+        if max_age_ms == 0 {
+            self.ages.clear();
+            return 0;
+        }
+        if !matches!(self.ages.back(), Some(&(t, _)) if now.duration_since(t) < TICK) {
+            self.ages.push_back((now, seq));
+        }
+        let old = |&(t, _): &(Instant, u64)| now.duration_since(t) >= Duration::from_millis(max_age_ms);
+        while self.ages.len() >= 2 && old(&self.ages[1]) {
+            self.ages.pop_front();
+        }
+        match self.ages.front() {
+            Some(a) if old(a) => dirty.range(..=(a.1, u32::MAX)).take(BATCH_MAX).count(),
+            _ => 0,
+        }
     }
 }
 
 /// The background task: runs until the target is dropped.
 pub(super) async fn background(weak: Weak<Inner>) {
-    let mut last_commit = Instant::now();
+    let now = Instant::now();
+    let mut r = Rounds { pacer: Pacer::default(), last: now, last_commit: now, foreground: 0, ages: VecDeque::new() };
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        let ok = inner.background_round(&mut last_commit).await;
-        let busy = ok && {
-            let t = *inner.tunables.lock();
-            let (_, dirty) = inner.state.lock().counts();
-            !t.pause_writeback && dirty > if t.cleaner { 0 } else { inner.sb.slots * t.low_watermark as u64 / 100 }
-        };
-        if busy {
+        let ok = inner.background_round(&mut r).await;
+        if ok && inner.behind(&r) {
             drop(inner);
             tokio::task::yield_now().await;
             continue;
         }
         let wait = tokio::time::timeout(TICK, inner.kick.notified());
         let _ = wait.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_past_max_age_are_the_ones_written_before_the_newest_old_sample() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut r = Rounds { pacer: Pacer::default(), last: t0, last_commit: t0, foreground: 0, ages: VecDeque::new() };
+        // Blocks written with sequence numbers 1..=10 by 0 ms, 11..=20 by 100 ms.
+        let dirty: BTreeSet<(u64, u32)> = (1..=20u64).map(|s| (s, s as u32)).collect();
+        assert_eq!(r.overdue(&dirty, 10, 500, at(0)), 0);
+        assert_eq!(r.overdue(&dirty, 20, 500, at(100)), 0);
+        assert_eq!(r.overdue(&dirty, 20, 500, at(499)), 0, "nothing is 500 ms old yet");
+        assert_eq!(r.overdue(&dirty, 20, 500, at(500)), 10, "the first ten are");
+        assert_eq!(r.overdue(&dirty, 20, 500, at(600)), 20, "then all twenty");
+        // Samples are taken at most once a tick, and dropped once a newer one is old enough.
+        assert!(r.ages.len() <= 3, "{:?}", r.ages.len());
+        // Written back, they are no longer counted; no limit counts nothing.
+        let rest: BTreeSet<(u64, u32)> = dirty.iter().copied().filter(|&(s, _)| s > 15).collect();
+        assert_eq!(r.overdue(&rest, 20, 500, at(700)), 5);
+        assert_eq!(r.overdue(&rest, 20, 0, at(800)), 0);
+        assert!(r.ages.is_empty());
     }
 }

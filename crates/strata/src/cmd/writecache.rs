@@ -23,7 +23,8 @@ pub struct WritecacheArgs {
 pub enum WritecacheCommand {
     /// Format a fast device as a write log in front of an origin.
     Create(CreateArgs),
-    /// Change a running log: high_watermark=, low_watermark=, autocommit_time= (ms), pause_writeback=on|off, cleaner=on|off.
+    /// Change a running log: high_watermark=, low_watermark=, writeback_jobs=, autocommit_blocks=,
+    /// autocommit_time= (ms), max_age= (ms), pause_writeback=on|off, cleaner=on|off.
     Set(SetArgs),
     /// Write back every dirty block of a running log and wait.
     Flush(ControlArgs),
