@@ -570,6 +570,14 @@ def cache_create(ctx, origin, cache, **opts):
     return json.loads(run(argv).stdout)["cache_blocks"]
 
 
+def writecache_create(ctx, origin, cache, **opts):
+    """`strata writecache create` (a write log over `origin`)."""
+    argv = [ctx.strata, "writecache", "create", "--origin", origin, "--cache", cache, "--force"]
+    for k, v in opts.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    run(argv)
+
+
 def cache_file_bytes(data_bytes, block_bytes):
     """A cache device size whose data area holds at least `data_bytes` (the superblock,
     mapping table and hints come first)."""

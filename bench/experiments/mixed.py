@@ -2,9 +2,10 @@
 distribution: 60% of IO on 10% of the volume, 30% on 20%, 8% on 30%, 2% on 40%), 100%
 read, 50/50 and 100% write, run twice on the same cache (pass 1, pass 2; fio repeats its
 random sequence, as the seed's second run did), for a sweep of cache sizes. Reported as
-time per pass like the seed's tables, for strata writeback, writethrough and writearound
-and nbdkit's cache filter over the same hdd: origin, with the origin alone as the reference.
-32 KiB cache blocks, as the seed's dm-cache (an 8 KiB IO promotes a whole block).
+time per pass like the seed's tables, for strata writeback, writethrough and writearound,
+strata's write log (writecache, 4 KiB blocks, default tunables, a log of the same data
+capacity) and nbdkit's cache filter over the same hdd: origin, with the origin alone as the
+reference. 32 KiB cache blocks, as the seed's dm-cache (an 8 KiB IO promotes a whole block).
 
 Scale 1: volume 512 MiB, caches 32/128/512 MiB, 2000 IOs per pass at iodepth 8.
 """
@@ -17,7 +18,8 @@ TITLE = "random 8 KiB IO on hot zones, pass 1 and pass 2, by cache size"
 BLOCK = 32 * b.KIB
 ZONES = "zoned:60/10:30/20:8/30:2/40"
 MIXES = [("100% read", "randread", None), ("50/50", "randrw", 50), ("100% write", "randwrite", None)]
-CONFIGS = ["strata writeback", "strata writethrough", "strata writearound", "nbdkit cache filter"]
+CONFIGS = ["strata writeback", "strata writethrough", "strata writearound", "strata writecache",
+           "nbdkit cache filter"]
 ORIGIN = "origin alone"
 
 
@@ -34,7 +36,7 @@ def expected_seconds(scale):
     hdd_pass = ios / 110
     # Pass 1 near origin speed, pass 2 faster with the larger caches; writethrough writes
     # and the origin runs at origin speed.
-    per_size = len(MIXES) * (5 * hdd_pass + 1.0 * hdd_pass + 4)
+    per_size = len(MIXES) * (7 * hdd_pass + 1.0 * hdd_pass + 5)
     return len(caches) * per_size + len(MIXES) * hdd_pass + vol / (300 * b.MIB) + 3
 
 
@@ -80,7 +82,18 @@ def run(ctx):
             for mix, rw, pct in MIXES:
                 k += 1
                 p.set(step=f"{config}, cache {cache_bytes / b.MIB:g} MiB, {mix} ({k}/{steps})")
-                if config.startswith("strata"):
+                if config == "strata writecache":
+                    if cachef.exists():
+                        cachef.unlink()
+                    b.writecache_create(ctx, f"hdd:{origin}",
+                                        f"{cachef}?size={b.size_str(b.cache_file_bytes(cache_bytes, 4 * b.KIB))}")
+                    with b.Strata(ctx, sock, f"vol=writecache:{cachef}") as s:
+                        for n in (1, 2):
+                            r = fio_pass(s.uri("vol"), rw, pct, vol, ios)
+                            t = s.target("vol")
+                            add(config, cache_bytes, mix, n, r | {"dirty_blocks": t.get("dirty_blocks"),
+                                                                  "writes_around": t.get("writes_around")})
+                elif config.startswith("strata"):
                     mode = config.split()[1]
                     if cachef.exists():
                         cachef.unlink()
@@ -103,7 +116,7 @@ def run(ctx):
                             add(config, cache_bytes, mix, n, fio_pass(kit.uri(), rw, pct, vol, ios))
 
     b.write_csv(out / "times.csv", rows, ["config", "cache_mib", "workload", "pass", "time_s", "iops", "ios",
-                                           "hit_ratio_total", "promotions", "dirty_blocks"])
+                                           "hit_ratio_total", "promotions", "dirty_blocks", "writes_around"])
     # The seed's tables: rows = cache size, columns = config x pass.
     table = {}
     for r in rows:
@@ -123,8 +136,8 @@ def run(ctx):
                        f"volume; 32 KiB cache blocks (scale {ctx.scale:g}); lower is better",
                        groups, bars, values, "time per pass (s; log scale)", "cache size (MiB)", log=True,
                        hline=hline, annotate=False, panels=[m for m, _, _ in MIXES],
-                       colors=["#9ecae1", "#1f77b4", "#a1d99b", "#2ca02c", "#fdd0a2", "#e6550d", "#dadaeb",
-                               "#756bb1"])
+                       colors=["#9ecae1", "#1f77b4", "#a1d99b", "#2ca02c", "#fdd0a2", "#e6550d", "#fcbba1",
+                               "#cb181d", "#dadaeb", "#756bb1"])
     # The rule: no strata mode slower than the origin alone on any workload, in any pass.
     origin_s = {r["workload"]: r["time_s"] for r in rows if r["config"] == ORIGIN}
     worst = {}

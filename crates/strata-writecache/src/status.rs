@@ -101,6 +101,8 @@ pub struct WritecacheStatus {
     pub evictions: u64,
     pub commits: u64,
     pub tunables: Tunables,
+    /// RAM the log's books take (slots, their lists and the index).
+    pub memory_bytes: u64,
     pub last_error: Option<String>,
     /// Why the volume accepts no writes or flushes (a flush of one device failed): restart
     /// it to recover from what is durable.
@@ -111,7 +113,7 @@ impl WritecacheStatus {
     /// The figures as Prometheus samples.
     pub fn samples(&self) -> Vec<Sample> {
         use MetricKind::{Counter, Gauge};
-        let rows: [(&'static str, MetricKind, &'static str, f64); 16] = [
+        let rows: [(&'static str, MetricKind, &'static str, f64); 17] = [
             ("strata_writecache_block_bytes", Gauge, "Size of a log slot.", self.block_bytes as f64),
             ("strata_writecache_blocks", Gauge, "Slots of the log.", self.blocks as f64),
             ("strata_writecache_free_blocks", Gauge, "Slots free for new writes.", self.free_blocks as f64),
@@ -167,6 +169,7 @@ impl WritecacheStatus {
                 "The write-back controller's rate (+Inf: flat out).",
                 self.writeback_rate.unwrap_or(f64::INFINITY),
             ),
+            ("strata_writecache_memory_bytes", Gauge, "RAM the log's books take.", self.memory_bytes as f64),
             (
                 "strata_writecache_low_watermark_ratio",
                 Gauge,

@@ -49,25 +49,18 @@ impl Inner {
                 let mut buf = Buf::zeroed(ENTRY_PAGE_BYTES as usize);
                 let first = p * ENTRIES_PER_PAGE;
                 let last = (first + ENTRIES_PER_PAGE).min(self.sb.slots);
-                for s in first..last {
-                    let at = ((s - first) * ENTRY_BYTES) as usize;
+                for s in first as u32..last as u32 {
+                    let at = ((s as u64 - first) * ENTRY_BYTES) as usize;
                     let out = &mut buf[at..at + ENTRY_BYTES as usize];
-                    let slot = &mut st.slots[s as usize];
-                    let keep = match slot.state {
-                        SlotState::Free => false,
-                        SlotState::Live { .. } => true,
-                        SlotState::Stale | SlotState::Garbage => !zero.contains(&(s as u32)),
-                    };
-                    if !keep {
+                    if !st.keeps_entry(s, |s| zero.contains(&s)) {
                         Entry::encode_free(out);
                         continue;
                     }
-                    if matches!(slot.state, SlotState::Live { .. }) && !slot.on_disk {
-                        slot.entry.commit = n;
-                        slot.on_disk = true;
-                        live.push((s as u32, slot.entry.seq));
+                    if matches!(st.state(s), SlotState::Live { .. }) && !st.on_disk(s) {
+                        st.written_by(s, n);
+                        live.push((s, st.slot(s).seq));
                     }
-                    slot.entry.encode(out);
+                    st.entry(s).encode(out);
                 }
                 bufs.push((p, buf));
             }
@@ -95,10 +88,7 @@ impl Inner {
                     st.cleared(s);
                 }
                 for (s, seq) in live {
-                    let slot = &mut st.slots[s as usize];
-                    if slot.entry.seq == seq && slot.on_disk {
-                        slot.committed = true;
-                    }
+                    st.committed(s, seq);
                 }
                 st.durable_gen = st.durable_gen.max(generation);
                 relaxed(&self.counters.commits);

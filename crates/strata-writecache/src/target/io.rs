@@ -51,7 +51,7 @@ impl Inner {
     async fn read_piece(&self, b: u64, within: u64, len: u64) -> Result<Buf> {
         let slot = {
             let mut st = self.state.lock();
-            match st.index.get(&b).copied() {
+            match st.lookup(b) {
                 Some(_) if st.log_suspect => {
                     return Err(Error::new(
                         ErrorKind::Io,
@@ -59,12 +59,11 @@ impl Inner {
                     ))
                 }
                 Some(s) => {
-                    let slot = &mut st.slots[s as usize];
-                    if slot.entry.flags & crate::format::FLAG_ZERO != 0 {
+                    if st.zero(s) {
                         relaxed(&self.counters.read_hits);
                         return Ok(Buf::zeroed(len as usize));
                     }
-                    slot.pins += 1;
+                    st.pin(s);
                     Some(s)
                 }
                 None => None,
@@ -74,7 +73,7 @@ impl Inner {
             Some(s) => {
                 relaxed(&self.counters.read_hits);
                 let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(len as usize)).await;
-                self.state.lock().slots[s as usize].pins -= 1;
+                self.state.lock().unpin(s);
                 r.map_err(|e| {
                     Error::new(e.kind, format!("writecache: block {b} (logged in slot {s}) unreadable: {}", e.context))
                 })
@@ -113,7 +112,7 @@ impl Inner {
         let _lock = self.stripes[self.stripe(b)].lock().await;
         self.state.lock().check_running()?;
         let len = self.block_len(b) as usize;
-        let hit = self.state.lock().index.contains_key(&b);
+        let hit = self.state.lock().lookup(b).is_some();
         relaxed(if hit { &self.counters.write_hits } else { &self.counters.write_misses });
         let block_data = if whole {
             match data {
@@ -147,8 +146,7 @@ impl Inner {
         let crc = if zero { 0 } else { crc32c::crc32c(&block_data) };
         if !zero {
             if let Err(e) = self.cache.write(self.slot_offset(s), block_data, false).await {
-                let mut st = self.state.lock();
-                st.free.push(s);
+                self.state.lock().unalloc(s);
                 return Err(e);
             }
         }
@@ -170,11 +168,11 @@ impl Inner {
     /// is written back if dirty, then every logged copy is cleared on disk, oldest first, so
     /// none can come back over what the origin is about to get.
     pub(super) async fn go_around(&self, b: u64) -> Result<()> {
-        let live = self.state.lock().index.get(&b).copied();
+        let live = self.state.lock().lookup(b);
         if let Some(s) = live {
             self.writeback_slot(b, s).await?;
             let mut st = self.state.lock();
-            if st.index.get(&b) == Some(&s) {
+            if st.lookup(b) == Some(s) {
                 st.retire(s);
             }
         }
@@ -188,12 +186,11 @@ impl Inner {
     async fn writeback_slot(&self, b: u64, s: u32) -> Result<()> {
         let (seq, zero) = {
             let mut st = self.state.lock();
-            let slot = &mut st.slots[s as usize];
-            if slot.state != (SlotState::Live { dirty: true }) {
+            if st.state(s) != (SlotState::Live { dirty: true }) {
                 return Ok(());
             }
-            slot.pins += 1;
-            (slot.entry.seq, slot.entry.flags & crate::format::FLAG_ZERO != 0)
+            st.pin(s);
+            (st.slot(s).seq, st.zero(s))
         };
         let len = self.block_len(b);
         let r = async {
@@ -209,7 +206,7 @@ impl Inner {
         }
         .await;
         let mut st = self.state.lock();
-        st.slots[s as usize].pins -= 1;
+        st.unpin(s);
         r?;
         if st.mark_clean(s, seq) {
             relaxed(&self.counters.writebacks);

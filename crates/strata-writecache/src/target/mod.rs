@@ -12,6 +12,7 @@
 //! recovers a cache from its entries; `status` reports and takes messages.
 
 mod commit;
+mod index;
 mod io;
 mod open;
 mod state;

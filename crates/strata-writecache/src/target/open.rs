@@ -6,8 +6,9 @@
 //! entries are cleared by a commit before the target serves anything, and that commit writes
 //! no new entry, so a crash during it leaves the same last commit to check again.
 
-use super::state::{SlotState, State};
+use super::state::State;
 use super::{writeback, Counters, Inner, WritecacheDev, STRIPES};
+use crate::format::Entry;
 use crate::offline::{scan, superblock};
 use crate::status::Tunables;
 use parking_lot::Mutex;
@@ -30,33 +31,17 @@ impl WritecacheDev {
         let sb = superblock(&*cache, Some(&*origin)).await?;
         let found = scan(&*cache, &sb).await?;
         let mut st = State::new(sb.slots);
-        let mut used = rustc_hash::FxHashSet::default();
-        for (&block, &(s, e)) in &found.newest {
-            let slot = &mut st.slots[s as usize];
-            slot.state = SlotState::Live { dirty: true };
-            slot.entry = e;
-            slot.on_disk = true;
-            slot.committed = true;
-            st.index.insert(block, s);
-            st.dirty.insert((e.seq, s));
-            used.insert(s);
+        let mut newest: Vec<(u32, Entry)> = found.newest.values().copied().collect();
+        newest.sort_unstable_by_key(|(_, e)| e.seq);
+        for (s, e) in newest {
+            st.recovered_live(s, e);
         }
         for &(s, e) in &found.older {
-            let slot = &mut st.slots[s as usize];
-            slot.state = SlotState::Stale;
-            slot.entry = e;
-            slot.on_disk = true;
-            slot.committed = true;
-            st.stale.entry(e.block).or_default().insert((e.seq, s));
-            used.insert(s);
+            st.recovered_stale(s, e);
         }
         for &s in &found.garbage {
-            st.slots[s as usize].state = SlotState::Garbage;
-            st.slots[s as usize].on_disk = true;
-            st.garbage.push(s);
-            used.insert(s);
+            st.recovered_garbage(s);
         }
-        st.free = (0..sb.slots as u32).rev().filter(|s| !used.contains(s)).collect();
         st.seq = found.max_seq;
         st.commit = found.max_commit;
         let inner = Arc::new(Inner {

@@ -7,10 +7,10 @@ use strata_io::{Error, ErrorKind, Result};
 
 impl Inner {
     pub(crate) fn status(&self) -> WritecacheStatus {
-        let (free, dirty, writing, stopped) = {
+        let (free, dirty, writing, stopped, memory) = {
             let st = self.state.lock();
             let (free, dirty) = st.counts();
-            (free, dirty, st.writing_back.len() as u64, st.stopped.clone())
+            (free, dirty, st.writing_back.len() as u64, st.stopped.clone(), st.heap_bytes() as u64)
         };
         let c = &self.counters;
         WritecacheStatus {
@@ -31,6 +31,7 @@ impl Inner {
             evictions: c.evictions.load(Relaxed),
             commits: c.commits.load(Relaxed),
             tunables: *self.tunables.lock(),
+            memory_bytes: memory,
             last_error: self.last_error.lock().clone(),
             stopped,
         }

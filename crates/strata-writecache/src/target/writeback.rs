@@ -12,7 +12,7 @@
 
 use super::state::SlotState;
 use super::{relaxed, Inner};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -38,12 +38,11 @@ impl Inner {
             let mut st = self.state.lock();
             let mut picks = Vec::new();
             let candidates: Vec<(u64, u32)> =
-                st.dirty.iter().filter(|(_, s)| !st.writing_back.contains(s)).take(max).copied().collect();
+                st.dirty_oldest().filter(|(_, s)| !st.writing_back.contains(s)).take(max).collect();
             for (seq, s) in candidates {
                 st.writing_back.insert(s);
-                let slot = &mut st.slots[s as usize];
-                slot.pins += 1;
-                picks.push((slot.entry.block, s, seq, slot.entry.flags & crate::format::FLAG_ZERO != 0));
+                st.pin(s);
+                picks.push((st.slot(s).block, s, seq, st.zero(s)));
             }
             picks
         };
@@ -64,7 +63,7 @@ impl Inner {
         let mut cleaned = 0;
         for &(_, s, seq, _) in &picks {
             st.writing_back.remove(&s);
-            st.slots[s as usize].pins -= 1;
+            st.unpin(s);
             if result.is_ok() && st.mark_clean(s, seq) {
                 cleaned += 1;
             }
@@ -91,10 +90,7 @@ impl Inner {
             let st = self.state.lock();
             picks
                 .iter()
-                .filter(|&&(_, s, seq, _)| {
-                    let slot = &st.slots[s as usize];
-                    slot.state == (SlotState::Live { dirty: true }) && slot.entry.seq == seq
-                })
+                .filter(|&&(_, s, seq, _)| st.state(s) == (SlotState::Live { dirty: true }) && st.slot(s).seq == seq)
                 .copied()
                 .collect()
         };
@@ -138,7 +134,7 @@ impl Inner {
     /// origin: after a failed flush of the fast device a slot may hold another block's older
     /// data, and copying that to the origin would make it permanent.
     pub(super) fn verify_slot(&self, b: u64, s: u32, data: &[u8]) -> Result<()> {
-        let want = self.state.lock().slots[s as usize].entry.data_crc;
+        let want = self.state.lock().slot(s).data_crc;
         if crc32c::crc32c(data) != want {
             return Err(strata_io::Error::new(
                 strata_io::ErrorKind::Checksum,
@@ -151,7 +147,7 @@ impl Inner {
     /// Writes back until nothing is dirty (detach, `flush` message).
     pub(crate) async fn writeback_all(&self) -> Result<()> {
         loop {
-            if self.state.lock().dirty.is_empty() {
+            if self.state.lock().counts().1 == 0 {
                 return Ok(());
             }
             if self.writeback_batch(BATCH_MAX).await? == 0 {
@@ -168,7 +164,7 @@ impl Inner {
         let mut n = 0;
         let mut have = free + pending;
         while have < want {
-            let Some(&(_, s)) = st.clean.iter().next() else { break };
+            let Some(s) = st.clean_oldest() else { break };
             st.retire(s);
             have += 1;
             n += 1;
@@ -197,7 +193,7 @@ impl Inner {
         let (free, dirty, overdue) = {
             let st = self.state.lock();
             let (free, dirty) = st.counts();
-            (free, dirty, r.overdue(&st.dirty, st.seq, t.max_age_ms, now))
+            (free, dirty, r.overdue(st.dirty_oldest(), st.seq, t.max_age_ms, now))
         };
         let target = if t.cleaner { 0 } else { slots * t.low_watermark as u64 / 100 };
         let full = free * 100 < slots * (100 - t.high_watermark as u64).max(1);
@@ -259,7 +255,13 @@ impl Rounds {
     /// How many dirty blocks are older than `max_age_ms` (0: no limit), counting at most a
     /// batch. A sample `(t, seq)` taken each tick says every block up to `seq` was written by
     /// `t`; the newest sample at least `max_age` old is the cutoff.
-    fn overdue(&mut self, dirty: &BTreeSet<(u64, u32)>, seq: u64, max_age_ms: u64, now: Instant) -> usize {
+    fn overdue(
+        &mut self,
+        mut dirty: impl Iterator<Item = (u64, u32)>,
+        seq: u64,
+        max_age_ms: u64,
+        now: Instant,
+    ) -> usize {
         if max_age_ms == 0 {
             self.ages.clear();
             return 0;
@@ -272,7 +274,9 @@ impl Rounds {
             self.ages.pop_front();
         }
         match self.ages.front() {
-            Some(a) if old(a) => dirty.range(..=(a.1, u32::MAX)).take(BATCH_MAX).count(),
+            Some(&(_, cut)) if old(&self.ages[0]) => {
+                dirty.by_ref().take_while(|&(s, _)| s <= cut).take(BATCH_MAX).count()
+            }
             _ => 0,
         }
     }
@@ -305,18 +309,18 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut r = Rounds { pacer: Pacer::default(), last: t0, last_commit: t0, foreground: 0, ages: VecDeque::new() };
         // Blocks written with sequence numbers 1..=10 by 0 ms, 11..=20 by 100 ms.
-        let dirty: BTreeSet<(u64, u32)> = (1..=20u64).map(|s| (s, s as u32)).collect();
-        assert_eq!(r.overdue(&dirty, 10, 500, at(0)), 0);
-        assert_eq!(r.overdue(&dirty, 20, 500, at(100)), 0);
-        assert_eq!(r.overdue(&dirty, 20, 500, at(499)), 0, "nothing is 500 ms old yet");
-        assert_eq!(r.overdue(&dirty, 20, 500, at(500)), 10, "the first ten are");
-        assert_eq!(r.overdue(&dirty, 20, 500, at(600)), 20, "then all twenty");
+        let dirty: Vec<(u64, u32)> = (1..=20u64).map(|s| (s, s as u32)).collect();
+        assert_eq!(r.overdue(dirty.iter().copied(), 10, 500, at(0)), 0);
+        assert_eq!(r.overdue(dirty.iter().copied(), 20, 500, at(100)), 0);
+        assert_eq!(r.overdue(dirty.iter().copied(), 20, 500, at(499)), 0, "nothing is 500 ms old yet");
+        assert_eq!(r.overdue(dirty.iter().copied(), 20, 500, at(500)), 10, "the first ten are");
+        assert_eq!(r.overdue(dirty.iter().copied(), 20, 500, at(600)), 20, "then all twenty");
         // Samples are taken at most once a tick, and dropped once a newer one is old enough.
         assert!(r.ages.len() <= 3, "{:?}", r.ages.len());
         // Written back, they are no longer counted; no limit counts nothing.
-        let rest: BTreeSet<(u64, u32)> = dirty.iter().copied().filter(|&(s, _)| s > 15).collect();
-        assert_eq!(r.overdue(&rest, 20, 500, at(700)), 5);
-        assert_eq!(r.overdue(&rest, 20, 0, at(800)), 0);
+        let rest: Vec<(u64, u32)> = dirty.iter().copied().filter(|&(s, _)| s > 15).collect();
+        assert_eq!(r.overdue(rest.iter().copied(), 20, 500, at(700)), 5);
+        assert_eq!(r.overdue(rest.iter().copied(), 20, 0, at(800)), 0);
         assert!(r.ages.is_empty());
     }
 }
