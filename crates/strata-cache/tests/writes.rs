@@ -15,67 +15,15 @@ use strata_cache::meta::Meta;
 use strata_cache::{offline::create, CreateOptions};
 use strata_cache::{CacheDev, CacheStatus, Mode, OpenOptions};
 use strata_io::mem::MemDev;
-use strata_io::testing::pattern;
-use strata_io::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
+use strata_io::testing::{pattern, Recording};
+use strata_io::{BlockDev, Buf};
 
 const ORIGIN: u64 = 8 << 20;
 const BLOCK: u32 = 32 << 10;
 
-/// (offset, length) of each IO, in order.
-type Log = Vec<(u64, u64)>;
-
-/// An origin that records its reads and writes as (offset, length), in order.
-struct Recording {
-    inner: Arc<MemDev>,
-    reads: Mutex<Log>,
-    writes: Mutex<Log>,
-}
-
-impl Recording {
-    fn new(inner: Arc<MemDev>) -> Arc<Recording> {
-        Arc::new(Recording { inner, reads: Mutex::new(Vec::new()), writes: Mutex::new(Vec::new()) })
-    }
-
-    fn take(&self) -> (Log, Log) {
-        (std::mem::take(&mut self.reads.lock()), std::mem::take(&mut self.writes.lock()))
-    }
-}
-
-impl BlockDev for Recording {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn describe(&self) -> String {
-        "recording".into()
-    }
-
-    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
-        self.reads.lock().push((offset, buf.len() as u64));
-        self.inner.read(offset, buf)
-    }
-
-    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
-        self.writes.lock().push((offset, buf.len() as u64));
-        self.inner.write(offset, buf, fua)
-    }
-
-    fn flush(&self) -> BoxFut<'_, Result<()>> {
-        self.inner.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.inner.discard(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
-        self.inner.write_zeroes(offset, len, flags)
-    }
-}
-
 struct Rig {
     origin: Arc<MemDev>,
-    recording: Arc<Recording>,
+    recording: Arc<Recording<Arc<MemDev>>>,
     cache_dev: Arc<MemDev>,
 }
 
@@ -94,7 +42,7 @@ async fn rig(mode: Mode, cache_bytes: u64, policy: &str) -> Rig {
         ..CreateOptions::default()
     };
     create(&*cache_dev, &*origin, &o).await.unwrap();
-    Rig { recording: Recording::new(origin.clone()), origin, cache_dev }
+    Rig { recording: Arc::new(Recording::new(origin.clone())), origin, cache_dev }
 }
 
 async fn open(r: &Rig) -> Arc<CacheDev> {

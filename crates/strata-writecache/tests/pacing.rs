@@ -69,3 +69,34 @@ async fn status_reports_the_controller_rate_and_the_new_tunables() {
     let text: Vec<_> = dev.metrics().into_iter().filter(|s| s.name.contains("writeback_rate")).collect();
     assert_eq!(text.len(), 1);
 }
+
+/// `flush` (and the cleaner, which detach uses) drains the log in origin-address order: blocks
+/// written in a random order reach the origin as one ascending sweep, adjacent ones merged
+/// into one write each (of at most a batch, 256 blocks), not as batches of the oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_drains_in_origin_address_order_merging_adjacent_blocks() {
+    use rand::{Rng, SeedableRng};
+    use strata_io::testing::Recording;
+    let origin = Arc::new(Recording::new(MemDev::new(8 << 20)));
+    let cache = Arc::new(MemDev::new(4 << 20));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    let o = OpenOptions { no_background: true, ..OpenOptions::default() };
+    let dev = WritecacheDev::open(cache, origin.clone(), o).await.unwrap();
+    let mut blocks: Vec<u64> = (10..610).chain([800, 802, 804]).collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    for i in (1..blocks.len()).rev() {
+        blocks.swap(i, rng.gen_range(0..=i));
+    }
+    for &b in &blocks {
+        dev.write(b * BLOCK, Buf::from_slice(&[b as u8; BLOCK as usize]), false).await.unwrap();
+    }
+    origin.take();
+    dev.message("flush").await.unwrap();
+    let (_, writes) = origin.take();
+    let want: Vec<(u64, u64)> = [(10, 256), (266, 256), (522, 88), (800, 1), (802, 1), (804, 1)]
+        .iter()
+        .map(|&(b, n)| (b * BLOCK, n * BLOCK))
+        .collect();
+    assert_eq!(writes, want);
+    assert_eq!(status(&dev).writebacks, blocks.len() as u64);
+}

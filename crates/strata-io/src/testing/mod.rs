@@ -4,10 +4,13 @@
 //!
 //! - [`model`]: the model checker, random workloads against a device and an in-memory
 //!   reference, compared read by read;
-//! - [`mod@slice`]: a window of a device as a device, to run several checkers on one target.
+//! - [`mod@slice`]: a window of a device as a device, to run several checkers on one target;
+//! - [`recording`]: a device that records the IO it passes on.
 
 pub mod model;
+pub mod recording;
 pub mod slice;
 
 pub use model::{check_all_blocks_at_once, check_model, pattern, random_ops, ModelOp, Reference, Workload};
+pub use recording::Recording;
 pub use slice::Slice;

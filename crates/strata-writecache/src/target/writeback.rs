@@ -24,9 +24,16 @@ pub(crate) const BATCH_MAX: usize = 256;
 /// How often the background task looks when nothing wakes it.
 const TICK: Duration = Duration::from_millis(20);
 
+/// Slots to write back in origin-address order (the cleaner and `flush` drain a log this
+/// way, so a log full of blocks written at random offsets goes to the origin as one sweep of
+/// large sequential writes); 4 bytes a dirty slot while it lasts.
+#[derive(Default)]
+pub(super) struct Sweep(VecDeque<u32>);
+
 impl Inner {
-    /// Writes back up to `max` of the oldest dirty blocks; returns how many became clean.
-    pub(super) async fn writeback_batch(&self, max: usize) -> Result<usize> {
+    /// Writes back up to `max` of the oldest dirty blocks, or with `sweep` the next ones in
+    /// origin-address order; returns how many became clean.
+    pub(super) async fn writeback_batch(&self, max: usize, sweep: Option<&mut Sweep>) -> Result<usize> {
         {
             let st = self.state.lock();
             st.check_running()?;
@@ -37,8 +44,24 @@ impl Inner {
         let mut picks: Vec<(u64, u32, u64, bool)> = {
             let mut st = self.state.lock();
             let mut picks = Vec::new();
-            let candidates: Vec<(u64, u32)> =
-                st.dirty_oldest().filter(|(_, s)| !st.writing_back.contains(s)).take(max).collect();
+            let candidates: Vec<(u64, u32)> = match sweep {
+                None => st.dirty_oldest().filter(|(_, s)| !st.writing_back.contains(s)).take(max).collect(),
+                Some(Sweep(order)) => {
+                    if order.is_empty() {
+                        let mut all: Vec<(u64, u32)> = st.dirty_oldest().map(|(_, s)| (st.slot(s).block, s)).collect();
+                        all.sort_unstable();
+                        order.extend(all.into_iter().map(|(_, s)| s));
+                    }
+                    let mut out = Vec::with_capacity(max);
+                    while out.len() < max {
+                        let Some(s) = order.pop_front() else { break };
+                        if st.state(s) == (SlotState::Live { dirty: true }) && !st.writing_back.contains(&s) {
+                            out.push((st.slot(s).seq, s));
+                        }
+                    }
+                    out
+                }
+            };
             for (seq, s) in candidates {
                 st.writing_back.insert(s);
                 st.pin(s);
@@ -144,13 +167,15 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes back until nothing is dirty (detach, `flush` message).
+    /// Writes back until nothing is dirty (`flush` message, shutdown checks), in
+    /// origin-address order.
     pub(crate) async fn writeback_all(&self) -> Result<()> {
+        let mut sweep = Sweep::default();
         loop {
             if self.state.lock().counts().1 == 0 {
                 return Ok(());
             }
-            if self.writeback_batch(BATCH_MAX).await? == 0 {
+            if self.writeback_batch(BATCH_MAX, Some(&mut sweep)).await? == 0 {
                 tokio::task::yield_now().await;
             }
         }
@@ -209,7 +234,12 @@ impl Inner {
             let paced = r.pacer.earn(dt, jobs);
             let n = paced.max(overdue.min(jobs));
             if n > 0 {
-                ok = self.writeback_batch(n).await.is_ok();
+                // The cleaner drains in address order; otherwise the oldest go first.
+                if !t.cleaner {
+                    r.sweep.0.clear();
+                }
+                let sweep = (t.cleaner && overdue == 0).then_some(&mut r.sweep);
+                ok = self.writeback_batch(n, sweep).await.is_ok();
                 r.pacer.spend(paced.min(n));
             }
         }
@@ -249,6 +279,8 @@ struct Rounds {
     foreground: u64,
     /// (when, last sequence number handed out then), oldest first: for `max_age`.
     ages: VecDeque<(Instant, u64)>,
+    /// The cleaner's sweep in address order.
+    sweep: Sweep,
 }
 
 impl Rounds {
@@ -285,7 +317,14 @@ impl Rounds {
 /// The background task: runs until the target is dropped.
 pub(super) async fn background(weak: Weak<Inner>) {
     let now = Instant::now();
-    let mut r = Rounds { pacer: Pacer::default(), last: now, last_commit: now, foreground: 0, ages: VecDeque::new() };
+    let mut r = Rounds {
+        pacer: Pacer::default(),
+        last: now,
+        last_commit: now,
+        foreground: 0,
+        ages: VecDeque::new(),
+        sweep: Sweep::default(),
+    };
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let ok = inner.background_round(&mut r).await;
@@ -307,7 +346,14 @@ mod tests {
     fn blocks_past_max_age_are_the_ones_written_before_the_newest_old_sample() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut r = Rounds { pacer: Pacer::default(), last: t0, last_commit: t0, foreground: 0, ages: VecDeque::new() };
+        let mut r = Rounds {
+            pacer: Pacer::default(),
+            last: t0,
+            last_commit: t0,
+            foreground: 0,
+            ages: VecDeque::new(),
+            sweep: Sweep::default(),
+        };
         // Blocks written with sequence numbers 1..=10 by 0 ms, 11..=20 by 100 ms.
         let dirty: Vec<(u64, u32)> = (1..=20u64).map(|s| (s, s as u32)).collect();
         assert_eq!(r.overdue(dirty.iter().copied(), 10, 500, at(0)), 0);

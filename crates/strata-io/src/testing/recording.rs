@@ -1,0 +1,57 @@
+//! A device that records the offset and length of every read and write it passes on, in
+//! order: tests of the order and size of the IO a target sends its origin.
+
+use crate::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
+use parking_lot::Mutex;
+
+/// (offset, length) of each IO, in order.
+pub type Log = Vec<(u64, u64)>;
+
+pub struct Recording<D> {
+    pub inner: D,
+    reads: Mutex<Log>,
+    writes: Mutex<Log>,
+}
+
+impl<D: BlockDev> Recording<D> {
+    pub fn new(inner: D) -> Recording<D> {
+        Recording { inner, reads: Mutex::new(Vec::new()), writes: Mutex::new(Vec::new()) }
+    }
+
+    /// The reads and writes recorded since the last call.
+    pub fn take(&self) -> (Log, Log) {
+        (std::mem::take(&mut self.reads.lock()), std::mem::take(&mut self.writes.lock()))
+    }
+}
+
+impl<D: BlockDev> BlockDev for Recording<D> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn describe(&self) -> String {
+        format!("recording {}", self.inner.describe())
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        self.reads.lock().push((offset, buf.len() as u64));
+        self.inner.read(offset, buf)
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        self.writes.lock().push((offset, buf.len() as u64));
+        self.inner.write(offset, buf, fua)
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        self.inner.flush()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        self.inner.discard(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        self.inner.write_zeroes(offset, len, flags)
+    }
+}
