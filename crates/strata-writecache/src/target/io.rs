@@ -1,7 +1,8 @@
 //! Foreground IO, split into cache blocks. A read of a logged block is served from its slot
-//! (pinned, so the slot is not reused under it); any other read from the origin. A write goes
-//! to a free slot, a partial one after merging with the block's newest copy; with no free
-//! slot it goes around the log (`go_around`). A discard or write-zeroes of a whole logged
+//! (pinned, so the slot is not reused under it); the others from the origin, one origin read
+//! per run of adjacent blocks the log does not hold. A write goes to a free slot, a partial
+//! one after merging with the block's newest copy; with no free slot it goes around the log
+//! (`go_around`). A discard or write-zeroes of a whole logged
 //! block logs a zero entry (no data IO), so the origin never sees it before the log forgets
 //! the block; of an unlogged block it goes to the origin.
 
@@ -40,11 +41,38 @@ fn pieces(offset: u64, len: u64, block: u64) -> impl Iterator<Item = Piece> {
 impl Inner {
     pub(super) async fn read(&self, offset: u64, mut buf: Buf) -> Result<Buf> {
         check_range("writecache read", offset, buf.len() as u64, self.size)?;
+        // Pieces the log does not hold are read from the origin in one request per run of
+        // adjacent ones (`missed`: offset inside the request and length).
+        let mut missed: Option<(u64, u64)> = None;
         for p in pieces(offset, buf.len() as u64, self.block) {
+            let logged = {
+                let st = self.state.lock();
+                st.log_suspect || st.lookup(p.block).is_some()
+            };
+            if !logged {
+                relaxed(&self.counters.read_misses);
+                missed = match missed {
+                    Some((at, len)) => Some((at, len + p.len)),
+                    None => Some((p.at, p.len)),
+                };
+                continue;
+            }
+            if let Some((at, len)) = missed.take() {
+                self.read_origin(offset + at, &mut buf[at as usize..(at + len) as usize]).await?;
+            }
             let data = self.read_piece(p.block, p.within, p.len).await?;
             buf[p.at as usize..(p.at + p.len) as usize].copy_from_slice(&data);
         }
+        if let Some((at, len)) = missed {
+            self.read_origin(offset + at, &mut buf[at as usize..(at + len) as usize]).await?;
+        }
         Ok(buf)
+    }
+
+    async fn read_origin(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let data = self.origin.read(offset, Buf::zeroed(out.len())).await?;
+        out.copy_from_slice(&data);
+        Ok(())
     }
 
     /// `len` bytes at `within` of block `b`, from its newest copy.
@@ -133,6 +161,7 @@ impl Inner {
         let Some(s) = slot else {
             self.kick.notify_one();
             relaxed(&self.counters.writes_around);
+            let _origin = self.origin_locks[self.stripe(b)].lock().await;
             self.go_around(b).await?;
             let r = if zero {
                 self.origin.write_zeroes(b * self.block, len as u64, ZeroFlags::default()).await
@@ -164,7 +193,8 @@ impl Inner {
         Ok(Some(generation))
     }
 
-    /// Makes block `b` safe to write on the origin directly (its lock held): its newest copy
+    /// Makes block `b` safe to write on the origin directly (its lock and origin-write lock
+    /// held): its newest copy
     /// is written back if dirty, then every logged copy is cleared on disk, oldest first, so
     /// none can come back over what the origin is about to get.
     pub(super) async fn go_around(&self, b: u64) -> Result<()> {
@@ -182,7 +212,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes back live slot `s` of block `b` now if it is dirty (block lock held).
+    /// Writes back live slot `s` of block `b` now if it is dirty (block and origin-write locks
+    /// held).
     async fn writeback_slot(&self, b: u64, s: u32) -> Result<()> {
         let (seq, zero) = {
             let mut st = self.state.lock();

@@ -30,8 +30,8 @@ use std::sync::Arc;
 use strata_io::{BlockDev, BoxFut, Buf, Geometry, Result, ZeroFlags};
 use tokio::sync::Notify;
 
-/// Block locks: an origin block hashes to one of these; writes, write-arounds and
-/// write-backs of a block hold its lock.
+/// Block locks: an origin block hashes to one of these; writes and write-arounds of a block
+/// hold its lock, write-backs and write-arounds its origin-write lock.
 const STRIPES: usize = 1024;
 
 #[derive(Default)]
@@ -56,6 +56,10 @@ pub(crate) struct Inner {
     describe_origin: String,
     pub(crate) state: Mutex<State>,
     stripes: Vec<tokio::sync::Mutex<()>>,
+    /// Origin-write locks, by the same hash: write-back and a write going around the log
+    /// hold a block's while they write it to the origin, so an older copy never lands after
+    /// a newer one. Logged writes do not take them (a write-back never delays one).
+    origin_locks: Vec<tokio::sync::Mutex<()>>,
     /// One commit at a time.
     commit_lock: tokio::sync::Mutex<()>,
     /// Writes that went to the origin directly (completed), and how many of them a completed

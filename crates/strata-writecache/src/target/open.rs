@@ -52,6 +52,7 @@ impl WritecacheDev {
             origin,
             state: Mutex::new(st),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            origin_locks: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             commit_lock: tokio::sync::Mutex::new(()),
             origin_writes: AtomicU64::new(0),
             origin_durable: tokio::sync::Mutex::new(0),

@@ -78,7 +78,7 @@ impl Inner {
         stripes.dedup();
         let mut guards = Vec::with_capacity(stripes.len());
         for i in stripes {
-            guards.push(self.stripes[i].lock().await);
+            guards.push(self.origin_locks[i].lock().await);
         }
         let result = self.copy_out(&picks).await;
         drop(guards);
