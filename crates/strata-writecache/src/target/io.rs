@@ -215,13 +215,13 @@ impl Inner {
     /// Writes back live slot `s` of block `b` now if it is dirty (block and origin-write locks
     /// held).
     async fn writeback_slot(&self, b: u64, s: u32) -> Result<()> {
-        let (seq, zero) = {
+        let (seq, crc, zero) = {
             let mut st = self.state.lock();
             if st.state(s) != (SlotState::Live { dirty: true }) {
                 return Ok(());
             }
             st.pin(s);
-            (st.slot(s).seq, st.zero(s))
+            (st.slot(s).seq, st.slot(s).data_crc, st.zero(s))
         };
         let len = self.block_len(b);
         let r = async {
@@ -229,7 +229,7 @@ impl Inner {
                 self.origin.write_zeroes(b * self.block, len, ZeroFlags::default()).await?;
             } else {
                 let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await?;
-                self.verify_slot(b, s, &data)?;
+                super::writeback::verify_slot(b, s, crc, &data)?;
                 self.origin.write(b * self.block, data, false).await?;
             }
             self.origin_writes.fetch_add(1, Relaxed);

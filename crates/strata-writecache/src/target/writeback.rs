@@ -19,10 +19,39 @@ use std::time::{Duration, Instant};
 use strata_io::{Buf, Result, ZeroFlags};
 use strata_policy::pacing::Pacer;
 
-/// Most blocks one batch takes (one origin flush per batch).
+/// Most blocks one paced batch takes (one origin flush per batch), and most adjacent blocks
+/// merged into one origin write.
 pub(crate) const BATCH_MAX: usize = 256;
+/// Most blocks one batch of a sweep in address order takes: the cleaner and `flush` drain
+/// with one origin flush per this many blocks (32 MiB of 4 KiB blocks), so the origin's
+/// flushes do not bound the drain's rate.
+const SWEEP_BATCH: usize = 8192;
 /// How often the background task looks when nothing wakes it.
 const TICK: Duration = Duration::from_millis(20);
+
+/// A dirty slot taken for write-back, with what its entry said when it was taken.
+struct Pick {
+    block: u64,
+    slot: u32,
+    seq: u64,
+    crc: u32,
+    zero: bool,
+}
+
+/// Checks data read from slot `s` against its entry's checksum `crc` before it goes to the
+/// origin: after a failed flush of the fast device a slot may hold another block's older
+/// data, and copying that to the origin would make it permanent.
+pub(super) fn verify_slot(b: u64, s: u32, crc: u32, data: &[u8]) -> Result<()> {
+    if crc32c::crc32c(data) != crc {
+        return Err(strata_io::Error::new(
+            strata_io::ErrorKind::Checksum,
+            format!(
+                "writecache: slot {s} does not hold block {b}'s data (the fast device lost a write); not written back"
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// Slots to write back in origin-address order (the cleaner and `flush` drain a log this
 /// way, so a log full of blocks written at random offsets goes to the origin as one sweep of
@@ -41,7 +70,7 @@ impl Inner {
                 return Ok(0);
             }
         }
-        let mut picks: Vec<(u64, u32, u64, bool)> = {
+        let mut picks: Vec<Pick> = {
             let mut st = self.state.lock();
             let mut picks = Vec::new();
             let candidates: Vec<(u64, u32)> = match sweep {
@@ -65,15 +94,16 @@ impl Inner {
             for (seq, s) in candidates {
                 st.writing_back.insert(s);
                 st.pin(s);
-                picks.push((st.slot(s).block, s, seq, st.zero(s)));
+                let sl = st.slot(s);
+                picks.push(Pick { block: sl.block, slot: s, seq, crc: sl.data_crc, zero: st.zero(s) });
             }
             picks
         };
         if picks.is_empty() {
             return Ok(0);
         }
-        picks.sort_unstable();
-        let mut stripes: Vec<usize> = picks.iter().map(|p| self.stripe(p.0)).collect();
+        picks.sort_unstable_by_key(|p| p.block);
+        let mut stripes: Vec<usize> = picks.iter().map(|p| self.stripe(p.block)).collect();
         stripes.sort_unstable();
         stripes.dedup();
         let mut guards = Vec::with_capacity(stripes.len());
@@ -84,10 +114,10 @@ impl Inner {
         drop(guards);
         let mut st = self.state.lock();
         let mut cleaned = 0;
-        for &(_, s, seq, _) in &picks {
-            st.writing_back.remove(&s);
-            st.unpin(s);
-            if result.is_ok() && st.mark_clean(s, seq) {
+        for p in &picks {
+            st.writing_back.remove(&p.slot);
+            st.unpin(p.slot);
+            if result.is_ok() && st.mark_clean(p.slot, p.seq) {
                 cleaned += 1;
             }
         }
@@ -105,43 +135,44 @@ impl Inner {
         }
     }
 
-    /// Copies the picked slots (sorted by block, block locks held) to the origin, adjacent
-    /// blocks as one write, then flushes the origin.
-    async fn copy_out(&self, picks: &[(u64, u32, u64, bool)]) -> Result<()> {
+    /// Copies the picked slots (sorted by block, pinned, their origin-write locks held) to the
+    /// origin, adjacent blocks as one write, then flushes the origin. A slot superseded by a
+    /// newer copy after this starts still holds the data it was picked with (it is pinned):
+    /// the newer copy goes to the origin later, and no write around the log can come between.
+    async fn copy_out(&self, picks: &[Pick]) -> Result<()> {
         // Skip what changed since it was picked (superseded copies are not written back).
-        let current: Vec<_> = {
+        let current: Vec<&Pick> = {
             let st = self.state.lock();
             picks
                 .iter()
-                .filter(|&&(_, s, seq, _)| st.state(s) == (SlotState::Live { dirty: true }) && st.slot(s).seq == seq)
-                .copied()
+                .filter(|p| st.state(p.slot) == (SlotState::Live { dirty: true }) && st.slot(p.slot).seq == p.seq)
                 .collect()
         };
         let mut i = 0;
         while i < current.len() {
-            let (b0, _, _, zero) = current[i];
+            let (b0, zero) = (current[i].block, current[i].zero);
             let mut j = i + 1;
             while j < current.len()
-                && current[j].0 == current[j - 1].0 + 1
-                && current[j].3 == zero
+                && current[j].block == current[j - 1].block + 1
+                && current[j].zero == zero
                 && (j - i) < BATCH_MAX
             {
                 j += 1;
             }
             let run = &current[i..j];
             let at = b0 * self.block;
-            let len: u64 = run.iter().map(|p| self.block_len(p.0)).sum();
+            let len: u64 = run.iter().map(|p| self.block_len(p.block)).sum();
             if zero {
                 self.origin.write_zeroes(at, len, ZeroFlags::default()).await?;
             } else {
                 let reads = run
                     .iter()
-                    .map(|p| self.cache.read(self.slot_offset(p.1), Buf::zeroed(self.block_len(p.0) as usize)));
+                    .map(|p| self.cache.read(self.slot_offset(p.slot), Buf::zeroed(self.block_len(p.block) as usize)));
                 let mut buf = Buf::zeroed(len as usize);
                 let mut pos = 0usize;
                 for (p, r) in run.iter().zip(futures::future::join_all(reads).await) {
                     let d = r?;
-                    self.verify_slot(p.0, p.1, &d)?;
+                    verify_slot(p.block, p.slot, p.crc, &d)?;
                     buf[pos..pos + d.len()].copy_from_slice(&d);
                     pos += d.len();
                 }
@@ -153,20 +184,6 @@ impl Inner {
         self.origin_flush().await
     }
 
-    /// Checks data read from slot `s` against its entry's checksum before it goes to the
-    /// origin: after a failed flush of the fast device a slot may hold another block's older
-    /// data, and copying that to the origin would make it permanent.
-    pub(super) fn verify_slot(&self, b: u64, s: u32, data: &[u8]) -> Result<()> {
-        let want = self.state.lock().slot(s).data_crc;
-        if crc32c::crc32c(data) != want {
-            return Err(strata_io::Error::new(
-                strata_io::ErrorKind::Checksum,
-                format!("writecache: slot {s} does not hold block {b}'s data (the fast device lost a write); not written back"),
-            ));
-        }
-        Ok(())
-    }
-
     /// Writes back until nothing is dirty (`flush` message, shutdown checks), in
     /// origin-address order.
     pub(crate) async fn writeback_all(&self) -> Result<()> {
@@ -175,7 +192,7 @@ impl Inner {
             if self.state.lock().counts().1 == 0 {
                 return Ok(());
             }
-            if self.writeback_batch(BATCH_MAX, Some(&mut sweep)).await? == 0 {
+            if self.writeback_batch(SWEEP_BATCH, Some(&mut sweep)).await? == 0 {
                 tokio::task::yield_now().await;
             }
         }
@@ -238,8 +255,11 @@ impl Inner {
                 if !t.cleaner {
                     r.sweep.0.clear();
                 }
-                let sweep = (t.cleaner && overdue == 0).then_some(&mut r.sweep);
-                ok = self.writeback_batch(n, sweep).await.is_ok();
+                ok = if t.cleaner && overdue == 0 {
+                    self.writeback_batch(SWEEP_BATCH, Some(&mut r.sweep)).await.is_ok()
+                } else {
+                    self.writeback_batch(n, None).await.is_ok()
+                };
                 r.pacer.spend(paced.min(n));
             }
         }
