@@ -100,3 +100,32 @@ async fn a_flush_drains_in_origin_address_order_merging_adjacent_blocks() {
     assert_eq!(writes, want);
     assert_eq!(status(&dev).writebacks, blocks.len() as u64);
 }
+
+/// With no room in the log, a write of several blocks goes to the origin as one write (after
+/// the logged copies of its blocks go back and are cleared), and reads back right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
+    use strata_io::testing::Recording;
+    let origin = Arc::new(Recording::new(MemDev::new(8 << 20)));
+    let cache = Arc::new(MemDev::new(256 << 10));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    let o = OpenOptions { no_background: true, ..OpenOptions::default() };
+    let dev = WritecacheDev::open(cache, origin.clone(), o).await.unwrap();
+    let slots = status(&dev).blocks;
+    for b in 0..slots {
+        dev.write(b * BLOCK, Buf::from_slice(&[1; BLOCK as usize]), false).await.unwrap();
+    }
+    assert_eq!(status(&dev).free_blocks, 0);
+    origin.take();
+    // 32 blocks from the last logged block on: one logged (written back first), 31 not.
+    let at = (slots - 1) * BLOCK;
+    let data = vec![7u8; 32 * BLOCK as usize];
+    dev.write(at, Buf::from_slice(&data), true).await.unwrap();
+    let (_, writes) = origin.take();
+    assert_eq!(writes, [(at, BLOCK), (at, 32 * BLOCK)], "the logged block goes back, then one write");
+    let s = status(&dev);
+    assert_eq!((s.writes_around, s.free_blocks), (32, 1), "{s:?}");
+    assert_eq!(dev.read(at, Buf::zeroed(data.len())).await.unwrap().to_vec(), data);
+    assert_eq!(dev.read(0, Buf::zeroed(BLOCK as usize)).await.unwrap().to_vec(), [1; BLOCK as usize]);
+    dev.check_state().unwrap();
+}

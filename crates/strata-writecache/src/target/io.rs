@@ -2,7 +2,7 @@
 //! (pinned, so the slot is not reused under it); the others from the origin, one origin read
 //! per run of adjacent blocks the log does not hold. A write goes to a free slot, a partial
 //! one after merging with the block's newest copy; with no free slot it goes around the log
-//! (`go_around`). A discard or write-zeroes of a whole logged
+//! (`go_around`), a request of several blocks as one origin write (`write_around`). A discard or write-zeroes of a whole logged
 //! block logs a zero entry (no data IO), so the origin never sees it before the log forgets
 //! the block; of an unlogged block it goes to the origin.
 
@@ -10,6 +10,9 @@ use super::state::SlotState;
 use super::{relaxed, Inner};
 use std::sync::atomic::Ordering::Relaxed;
 use strata_io::{check_range, Buf, Error, ErrorKind, Result, ZeroFlags};
+
+/// Blocks in one write around the log that make it a stream (64 KiB of 4 KiB blocks).
+const STREAM_BLOCKS: u64 = 16;
 
 /// One request's part inside one cache block.
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +119,10 @@ impl Inner {
     pub(super) async fn write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         check_range("writecache write", offset, buf.len() as u64, self.size)?;
         self.state.lock().check_running()?;
+        let blocks = pieces(offset, buf.len() as u64, self.block).count() as u64;
+        if blocks > 1 && self.state.lock().counts().0 < blocks {
+            return self.write_around(offset, buf, fua).await;
+        }
         let mut generation = 0;
         let mut around = false;
         for p in pieces(offset, buf.len() as u64, self.block) {
@@ -191,6 +198,41 @@ impl Inner {
             g
         };
         Ok(Some(generation))
+    }
+
+    /// A request of several blocks the log has no room for goes to the origin as one write,
+    /// after the logged copies of its blocks are written back and cleared (`go_around`), all
+    /// its blocks' locks held (block locks, then origin-write locks, each in ascending order,
+    /// as every path takes them). A large one marks the origin as streaming, which pauses
+    /// write-back while it lasts (see `writeback.rs`).
+    async fn write_around(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        let (first, last) = (offset / self.block, (offset + buf.len() as u64 - 1) / self.block);
+        let mut stripes: Vec<usize> = (first..=last).map(|b| self.stripe(b)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for &i in &stripes {
+            guards.push(self.stripes[i].lock().await);
+        }
+        let mut origin_guards = Vec::with_capacity(stripes.len());
+        for &i in &stripes {
+            origin_guards.push(self.origin_locks[i].lock().await);
+        }
+        self.state.lock().check_running()?;
+        for b in first..=last {
+            if self.state.lock().logged_anywhere(b) {
+                self.go_around(b).await?;
+            }
+        }
+        let blocks = last - first + 1;
+        self.counters.writes_around.fetch_add(blocks, Relaxed);
+        if blocks >= STREAM_BLOCKS {
+            self.streaming.store(true, Relaxed);
+        }
+        self.kick.notify_one();
+        let r = self.origin.write(offset, buf, fua).await;
+        self.origin_writes.fetch_add(1, Relaxed);
+        r
     }
 
     /// Makes block `b` safe to write on the origin directly (its lock and origin-write lock

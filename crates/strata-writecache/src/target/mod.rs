@@ -72,6 +72,8 @@ pub(crate) struct Inner {
     kick: Notify,
     /// The write-back controller's rate (f64 bits, blocks per second; infinite: flat out).
     writeback_rate: AtomicU64,
+    /// A large write went around the log since the background task last looked.
+    streaming: std::sync::atomic::AtomicBool,
     /// The last fault (write-back or commit), for status.
     pub(crate) last_error: Mutex<Option<String>>,
 }

@@ -239,9 +239,12 @@ impl Inner {
         };
         let target = if t.cleaner { 0 } else { slots * t.low_watermark as u64 / 100 };
         let full = free * 100 < slots * (100 - t.high_watermark as u64).max(1);
-        let flat_out = t.cleaner || idle || full;
-        let rate = if t.pause_writeback {
-            0.0
+        // A stream going around a full log has the origin to itself (dm-writecache's pause):
+        // write-back's seeks would cost it more than the slots they free are worth.
+        let streaming = self.streaming.swap(false, Relaxed);
+        let flat_out = t.cleaner || idle || (full && !streaming);
+        let rate = if t.pause_writeback || (streaming && !t.cleaner) {
+            r.pacer.update(0.0, 0.0, dt, false, 0.0)
         } else {
             r.pacer.update(dirty as f64, target as f64, dt, flat_out, f64::INFINITY)
         };
