@@ -60,7 +60,7 @@ impl WritecacheDev {
             tunables: Mutex::new(o.tunables),
             kick: Notify::new(),
             writeback_rate: AtomicU64::new(0),
-            streaming: Default::default(),
+            last_stream: Mutex::new(None),
             last_error: Mutex::new(None),
             sb,
         });
