@@ -119,23 +119,24 @@ impl Inner {
     pub(super) async fn write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         check_range("writecache write", offset, buf.len() as u64, self.size)?;
         self.state.lock().check_running()?;
-        let blocks = pieces(offset, buf.len() as u64, self.block).count() as u64;
-        if blocks > 1 && self.state.lock().counts().0 < blocks {
-            return self.write_around(offset, buf, fua).await;
-        }
+        let all: Vec<Piece> = pieces(offset, buf.len() as u64, self.block).collect();
         let mut generation = 0;
-        let mut around = false;
-        for p in pieces(offset, buf.len() as u64, self.block) {
+        for (k, p) in all.iter().enumerate() {
+            // What the log has no room for goes around it as one write.
+            let left = (all.len() - k) as u64;
+            if left > 1 && self.state.lock().counts().0 < left {
+                let rest = Buf::from_slice(&buf[p.at as usize..]);
+                self.write_around(offset + p.at, rest, fua).await?;
+                break;
+            }
             let data = &buf[p.at as usize..(p.at + p.len) as usize];
-            match self.write_piece(p, Some(data), fua).await? {
-                Some(g) => generation = generation.max(g),
-                None => around = true,
+            if let Some(g) = self.write_piece(*p, Some(data), fua).await? {
+                generation = generation.max(g);
             }
         }
         if fua && generation > 0 {
             self.commit_upto(generation).await?;
         }
-        let _ = around;
         Ok(buf)
     }
 
