@@ -172,14 +172,15 @@ impl Tm {
         Ok(())
     }
 
-    /// The block to change in place of `b`: `b` itself if this transaction made it, else a
-    /// copy. Copying a shared node raises its children's counts.
+    /// The block to change in place of `b`: `b` itself if this transaction made it and
+    /// nothing else refers to it (a snapshot may share even a new node), else a copy.
+    /// Copying a shared node raises its children's counts.
     pub fn shadow(&mut self, b: u64, refs: Refs) -> Result<u64> {
-        if self.shadowed.contains(&b) {
+        let shared = self.md.count(b) > 1;
+        if self.shadowed.contains(&b) && !shared {
             return Ok(b);
         }
         let n = self.read(b)?;
-        let shared = self.md.count(b) > 1;
         let new = self.alloc_md()?;
         self.write(new, &n);
         if shared {

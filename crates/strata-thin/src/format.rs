@@ -200,6 +200,69 @@ pub struct Superblock {
     pub compat_flags: u32,
     pub compat_ro_flags: u32,
     pub incompat_flags: u32,
+    /// strata's own record in the superblock's unused tail (see `Record`).
+    pub record: Record,
+}
+
+/// What dm-thin does not keep and strata does: the data device's spec and each volume's
+/// size. It lives in the superblock's tail, from byte 1024, behind a tag; the checksum
+/// covers it, neither thin_check nor the kernel reads it, and the kernel's commits keep it
+/// (they rewrite only the fields they know). thin_restore writes a superblock without it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    pub data_spec: String,
+    pub sizes: std::collections::BTreeMap<u32, u64>,
+}
+
+const RECORD_AT: usize = 1024;
+const RECORD_TAG: &[u8; 8] = b"strata\x01\x00";
+
+impl Record {
+    /// The volumes whose sizes fit beside a data spec of `spec_len` bytes.
+    pub fn capacity(spec_len: usize) -> usize {
+        (BLOCK - RECORD_AT - 8 - 2 - spec_len - 4) / 12
+    }
+
+    fn decode(b: &[u8]) -> Record {
+        let mut r = Record::default();
+        if &b[RECORD_AT..RECORD_AT + 8] != RECORD_TAG {
+            return r;
+        }
+        let len = u16::from_le_bytes([b[RECORD_AT + 8], b[RECORD_AT + 9]]) as usize;
+        let mut at = RECORD_AT + 10;
+        if at + len + 4 > BLOCK {
+            return r;
+        }
+        r.data_spec = String::from_utf8_lossy(&b[at..at + len]).into_owned();
+        at += len;
+        let n = le32(b, at) as usize;
+        at += 4;
+        for _ in 0..n.min(Record::capacity(len)) {
+            r.sizes.insert(le32(b, at), le64(b, at + 4));
+            at += 12;
+        }
+        r
+    }
+
+    fn encode(&self, b: &mut [u8]) {
+        if self.data_spec.is_empty() && self.sizes.is_empty() {
+            return;
+        }
+        let spec = self.data_spec.as_bytes();
+        b[RECORD_AT..RECORD_AT + 8].copy_from_slice(RECORD_TAG);
+        b[RECORD_AT + 8..RECORD_AT + 10].copy_from_slice(&(spec.len() as u16).to_le_bytes());
+        let mut at = RECORD_AT + 10;
+        b[at..at + spec.len()].copy_from_slice(spec);
+        at += spec.len();
+        let n = self.sizes.len().min(Record::capacity(spec.len()));
+        put32(b, at, n as u32);
+        at += 4;
+        for (&id, &bytes) in self.sizes.iter().take(n) {
+            put32(b, at, id);
+            put64(b, at + 4, bytes);
+            at += 12;
+        }
+    }
 }
 
 impl Superblock {
@@ -235,6 +298,7 @@ impl Superblock {
             compat_flags: le32(b, 352),
             compat_ro_flags: le32(b, 356),
             incompat_flags: le32(b, 360),
+            record: Record::decode(b),
         };
         if !(1..=2).contains(&sb.version) {
             return Err(format!("unsupported metadata version {}", sb.version));
@@ -273,6 +337,7 @@ impl Superblock {
         put32(&mut b, 352, self.compat_flags);
         put32(&mut b, 356, self.compat_ro_flags);
         put32(&mut b, 360, self.incompat_flags);
+        self.record.encode(&mut b);
         seal(&mut b, SUPERBLOCK_XOR);
         b
     }
@@ -367,6 +432,7 @@ mod tests {
             metadata_block_size: BLOCK_SECTORS,
             metadata_nr_blocks: 1024,
             data_sm: SmRoot { nr_blocks: 100, nr_allocated: 2, bitmap_root: 4, ref_count_root: 5 },
+            record: Record { data_spec: "/d.img".into(), sizes: [(1, 1 << 40), (7, 4096)].into() },
             ..Superblock::default()
         };
         let mut b = sb.encode();

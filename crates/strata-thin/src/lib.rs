@@ -12,4 +12,9 @@ pub mod check;
 pub mod dump;
 pub mod format;
 pub mod meta;
+pub mod pool;
 pub mod sm;
+pub mod target;
+
+pub use pool::{Pool, PoolOptions, PoolStatus};
+pub use target::{ThinDev, ThinStatus};

@@ -96,6 +96,47 @@ impl Metadata {
         })
     }
 
+    /// Writes a new empty pool onto `dev` for a data device of `data_bytes`, refusing a
+    /// device whose first 4 KiB are not zero unless `force`.
+    pub async fn format(
+        dev: &dyn BlockDev,
+        data_bytes: u64,
+        data_block_bytes: u64,
+        data_spec: &str,
+        force: bool,
+    ) -> Result<Metadata> {
+        if dev.size() < BLOCK as u64 {
+            return Err(invalid(format!("{}: too small for a pool's metadata", dev.describe())));
+        }
+        let first = read_block(dev, SUPERBLOCK).await?;
+        if !force && first.iter().any(|&b| b != 0) {
+            let what = if le64(&first, 32) == MAGIC { "a thin pool's metadata" } else { "data" };
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "{}: the device holds {what} (its first 4 KiB are not zero); --force overwrites it",
+                    dev.describe()
+                ),
+            ));
+        }
+        let mut m = Metadata::create(dev.size(), data_bytes, data_block_bytes)?;
+        m.set_data_spec(data_spec)?;
+        if let Some(c) = m.prepare_commit()? {
+            c.write(dev).await?;
+        }
+        m.committed();
+        Ok(m)
+    }
+
+    /// Commits what changed (offline use: nothing else runs).
+    pub async fn commit(&mut self, dev: &dyn BlockDev) -> Result<()> {
+        if let Some(c) = self.prepare_commit()? {
+            c.write(dev).await?;
+            self.committed();
+        }
+        Ok(())
+    }
+
     /// Reads a pool's metadata from `dev`, checking checksums, node structure and block
     /// numbers on the way. Nothing is written.
     pub async fn open(dev: &dyn BlockDev) -> Result<Metadata> {
@@ -204,6 +245,35 @@ impl Metadata {
         v
     }
 
+    /// strata's record (data spec, volume sizes) from the superblock's tail.
+    pub fn record(&self) -> &Record {
+        &self.sb.record
+    }
+
+    /// Records the data device's spec, for opening the pool by its metadata device alone.
+    pub fn set_data_spec(&mut self, spec: &str) -> Result<()> {
+        if Record::capacity(spec.len()) < self.sb.record.sizes.len().max(1) {
+            return Err(invalid(format!("the data spec {spec:?} is too long to record")));
+        }
+        self.sb.record.data_spec = spec.to_string();
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Records volume `id`'s size (dm-thin keeps none).
+    pub fn set_volume_size(&mut self, id: DevId, bytes: u64) -> Result<()> {
+        self.device(id)?;
+        let r = &mut self.sb.record;
+        if !r.sizes.contains_key(&id) && r.sizes.len() >= Record::capacity(r.data_spec.len()) {
+            return Err(invalid(format!(
+                "no room left in the superblock to record the size of volume {id}; give size= when serving it"
+            )));
+        }
+        r.sizes.insert(id, bytes);
+        self.dirty = true;
+        Ok(())
+    }
+
     pub fn data_block_bytes(&self) -> u64 {
         self.sb.data_block_bytes()
     }
@@ -300,6 +370,7 @@ impl Metadata {
         self.details_root = droot;
         self.details.remove(&id);
         self.changed.remove(&id);
+        self.sb.record.sizes.remove(&id);
         self.sb.transaction_id += 1;
         self.dirty = true;
         Ok(())

@@ -138,6 +138,11 @@ impl SpaceMap {
         None
     }
 
+    /// Blocks `alloc` can hand out now.
+    pub fn allocatable(&self) -> u64 {
+        self.free() - self.held()
+    }
+
     /// Blocks freed but not reusable until the next commit is durable.
     pub fn held(&self) -> u64 {
         (self.pending_free.len() + self.committing_free.len()) as u64
