@@ -140,14 +140,7 @@ impl Metadata {
     /// Reads a pool's metadata from `dev`, checking checksums, node structure and block
     /// numbers on the way. Nothing is written.
     pub async fn open(dev: &dyn BlockDev) -> Result<Metadata> {
-        if dev.size() < BLOCK as u64 {
-            return Err(invalid(format!("{}: too small to hold dm-thin metadata", dev.describe())));
-        }
-        let sb_block = read_block(dev, SUPERBLOCK).await?;
-        let sb = Superblock::decode(&sb_block).map_err(|e| {
-            let kind = if e.starts_with("not dm-thin") { ErrorKind::Invalid } else { ErrorKind::Checksum };
-            Error::new(kind, format!("superblock: {e}"))
-        })?;
+        let sb = read_superblock(dev).await?;
         if sb.held_root != 0 {
             return Err(invalid(
                 "the pool holds a metadata snapshot (release it with dmsetup message ... release_metadata_snap)",
@@ -743,15 +736,14 @@ pub async fn load_nodes(
     Ok(())
 }
 
-/// Opens `dev` only to tell whether it holds dm-thin metadata (a superblock with the magic).
-pub async fn is_thin_metadata(dev: &dyn BlockDev) -> Result<bool> {
+/// Reads and checks the superblock alone (for strata's record of the data device).
+pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
     if dev.size() < BLOCK as u64 {
-        return Ok(false);
+        return Err(invalid(format!("{}: too small to hold dm-thin metadata", dev.describe())));
     }
     let b = read_block(dev, SUPERBLOCK).await?;
-    Ok(le64(&b, 32) == MAGIC)
-}
-
-pub fn ids_in_order(m: &Metadata) -> Vec<DevId> {
-    m.details.keys().copied().collect()
+    Superblock::decode(&b).map_err(|e| {
+        let kind = if e.starts_with("not dm-thin") { ErrorKind::Invalid } else { ErrorKind::Checksum };
+        Error::new(kind, format!("superblock: {e}"))
+    })
 }

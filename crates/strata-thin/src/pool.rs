@@ -65,6 +65,8 @@ pub struct Pool {
     pub(crate) opts: PoolOptions,
     pub(crate) counters: Counters,
     describe: String,
+    /// The spec the data device was opened from, as its opener gave it.
+    pub data_spec: String,
 }
 
 /// The pool's state for `strata status` and the thin volumes' status.
@@ -95,8 +97,14 @@ fn metadata_reserve(m: &Metadata) -> u64 {
 }
 
 impl Pool {
-    /// Opens the pool on `md` with data on `data`, checking the metadata as it is read.
-    pub async fn open(md: Arc<dyn BlockDev>, data: Arc<dyn BlockDev>, opts: PoolOptions) -> Result<Arc<Pool>> {
+    /// Opens the pool on `md` with data on `data` (opened from `data_spec`), checking the
+    /// metadata as it is read.
+    pub async fn open(
+        md: Arc<dyn BlockDev>,
+        data: Arc<dyn BlockDev>,
+        data_spec: &str,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>> {
         let meta = Metadata::open(&*md).await?;
         let block_bytes = meta.data_block_bytes();
         let need = meta.tm.data.nr_blocks() * block_bytes;
@@ -129,6 +137,7 @@ impl Pool {
             opts,
             counters: Counters::default(),
             describe,
+            data_spec: data_spec.to_string(),
         }))
     }
 

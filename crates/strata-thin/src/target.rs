@@ -19,6 +19,8 @@ pub struct ThinDev {
 /// A thin volume's state for `strata status`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ThinStatus {
+    /// "thin".
+    pub target: String,
     pub id: DevId,
     pub size_bytes: u64,
     pub mapped_blocks: u64,
@@ -190,6 +192,7 @@ impl ThinDev {
     pub fn thin_status(&self) -> ThinStatus {
         let d = self.pool.with_meta(|m| m.device(self.id).unwrap_or_default());
         ThinStatus {
+            target: "thin".into(),
             id: self.id,
             size_bytes: self.size,
             mapped_blocks: d.mapped_blocks,

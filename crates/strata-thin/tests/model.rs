@@ -54,7 +54,7 @@ impl Want {
 }
 
 pub async fn pool(md: &Arc<MemDev>, data: &Arc<MemDev>, opts: PoolOptions) -> Arc<Pool> {
-    Pool::open(md.clone(), data.clone(), opts).await.unwrap()
+    Pool::open(md.clone(), data.clone(), "mem:data", opts).await.unwrap()
 }
 
 async fn run(seed: u64, opts: PoolOptions) -> (Arc<MemDev>, Arc<MemDev>, BTreeMap<u32, Want>) {

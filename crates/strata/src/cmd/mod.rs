@@ -4,4 +4,5 @@ pub mod demo;
 pub mod serve;
 pub mod sim;
 pub mod status;
+pub mod thin;
 pub mod writecache;
