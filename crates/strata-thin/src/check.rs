@@ -44,38 +44,52 @@ pub fn check_counts(m: &Metadata) -> Report {
     r
 }
 
+/// References counted per block; blocks past the end are listed apart.
+struct Counted {
+    counts: Vec<u32>,
+    past_end: Vec<u64>,
+}
+
+impl Counted {
+    fn new(n: u64) -> Counted {
+        Counted { counts: vec![0; n as usize], past_end: Vec::new() }
+    }
+    fn inc(&mut self, b: u64) {
+        match self.counts.get_mut(b as usize) {
+            Some(c) => *c += 1,
+            None => self.past_end.push(b),
+        }
+    }
+}
+
 fn count(m: &Metadata, r: &mut Report) -> Result<()> {
-    let mut md: FxHashMap<u64, u32> = FxHashMap::default();
-    let mut data: FxHashMap<u64, u32> = FxHashMap::default();
-    md.insert(SUPERBLOCK, 1);
+    let mut md = Counted::new(m.tm.md.nr_blocks());
+    let mut data = Counted::new(m.tm.data.nr_blocks());
+    md.inc(SUPERBLOCK);
     for b in m.space_map_blocks() {
-        *md.entry(b).or_default() += 1;
+        md.inc(b);
     }
     let mut seen = FxHashSet::default();
     walk(m, m.sb.data_mapping_root, Refs::Subtree, &mut md, &mut data, &mut seen)?;
     walk(m, m.sb.device_details_root, Refs::None, &mut md, &mut data, &mut seen)?;
+    let mut sizes = FxHashMap::default();
     for (&id, d) in m.devices() {
-        let n = m.mappings(id)?.len() as u64;
+        let n = entries(m, m.subtree(id)?, &mut sizes)?;
         r.mapped_blocks += n;
         if n != d.mapped_blocks {
             r.warnings.push(format!("device {id}: details say {} mapped blocks, its tree holds {n}", d.mapped_blocks));
         }
     }
     for (what, sm, want) in [("metadata", &m.tm.md, &md), ("data", &m.tm.data, &data)] {
-        let mut leaked = 0u64;
-        for (&b, &n) in want {
-            if b >= sm.nr_blocks() {
-                r.errors.push(format!("{what} block {b} is referenced but lies past the end ({})", sm.nr_blocks()));
-            } else if sm.count(b) < n {
-                r.errors.push(format!(
-                    "{what} reference counts differ for block {b}: {n} references, count {}",
-                    sm.count(b)
-                ));
-            }
+        for b in &want.past_end {
+            r.errors.push(format!("{what} block {b} is referenced but lies past the end ({})", sm.nr_blocks()));
         }
-        for b in 0..sm.nr_blocks() {
-            let c = sm.count(b);
-            if c > want.get(&b).copied().unwrap_or(0) {
+        let mut leaked = 0u64;
+        for (b, &n) in want.counts.iter().enumerate() {
+            let c = sm.count(b as u64);
+            if c < n {
+                r.errors.push(format!("{what} reference counts differ for block {b}: {n} references, count {c}"));
+            } else if c > n {
                 leaked += 1;
             }
         }
@@ -83,9 +97,28 @@ fn count(m: &Metadata, r: &mut Report) -> Result<()> {
             r.warnings.push(format!("{leaked} {what} blocks leaked (counted above their references)"));
         }
     }
-    r.metadata_blocks_used = md.len() as u64;
-    r.data_blocks_used = data.len() as u64;
+    r.metadata_blocks_used = md.counts.iter().filter(|&&c| c > 0).count() as u64;
+    r.data_blocks_used = data.counts.iter().filter(|&&c| c > 0).count() as u64;
     Ok(())
+}
+
+/// The entries of the tree at `b` (each shared node counted once, then remembered).
+fn entries(m: &Metadata, b: u64, memo: &mut FxHashMap<u64, u64>) -> Result<u64> {
+    if let Some(&n) = memo.get(&b) {
+        return Ok(n);
+    }
+    let node = m.tm.read(b)?;
+    let n = if node.leaf {
+        node.len() as u64
+    } else {
+        let mut n = 0;
+        for i in 0..node.len() {
+            n += entries(m, node.val64(i), memo)?;
+        }
+        n
+    };
+    memo.insert(b, n);
+    Ok(n)
 }
 
 /// Counts one reference to node `b`, and the first time it is seen, those it holds.
@@ -93,11 +126,11 @@ fn walk(
     m: &Metadata,
     b: u64,
     refs: Refs,
-    md: &mut FxHashMap<u64, u32>,
-    data: &mut FxHashMap<u64, u32>,
+    md: &mut Counted,
+    data: &mut Counted,
     seen: &mut FxHashSet<u64>,
 ) -> Result<()> {
-    *md.entry(b).or_default() += 1;
+    md.inc(b);
     if !seen.insert(b) {
         return Ok(());
     }
@@ -106,7 +139,7 @@ fn walk(
         match (n.leaf, refs) {
             (false, _) => walk(m, n.val64(i), refs, md, data, seen)?,
             (true, Refs::Subtree) => walk(m, le64(n.val(i), 0), Refs::Data, md, data, seen)?,
-            (true, Refs::Data) => *data.entry(unpack_mapping(n.val64(i)).0).or_default() += 1,
+            (true, Refs::Data) => data.inc(unpack_mapping(n.val64(i)).0),
             (true, Refs::None) => {}
         }
     }

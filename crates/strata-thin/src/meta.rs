@@ -166,6 +166,7 @@ impl Metadata {
         for i in 0..n {
             let e = IndexEntry::decode(&index[16 + i * INDEX_ENTRY_BYTES..]);
             md.bitmaps[i] = e.blocknr;
+            md.summary[i] = (e.nr_free, e.none_free_before);
         }
         load_bitmaps(dev, &mut md, md_blocks, "metadata").await?;
         let over = read_tree(dev, sb.metadata_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
@@ -184,7 +185,9 @@ impl Metadata {
             if *k != i as u64 {
                 return Err(corrupt(format!("the data space map's index has no bitmap {i}")));
             }
-            data.bitmaps[i] = IndexEntry::decode(v).blocknr;
+            let e = IndexEntry::decode(v);
+            data.bitmaps[i] = e.blocknr;
+            data.summary[i] = (e.nr_free, e.none_free_before);
         }
         load_bitmaps(dev, &mut data, md_blocks, "data").await?;
         let over = read_tree(dev, sb.data_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
@@ -291,7 +294,8 @@ impl Metadata {
         self.details.get(&id).copied().ok_or_else(|| unknown(id))
     }
 
-    fn subtree(&self, id: DevId) -> Result<u64> {
+    /// The root of device `id`'s mapping tree.
+    pub fn subtree(&self, id: DevId) -> Result<u64> {
         let v = self.tm.lookup(self.root, id as u64)?.ok_or_else(|| unknown(id))?;
         Ok(le64(&v, 0))
     }
@@ -503,16 +507,17 @@ impl Metadata {
         let mut writes: Blocks = Vec::new();
         // Bitmaps and index entries.
         let mut index_entries: [Vec<IndexEntry>; 2] = Default::default();
-        for (which, sm) in [&self.tm.md, &self.tm.data].into_iter().enumerate() {
+        for (which, sm) in [&mut self.tm.md, &mut self.tm.data].into_iter().enumerate() {
             for i in 0..sm.bitmaps.len() {
-                let mut b = vec![0u8; BLOCK].into_boxed_slice();
-                let (nr_free, none_free_before) = sm.encode_bitmap(i, &mut b[BITMAP_HEADER..]);
-                index_entries[which].push(IndexEntry { blocknr: sm.bitmaps[i], nr_free, none_free_before });
                 if moved[which].contains(&i) {
+                    let mut b = vec![0u8; BLOCK].into_boxed_slice();
+                    sm.summary[i] = sm.encode_bitmap(i, &mut b[BITMAP_HEADER..]);
                     put64(&mut b, 8, sm.bitmaps[i]);
                     seal(&mut b, BITMAP_XOR);
                     writes.push((sm.bitmaps[i], b));
                 }
+                let (nr_free, none_free_before) = sm.summary[i];
+                index_entries[which].push(IndexEntry { blocknr: sm.bitmaps[i], nr_free, none_free_before });
             }
         }
         let mut index = vec![0u8; BLOCK].into_boxed_slice();
@@ -699,6 +704,7 @@ pub async fn load_nodes(
 ) -> Result<()> {
     // (block, level, is root, lowest key allowed)
     let mut frontier: Vec<(u64, Level, bool, Option<u64>)> = roots.iter().map(|&(b, l)| (b, l, true, None)).collect();
+    let mut queued: FxHashSet<u64> = frontier.iter().map(|f| f.0).collect();
     while !frontier.is_empty() {
         let mut next = Vec::new();
         for chunk in frontier.chunks(128) {
@@ -715,17 +721,29 @@ pub async fn load_nodes(
                     continue;
                 }
                 let h = check_node(&bytes, b, level.value_size(), root).map_err(corrupt)?;
-                let n = Node::decode(&bytes, b)?;
-                if let (Some(lo), Some(&k)) = (lo, n.keys.first()) {
+                if let Some(lo) = lo.filter(|_| h.nr_entries > 0) {
+                    let k = le64(&bytes, NODE_HEADER);
                     if k < lo {
                         return Err(corrupt(format!("block {b}: lowest key {k} below its parent's key {lo}")));
                     }
                 }
+                // Leaves of a device's mappings refer to no other node.
+                let n = if h.flags == INTERNAL_NODE || level == Level::Top {
+                    Node::decode(&bytes, b)?
+                } else {
+                    Node::empty(true, 8)
+                };
                 for i in 0..n.len() {
-                    if h.flags == INTERNAL_NODE {
-                        next.push((n.val64(i), level, false, Some(n.keys[i])));
+                    let child = if h.flags == INTERNAL_NODE {
+                        (n.val64(i), level, false, Some(n.keys[i]))
                     } else if level == Level::Top {
-                        next.push((n.val64(i), Level::Bottom, true, None));
+                        (n.val64(i), Level::Bottom, true, None)
+                    } else {
+                        continue;
+                    };
+                    // A node shared by snapshots is read once.
+                    if queued.insert(child.0) {
+                        next.push(child);
                     }
                 }
                 out.insert(b, bytes.to_vec().into_boxed_slice());

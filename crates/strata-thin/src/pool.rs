@@ -196,8 +196,9 @@ impl Pool {
         unreachable!()
     }
 
-    /// Commits every change since the last commit (nothing if there is none): data device
-    /// flushed, new metadata blocks written and flushed, then the superblock.
+    /// Commits every change since the last commit: data device flushed, new metadata blocks
+    /// written and flushed, then the superblock. With nothing changed, only the data device
+    /// is flushed.
     pub async fn commit(&self) -> Result<()> {
         let _one = self.commit_lock.lock().await;
         self.check_writable()?;
@@ -209,7 +210,8 @@ impl Pool {
         };
         let commit = match prepared {
             Ok(Some(c)) => c,
-            Ok(None) => return Ok(()),
+            // Nothing to commit: the data device alone, still after any commit before.
+            Ok(None) => return self.data.flush().await,
             Err(e) => return Err(self.fail(format!("commit failed: {}", e.context))),
         };
         if let Err(e) = self.data.flush().await {
@@ -226,14 +228,10 @@ impl Pool {
     }
 
     /// Makes every completed write durable: a commit if mappings changed, else a flush of
-    /// the data device alone.
+    /// the data device alone (after the commit in progress, if any: it may hold the
+    /// mappings of blocks written since).
     pub async fn flush(&self) -> Result<()> {
-        self.check_writable()?;
-        if self.state.lock().meta.dirty() {
-            self.commit().await
-        } else {
-            self.data.flush().await
-        }
+        self.commit().await
     }
 
     /// Whether the mapping of this block awaits a commit.

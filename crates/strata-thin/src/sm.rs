@@ -25,6 +25,8 @@ pub struct SpaceMap {
     pub dirty: BTreeSet<usize>,
     /// Where each bitmap lies on the metadata device (0: not written yet).
     pub bitmaps: Vec<u64>,
+    /// Each bitmap's index figures as last written: (free entries, first free entry).
+    pub summary: Vec<(u32, u32)>,
     cursor: u64,
 }
 
@@ -42,6 +44,7 @@ impl SpaceMap {
             committing_free: FxHashSet::default(),
             dirty: (0..n).collect(),
             bitmaps: vec![0; n],
+            summary: vec![(0, 0); n],
             cursor: 0,
         }
     }
