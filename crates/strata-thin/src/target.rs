@@ -292,6 +292,9 @@ impl BlockDev for ThinDev {
     fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
         Box::pin(async move {
             check_range("block_status", offset, len, self.size)?;
+            // At most 16,384 blocks per answer (the contract allows describing less).
+            let bs = self.pool.block_bytes;
+            let len = len.min(16384 * bs - offset % bs);
             let mut out: Vec<Extent> = Vec::new();
             for p in self.pieces(offset, len) {
                 let e = if self.lookup(p.vblock)?.is_some() { Extent::data(p.len) } else { Extent::hole(p.len) };
