@@ -230,17 +230,36 @@ impl Tm {
         self.new_node(&Node::empty(true, vs))
     }
 
+    /// The value of `key`, read from the node blocks in place (no decoding: this is every
+    /// IO's path).
     pub fn lookup(&self, root: u64, key: u64) -> Result<Option<Vec<u8>>> {
         let mut b = root;
         loop {
-            let n = self.read(b)?;
-            if n.leaf {
-                return Ok(n.keys.binary_search(&key).ok().map(|i| n.val(i).to_vec()));
+            let bytes =
+                self.blocks.get(&b).ok_or_else(|| corrupt(format!("metadata block {b} is not a loaded node")))?;
+            let h = NodeHeader::decode(bytes);
+            let (n, max, vs) = (h.nr_entries as usize, h.max_entries as usize, h.value_size as usize);
+            if n > max || NODE_HEADER + max * (8 + vs) > BLOCK {
+                return Err(corrupt(format!("metadata block {b} is not a B-tree node")));
             }
-            if n.is_empty() || key < n.keys[0] {
-                return Ok(None);
+            let key_at = |i: usize| le64(bytes, NODE_HEADER + 8 * i);
+            // The number of keys not above `key`.
+            let (mut lo, mut hi) = (0, n);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if key_at(mid) <= key {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
             }
-            b = n.val64(n.child_for(key));
+            let val = |i: usize| &bytes[NODE_HEADER + 8 * max + i * vs..][..vs];
+            match h.flags {
+                LEAF_NODE if lo > 0 && key_at(lo - 1) == key => return Ok(Some(val(lo - 1).to_vec())),
+                LEAF_NODE => return Ok(None),
+                _ if lo == 0 => return Ok(None),
+                _ => b = le64(val(lo - 1), 0),
+            }
         }
     }
 

@@ -457,6 +457,27 @@ impl Metadata {
         Ok(out)
     }
 
+    /// Each device's mapped blocks and those no other device maps (thin_ls's MAPPED_BLOCKS
+    /// and EXCLUSIVE_BLOCKS).
+    pub fn usage(&self) -> Result<BTreeMap<DevId, (u64, u64)>> {
+        let mut owners: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut maps = BTreeMap::new();
+        for &id in self.details.keys() {
+            let blocks: Vec<u64> = self.mappings(id)?.into_iter().map(|(_, b, _)| b).collect();
+            for &b in &blocks {
+                *owners.entry(b).or_default() += 1;
+            }
+            maps.insert(id, blocks);
+        }
+        Ok(maps
+            .into_iter()
+            .map(|(id, blocks)| {
+                let exclusive = blocks.iter().filter(|b| owners[b] == 1).count() as u64;
+                (id, (blocks.len() as u64, exclusive))
+            })
+            .collect())
+    }
+
     /// Prepares the commit of everything changed since the last one (None if nothing did).
     /// Until `committed` is called the blocks this commit frees stay unused.
     pub fn prepare_commit(&mut self) -> Result<Option<Commit>> {

@@ -1,9 +1,11 @@
-//! The format against thin-provisioning-tools: pools written by strata pass thin_check and
-//! thin_dump prints what strata wrote; pools made by thin_restore read back right.
+//! The format against thin-provisioning-tools: pools written by strata pass thin_check,
+//! thin_dump prints what strata wrote, thin_ls and thin_delta count what strata counts;
+//! pools made by thin_restore read back right.
 
 mod common;
 
 use common::{thin_check, thin_dump, tool};
+use std::collections::BTreeMap;
 use std::path::Path;
 use strata_io::file::{FileDev, FileOptions};
 use strata_io::BlockDev;
@@ -54,13 +56,47 @@ async fn a_pool_written_by_strata_passes_thin_check_and_dumps_as_written() {
     commit(&mut m, &dev).await;
     let (ok, text) = thin_check(&path).unwrap();
     assert!(ok, "thin_check: {text}");
-    let ours = dump::xml(&m).unwrap();
-    assert_eq!(thin_dump(&path).unwrap(), ours);
+    let xml = dump::xml(&m).unwrap();
+    assert_eq!(thin_dump(&path).unwrap(), xml);
+    // Mapped and exclusive blocks per device, as thin_ls counts them.
+    let ls =
+        tool("thin_ls", &["--no-headers", "-o", "DEV,MAPPED_BLOCKS,EXCLUSIVE_BLOCKS", path.to_str().unwrap()]).unwrap();
+    let theirs: Vec<Vec<u64>> = String::from_utf8_lossy(&ls.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().map(|w| w.parse().unwrap()).collect())
+        .collect();
+    let ours: Vec<Vec<u64>> = m.usage().unwrap().into_iter().map(|(id, (n, x))| vec![id as u64, n, x]).collect();
+    assert_eq!(ours, theirs);
+    assert!(ours.iter().any(|r| r[1] != r[2]), "some blocks are shared");
+    // The snapshot against its origin, as thin_delta sees them: blocks of each kind.
+    let delta = tool("thin_delta", &["--snap1", "1", "--snap2", "2", path.to_str().unwrap()]).unwrap();
+    let mut theirs = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&delta.stdout).lines() {
+        let Some((kind, rest)) = line.trim().strip_prefix('<').and_then(|l| l.split_once(' ')) else { continue };
+        if let Some(len) = rest.split("length=\"").nth(1).and_then(|r| r.split('"').next()) {
+            *theirs.entry(kind.to_string()).or_insert(0u64) += len.parse::<u64>().unwrap();
+        }
+    }
+    let (one, two): (BTreeMap<u64, u64>, BTreeMap<u64, u64>) = (
+        m.mappings(1).unwrap().into_iter().map(|(v, b, _)| (v, b)).collect(),
+        m.mappings(2).unwrap().into_iter().map(|(v, b, _)| (v, b)).collect(),
+    );
+    let mut ours = BTreeMap::new();
+    for v in one.keys().chain(two.keys()).collect::<std::collections::BTreeSet<_>>() {
+        let kind = match (one.get(v), two.get(v)) {
+            (Some(a), Some(b)) if a == b => "same",
+            (Some(_), Some(_)) => "different",
+            (Some(_), None) => "left_only",
+            _ => "right_only",
+        };
+        *ours.entry(kind.to_string()).or_insert(0u64) += 1;
+    }
+    assert_eq!(ours, theirs, "thin_delta");
     if let Ok(keep) = std::env::var("THIN_KEEP") {
         std::fs::copy(&path, keep).unwrap();
     }
     let again = Metadata::open(&dev).await.unwrap();
-    assert_eq!(dump::xml(&again).unwrap(), ours);
+    assert_eq!(dump::xml(&again).unwrap(), xml);
 }
 
 /// A hand-written pool: two devices sharing blocks, a snapshot of one, a range and singles.

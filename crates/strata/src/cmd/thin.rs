@@ -7,7 +7,6 @@ use crate::open::{cache_device, open, open_file};
 use crate::spec::Spec;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use strata_io::units::{format_size, format_size_exact, parse_size};
 use strata_thin::format::{DATA_BLOCK_DEFAULT, DATA_BLOCK_MAX, DATA_BLOCK_MIN};
@@ -193,23 +192,14 @@ async fn change(path: &Path, f: impl FnOnce(&mut Metadata) -> strata_io::Result<
 async fn list(a: PoolPath) -> Result<()> {
     let m = load(&a.pool, true).await?;
     let bs = m.data_block_bytes();
-    // How many volumes map each data block: a block mapped by one is exclusive to it.
-    let mut maps = HashMap::new();
-    let mut owners: HashMap<u64, u32> = HashMap::new();
-    for &id in m.devices().keys() {
-        let blocks: Vec<u64> = m.mappings(id)?.into_iter().map(|(_, b, _)| b).collect();
-        for &b in &blocks {
-            *owners.entry(b).or_default() += 1;
-        }
-        maps.insert(id, blocks);
-    }
+    let usage = m.usage()?;
     println!("{:>8} {:>10} {:>12} {:>12} {:>8} {:>8}", "ID", "SIZE", "MAPPED", "EXCLUSIVE", "CREATED", "SNAPPED");
     for (&id, d) in m.devices() {
         let size = m.record().sizes.get(&id).map(|&s| format_size(s)).unwrap_or_else(|| "-".into());
-        let exclusive = maps[&id].iter().filter(|b| owners[b] == 1).count() as u64;
+        let (mapped, exclusive) = usage[&id];
         println!(
             "{id:>8} {size:>10} {:>12} {:>12} {:>8} {:>8}",
-            format_size(maps[&id].len() as u64 * bs),
+            format_size(mapped * bs),
             format_size(exclusive * bs),
             d.creation_time,
             d.snapshotted_time
