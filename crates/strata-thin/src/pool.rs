@@ -145,6 +145,10 @@ impl Pool {
         self.describe.clone()
     }
 
+    pub fn options(&self) -> PoolOptions {
+        self.opts
+    }
+
     pub(crate) fn stripe(&self, id: DevId, vblock: u64) -> &RwLock<()> {
         let h = (vblock ^ ((id as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
         &self.stripes[h as usize % STRIPES]

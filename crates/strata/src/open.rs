@@ -96,8 +96,8 @@ async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<
                 .await
                 .map_err(|e| Error::new(e.kind, format!("opening writecache {}: {}", path.display(), e.context)))?,
         ),
-        Spec::Thin { pool, id, size, data } => {
-            Arc::new(open_thin(opener, pool, *id, *size, data.as_deref()).await.map_err(|e| {
+        Spec::Thin { pool, id, size, skip_zeroing, data } => {
+            Arc::new(open_thin(opener, pool, *id, *size, *skip_zeroing, data.as_deref()).await.map_err(|e| {
                 Error::new(e.kind, format!("opening thin volume {id} of {}: {}", pool.display(), e.context))
             })?)
         }
@@ -215,7 +215,14 @@ async fn open_writecache(opener: &Opener, path: &Path, origin: Option<&Spec>) ->
 /// Opens volume `id` of the pool on `path`: one pool per metadata device for all the
 /// volumes an opener opens, its data device the one `data` names or else the one recorded
 /// in the pool's superblock.
-async fn open_thin(opener: &Opener, path: &Path, id: u32, size: Option<u64>, data: Option<&Spec>) -> Result<ThinDev> {
+async fn open_thin(
+    opener: &Opener,
+    path: &Path,
+    id: u32,
+    size: Option<u64>,
+    skip_zeroing: bool,
+    data: Option<&Spec>,
+) -> Result<ThinDev> {
     let shown = path.display();
     let key = format!("thin-pool:{}", std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display());
     let pool = opener
@@ -239,7 +246,8 @@ async fn open_thin(opener: &Opener, path: &Path, id: u32, size: Option<u64>, dat
             };
             let dev = Box::pin(opener.open(data, false)).await;
             let dev = dev.map_err(|e| Error::new(e.kind, format!("data device of {shown}: {}", e.context)))?;
-            Pool::open(md, dev, &data.to_string(), PoolOptions::default()).await
+            let opts = PoolOptions { skip_block_zeroing: skip_zeroing, ..PoolOptions::default() };
+            Pool::open(md, dev, &data.to_string(), opts).await
         })
         .await?;
     if let Some(d) = data {
@@ -249,6 +257,12 @@ async fn open_thin(opener: &Opener, path: &Path, id: u32, size: Option<u64>, dat
                 format!("{shown} is already open with data device {}, not {d}", pool.data_spec),
             ));
         }
+    }
+    if pool.options().skip_block_zeroing != skip_zeroing {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!("{shown} is already open with skip_block_zeroing {}", if skip_zeroing { "off" } else { "on" }),
+        ));
     }
     ThinDev::new(pool, id, size)
 }

@@ -21,11 +21,13 @@
 //!   `cache:/var/tmp/c.img?origin=hdd:/var/tmp/o.img?rpm=5400&seek_max_ms=12`.
 //! - `writecache:PATH[?origin=SPEC]` — a write log made by `strata writecache create`; like
 //!   `cache:`, its superblock records its origin's spec, which `origin=` overrides (last).
-//! - `thin:POOL?id=N[&size=S][&data=SPEC]` — thin volume `N` of the pool whose metadata
+//! - `thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]` — thin volume `N` of the pool whose metadata
 //!   device is `POOL` (made by `strata thin pool create`, or by thin-provisioning-tools or the
 //!   kernel). `data=` names the pool's data device, else the spec strata recorded in the
 //!   pool's superblock is used; `size=` the volume's size, else its recorded size (a pool
-//!   made by other tools records none). Everything after `data=` is the data device's spec,
+//!   made by other tools records none); `skip_block_zeroing` (a pool feature: every volume
+//!   of a pool served together must say the same) leaves old data in the rest of a newly
+//!   provisioned block. Everything after `data=` is the data device's spec,
 //!   so `data=` comes last, except that a data spec without options of its own may be
 //!   followed by `&id=N&size=S`: `thin:/m.img?data=/d.img&id=1`.
 //!
@@ -74,8 +76,8 @@ pub enum Spec {
     Cache { path: PathBuf, origin: Option<Box<Spec>> },
     /// `writecache:PATH[?origin=SPEC]`; without `origin` the superblock's recorded spec is used.
     Writecache { path: PathBuf, origin: Option<Box<Spec>> },
-    /// `thin:POOL?id=N[&size=S][&data=SPEC]`
-    Thin { pool: PathBuf, id: u32, size: Option<u64>, data: Option<Box<Spec>> },
+    /// `thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]`
+    Thin { pool: PathBuf, id: u32, size: Option<u64>, skip_zeroing: bool, data: Option<Box<Spec>> },
 }
 
 /// A file or block device and the options it opens with.
@@ -229,8 +231,9 @@ impl Spec {
                     return Err(invalid(format!("volume id {id} out of range (0 to 16777215)")));
                 }
                 let size = opts.take_size("size")?;
+                let skip_zeroing = opts.take_bool("skip_block_zeroing")? == Some(true);
                 opts.finish()?;
-                Ok(Spec::Thin { pool: pool.into(), id, size, data })
+                Ok(Spec::Thin { pool: pool.into(), id, size, skip_zeroing, data })
             }
             _ if looks_like_kind(kind) && !may_exist(Path::new(split_query(s).0)) => {
                 Err(invalid(format!("unknown device kind {kind:?} ({KINDS})")))
@@ -356,10 +359,13 @@ impl fmt::Display for Spec {
                     None => Ok(()),
                 }
             }
-            Spec::Thin { pool, id, size, data } => {
+            Spec::Thin { pool, id, size, skip_zeroing, data } => {
                 write!(f, "thin:{}?id={id}", pool.display())?;
                 if let Some(size) = size {
                     write!(f, "&size={}", format_size_exact(*size))?;
+                }
+                if *skip_zeroing {
+                    write!(f, "&skip_block_zeroing")?;
                 }
                 match data {
                     Some(d) => write!(f, "&data={d}"),
@@ -432,6 +438,8 @@ mod tests {
             ("thin:/m.img?data=/d.img&id=1&size=1GiB", "thin:/m.img?id=1&size=1GiB&data=/d.img"),
             ("thin:/m.img?id=2&data=/d.img?direct=off&size=8GiB", "thin:/m.img?id=2&data=/d.img?size=8GiB&direct=off"),
             ("thin:/m.img?id=3&data=ssd:/d.img?channels=4", "thin:/m.img?id=3&data=ssd:/d.img?channels=4"),
+            ("thin:/m.img?skip_block_zeroing&id=4", "thin:/m.img?id=4&skip_block_zeroing"),
+            ("thin:/m.img?data=/d.img&id=4&skip_block_zeroing=off", "thin:/m.img?id=4&data=/d.img"),
         ] {
             let spec = parse(text);
             assert_eq!(spec.to_string(), canonical, "{text}");
@@ -584,12 +592,8 @@ mod tests {
             (file(), ssd()).prop_map(|(file, params)| Spec::Ssd { file, params }),
             path().prop_map(|path| Spec::Cache { path, origin: None }),
             path().prop_map(|path| Spec::Writecache { path, origin: None }),
-            (path(), 0..1u32 << 24, proptest::option::of(size())).prop_map(|(pool, id, size)| Spec::Thin {
-                pool,
-                id,
-                size,
-                data: None
-            }),
+            (path(), 0..1u32 << 24, proptest::option::of(size()), any::<bool>())
+                .prop_map(|(pool, id, size, skip_zeroing)| Spec::Thin { pool, id, size, skip_zeroing, data: None }),
         ];
         leaf.prop_recursive(4, 16, 3, |inner| {
             prop_oneof![
@@ -598,8 +602,9 @@ mod tests {
                 (path(), inner.clone()).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
                 (path(), inner.clone())
                     .prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
-                (path(), 0..1u32 << 24, proptest::option::of(size()), inner)
-                    .prop_map(|(pool, id, size, data)| { Spec::Thin { pool, id, size, data: Some(Box::new(data)) } }),
+                (path(), 0..1u32 << 24, proptest::option::of(size()), inner).prop_map(|(pool, id, size, data)| {
+                    Spec::Thin { pool, id, size, skip_zeroing: false, data: Some(Box::new(data)) }
+                }),
             ]
         })
     }

@@ -181,6 +181,12 @@ fn bad_input_is_refused_and_nothing_is_written() {
     let o = strata(&["serve", "--unix", d.path().join("s.sock").to_str().unwrap(), &format!("v=thin:{m}?id=3")]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no thin device 3"));
     unchanged("serving an unknown volume");
+    // Volumes of one pool must agree on the pool's features.
+    let (a, b) = (format!("a=thin:{m}?id=1&skip_block_zeroing"), format!("b=thin:{m}?id=1"));
+    let o = strata(&["serve", "--unix", d.path().join("s.sock").to_str().unwrap(), &a, &b]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("already open with skip_block_zeroing on"), "{e}");
+    unchanged("serving with conflicting features");
     // A corrupt superblock: a clear error from every command, and nothing written.
     let mut bad = good.clone();
     bad[200] ^= 1;
