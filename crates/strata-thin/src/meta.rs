@@ -198,8 +198,9 @@ impl Metadata {
         data.durable();
         // The mapping and details trees, every node read and checked.
         let mut blocks = FxHashMap::default();
-        load_nodes(dev, &[(sb.data_mapping_root, Level::Top)], md_blocks, &mut blocks).await?;
-        load_nodes(dev, &[(sb.device_details_root, Level::Details)], md_blocks, &mut blocks).await?;
+        let limits = (md_blocks, data_blocks);
+        load_nodes(dev, &[(sb.data_mapping_root, Level::Top)], limits, &mut blocks).await?;
+        load_nodes(dev, &[(sb.device_details_root, Level::Details)], limits, &mut blocks).await?;
         let tm = Tm { blocks, shadowed: FxHashSet::default(), md, data };
         let mut details = BTreeMap::new();
         let mut bad = None;
@@ -706,7 +707,7 @@ async fn read_tree(
 ) -> Result<Vec<(u64, Vec<u8>)>> {
     let level = if vs == 4 { Level::Counts } else { Level::Index };
     let mut nodes = FxHashMap::default();
-    load_nodes(dev, &[(root, level)], md_blocks, &mut nodes).await?;
+    load_nodes(dev, &[(root, level)], (md_blocks, 0), &mut nodes).await?;
     blocks.extend(nodes.keys().copied());
     let tm = Tm { blocks: nodes, shadowed: FxHashSet::default(), md: SpaceMap::new(1), data: SpaceMap::new(1) };
     let mut out = Vec::new();
@@ -716,13 +717,15 @@ async fn read_tree(
 
 /// Reads every node of the trees rooted at `roots`, breadth first, each checked as
 /// thin_check checks it (a shared node is read once). Subtree roots found in the top-level
-/// mapping tree's leaves are followed.
+/// mapping tree's leaves are followed. `limits`: the metadata and data blocks there are (a
+/// mapping to a data block past the end is damage).
 pub async fn load_nodes(
     dev: &dyn BlockDev,
     roots: &[(u64, Level)],
-    md_blocks: u64,
+    limits: (u64, u64),
     out: &mut FxHashMap<u64, Box<[u8]>>,
 ) -> Result<()> {
+    let (md_blocks, data_blocks) = limits;
     // (block, level, is root, lowest key allowed)
     let mut frontier: Vec<(u64, Level, bool, Option<u64>)> = roots.iter().map(|&(b, l)| (b, l, true, None)).collect();
     let mut queued: FxHashSet<u64> = frontier.iter().map(|f| f.0).collect();
@@ -746,6 +749,17 @@ pub async fn load_nodes(
                     let k = le64(&bytes, NODE_HEADER);
                     if k < lo {
                         return Err(corrupt(format!("block {b}: lowest key {k} below its parent's key {lo}")));
+                    }
+                }
+                if level == Level::Bottom && h.flags == LEAF_NODE {
+                    let v0 = NODE_HEADER + 8 * h.max_entries as usize;
+                    for i in 0..h.nr_entries as usize {
+                        let (d, _) = unpack_mapping(le64(&bytes, v0 + 8 * i));
+                        if d >= data_blocks {
+                            return Err(corrupt(format!(
+                                "block {b}: a mapping to data block {d}, past the end ({data_blocks})"
+                            )));
+                        }
                     }
                 }
                 // Leaves of a device's mappings refer to no other node.
