@@ -98,7 +98,7 @@ fn metadata_reserve(m: &Metadata) -> u64 {
 
 impl Pool {
     /// Opens the pool on `md` with data on `data` (opened from `data_spec`), checking the
-    /// metadata as it is read.
+    /// metadata as it is read and its reference counts against the trees.
     pub async fn open(
         md: Arc<dyn BlockDev>,
         data: Arc<dyn BlockDev>,
@@ -106,6 +106,14 @@ impl Pool {
         opts: PoolOptions,
     ) -> Result<Arc<Pool>> {
         let meta = Metadata::open(&*md).await?;
+        // A count below its references would hand out a block still in use: refuse.
+        let report = crate::check::check_counts(&meta);
+        if !report.clean() {
+            return Err(Error::new(
+                ErrorKind::Checksum,
+                format!("{}: the pool's metadata is damaged: {}", md.describe(), report.errors.join("; ")),
+            ));
+        }
         let block_bytes = meta.data_block_bytes();
         let need = meta.tm.data.nr_blocks() * block_bytes;
         if data.size() < need {

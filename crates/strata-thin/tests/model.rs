@@ -269,3 +269,24 @@ async fn concurrent_writes_to_one_block_all_land() {
     assert_eq!(p.status().copied_blocks, 1, "one copy for sixteen racing writes");
     assert!(strata_thin::check::check(&*md).await.clean());
 }
+
+#[tokio::test]
+async fn a_pool_whose_counts_are_below_its_references_is_not_served() {
+    let (md, data, p, dev) = one_volume(16, 16).await;
+    dev.write(0, pattern(1, 0, 4096), false).await.unwrap();
+    dev.flush().await.unwrap();
+    drop((dev, p));
+    // Damage as a bug would make it: every checksum right, a block in use counted free.
+    let mut m = Metadata::open(&*md).await.unwrap();
+    let root = m.subtree(1).unwrap();
+    m.tm.md.dec(root).unwrap();
+    m.set_volume_size(1, BS).unwrap();
+    m.commit(&*md).await.unwrap();
+    let e = Pool::open(md.clone(), data.clone(), "mem:data", PoolOptions::default()).await.err().expect("opened");
+    assert!(e.context.contains("reference counts differ"), "{e}");
+    let mut bytes = vec![0u8; md.size() as usize];
+    md.read_into(0, &mut bytes).unwrap();
+    if let Some((ok, text)) = common::thin_check_bytes(&bytes) {
+        assert!(!ok, "thin_check passed a node counted free: {text}");
+    }
+}
