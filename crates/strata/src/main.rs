@@ -12,6 +12,7 @@ Examples:
   strata serve --unix /tmp/strata.sock vol0=/var/tmp/vol0.img?size=4GiB
   strata status --admin 127.0.0.1:9810
   strata cache create --origin hdd:/var/tmp/origin.img --cache /var/tmp/cache.img?size=1GiB
+  strata thin pool create --metadata /var/tmp/pool.meta?size=64MiB --data /var/tmp/pool.data?size=100GiB
   strata sim ../shared/testdata/cloudphysics-w.csv --policy strata,smq,lru --size 1%,10%
 Run `strata <command> --help` for each command's options."
 )]
@@ -34,6 +35,8 @@ enum Command {
     Cache(cmd::cache::CacheArgs),
     /// Create, tune, flush, detach, check and dump write logs (the writecache target).
     Writecache(cmd::writecache::WritecacheArgs),
+    /// Make thin pools (dm-thin's metadata format); create, snapshot, delete, list, check and dump thin volumes.
+    Thin(cmd::thin::ThinArgs),
     /// Replay a block trace (or a synthetic workload) through cache policies.
     Sim(cmd::sim::SimArgs),
     /// Crash a writeback cache at seeded points and count lost writes.
@@ -49,6 +52,7 @@ fn main() {
         Command::Export(a) => cmd::export::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Writecache(a) => cmd::writecache::run(a),
+        Command::Thin(a) => cmd::thin::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Crashtest(a) => cmd::crashtest::run(a),
     };

@@ -25,6 +25,7 @@ use strata_io::file::{Claim, FileDev, FileOptions};
 use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
+use strata_thin::{Pool, PoolOptions, ThinDev};
 use strata_writecache::WritecacheDev;
 
 /// Opens the device or stack `spec` names, sharing nothing with other opens (see `Opener`).
@@ -95,6 +96,11 @@ async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<
                 .await
                 .map_err(|e| Error::new(e.kind, format!("opening writecache {}: {}", path.display(), e.context)))?,
         ),
+        Spec::Thin { pool, id, size, skip_zeroing, data } => {
+            Arc::new(open_thin(opener, pool, *id, *size, *skip_zeroing, data.as_deref()).await.map_err(|e| {
+                Error::new(e.kind, format!("opening thin volume {id} of {}: {}", pool.display(), e.context))
+            })?)
+        }
     })
 }
 
@@ -204,6 +210,61 @@ async fn open_writecache(opener: &Opener, path: &Path, origin: Option<&Spec>) ->
     let origin = Box::pin(opener.open(origin, false)).await;
     let origin = origin.map_err(|e| Error::new(e.kind, format!("origin of {shown}: {}", e.context)))?;
     WritecacheDev::open(cache, origin, strata_writecache::OpenOptions::default()).await
+}
+
+/// Opens volume `id` of the pool on `path`: one pool per metadata device for all the
+/// volumes an opener opens, its data device the one `data` names or else the one recorded
+/// in the pool's superblock.
+async fn open_thin(
+    opener: &Opener,
+    path: &Path,
+    id: u32,
+    size: Option<u64>,
+    skip_zeroing: bool,
+    data: Option<&Spec>,
+) -> Result<ThinDev> {
+    let shown = path.display();
+    let key = format!("thin-pool:{}", std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display());
+    let pool = opener
+        .shared(&key, || async {
+            let md = cache_device(path, false)?;
+            let recorded;
+            let data = match data {
+                Some(d) => d,
+                None => {
+                    let sb = strata_thin::meta::read_superblock(&*md).await?;
+                    if sb.record.data_spec.is_empty() {
+                        return Err(Error::new(
+                            ErrorKind::Invalid,
+                            format!("{shown}: the pool records no data device; give thin:{shown}?id={id}&data=SPEC"),
+                        ));
+                    }
+                    recorded = Spec::parse(&sb.record.data_spec)
+                        .map_err(|e| Error::new(e.kind, format!("the recorded data device: {}", e.context)))?;
+                    &recorded
+                }
+            };
+            let dev = Box::pin(opener.open(data, false)).await;
+            let dev = dev.map_err(|e| Error::new(e.kind, format!("data device of {shown}: {}", e.context)))?;
+            let opts = PoolOptions { skip_block_zeroing: skip_zeroing, ..PoolOptions::default() };
+            Pool::open(md, dev, &data.to_string(), opts).await
+        })
+        .await?;
+    if let Some(d) = data {
+        if d.to_string() != pool.data_spec {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("{shown} is already open with data device {}, not {d}", pool.data_spec),
+            ));
+        }
+    }
+    if pool.options().skip_block_zeroing != skip_zeroing {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!("{shown} is already open with skip_block_zeroing {}", if skip_zeroing { "off" } else { "on" }),
+        ));
+    }
+    ThinDev::new(pool, id, size)
 }
 
 #[cfg(test)]

@@ -21,6 +21,15 @@
 //!   `cache:/var/tmp/c.img?origin=hdd:/var/tmp/o.img?rpm=5400&seek_max_ms=12`.
 //! - `writecache:PATH[?origin=SPEC]` — a write log made by `strata writecache create`; like
 //!   `cache:`, its superblock records its origin's spec, which `origin=` overrides (last).
+//! - `thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]` — thin volume `N` of the pool whose metadata
+//!   device is `POOL` (made by `strata thin pool create`, or by thin-provisioning-tools or the
+//!   kernel). `data=` names the pool's data device, else the spec strata recorded in the
+//!   pool's superblock is used; `size=` the volume's size, else its recorded size (a pool
+//!   made by other tools records none); `skip_block_zeroing` (a pool feature: every volume
+//!   of a pool served together must say the same) leaves old data in the rest of a newly
+//!   provisioned block. Everything after `data=` is the data device's spec,
+//!   so `data=` comes last, except that a data spec without options of its own may be
+//!   followed by `&id=N&size=S`: `thin:/m.img?data=/d.img&id=1`.
 //!
 //! A word before the first `:` that names no kind (`foo:bar`) is refused with the list of
 //! kinds, unless a file of that name exists: a typo in a prefix should not read as a missing
@@ -48,7 +57,7 @@ use strata_io::units::{format_size_exact, parse_size};
 use strata_io::{Error, Result};
 
 /// The kinds of spec, as an error lists them.
-pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:";
+pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:";
 
 /// A device or a stack of targets, as a spec names it.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +76,8 @@ pub enum Spec {
     Cache { path: PathBuf, origin: Option<Box<Spec>> },
     /// `writecache:PATH[?origin=SPEC]`; without `origin` the superblock's recorded spec is used.
     Writecache { path: PathBuf, origin: Option<Box<Spec>> },
+    /// `thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]`
+    Thin { pool: PathBuf, id: u32, size: Option<u64>, skip_zeroing: bool, data: Option<Box<Spec>> },
 }
 
 /// A file or block device and the options it opens with.
@@ -179,7 +190,7 @@ impl Spec {
                 if path.is_empty() {
                     return Err(invalid("no path".into()));
                 }
-                let (others, origin) = split_origin(q.unwrap_or(""));
+                let (others, origin) = split_nested(q.unwrap_or(""), "origin=");
                 Options::parse(s, Some(&others)).finish()?;
                 let origin = match origin {
                     None => None,
@@ -191,6 +202,38 @@ impl Spec {
                 } else {
                     Spec::Writecache { path: path.into(), origin }
                 })
+            }
+            "thin" => {
+                let (pool, q) = split_query(rest);
+                if pool.is_empty() {
+                    return Err(invalid("no pool metadata path".into()));
+                }
+                let (mut others, data) = split_nested(q.unwrap_or(""), "data=");
+                let data = match data {
+                    None => None,
+                    Some("") => return Err(invalid("no spec after data=".into())),
+                    // A data spec without options of its own leaves later options to thin.
+                    Some(d) if !d.contains('?') && d.contains('&') => {
+                        let (d, more) = d.split_once('&').unwrap();
+                        others = [others.as_str(), more]
+                            .iter()
+                            .filter(|x| !x.is_empty())
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join("&");
+                        Some(Box::new(Spec::parse(d)?))
+                    }
+                    Some(d) => Some(Box::new(Spec::parse(d)?)),
+                };
+                let mut opts = Options::parse(s, Some(&others));
+                let id: u32 = opts.take_parsed("id")?.ok_or_else(|| invalid("no volume id= given".into()))?;
+                if id >= 1 << 24 {
+                    return Err(invalid(format!("volume id {id} out of range (0 to 16777215)")));
+                }
+                let size = opts.take_size("size")?;
+                let skip_zeroing = opts.take_bool("skip_block_zeroing")? == Some(true);
+                opts.finish()?;
+                Ok(Spec::Thin { pool: pool.into(), id, size, skip_zeroing, data })
             }
             _ if looks_like_kind(kind) && !may_exist(Path::new(split_query(s).0)) => {
                 Err(invalid(format!("unknown device kind {kind:?} ({KINDS})")))
@@ -217,7 +260,7 @@ impl Spec {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => each(f),
             Spec::Fault { inner, .. } => inner.for_each_file(each),
-            Spec::Cache { origin, .. } | Spec::Writecache { origin, .. } => {
+            Spec::Cache { origin, .. } | Spec::Writecache { origin, .. } | Spec::Thin { data: origin, .. } => {
                 if let Some(o) = origin {
                     o.for_each_file(each)
                 }
@@ -231,7 +274,7 @@ impl Spec {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => Some(&f.path),
             Spec::Fault { inner, .. } => inner.path(),
-            Spec::Cache { path, .. } | Spec::Writecache { path, .. } => Some(path),
+            Spec::Cache { path, .. } | Spec::Writecache { path, .. } | Spec::Thin { pool: path, .. } => Some(path),
             Spec::Mem { .. } => None,
         }
     }
@@ -249,13 +292,13 @@ impl Spec {
     }
 }
 
-/// Splits a cache's options into those before `origin=` and the origin's spec: everything
-/// after `origin=`, `&` and `?` included.
-fn split_origin(q: &str) -> (String, Option<&str>) {
+/// Splits a target's options into those before `key` (`origin=`, `data=`) and the nested
+/// device's spec: everything after `key`, `&` and `?` included.
+fn split_nested<'a>(q: &'a str, key: &str) -> (String, Option<&'a str>) {
     let mut others = Vec::new();
     let mut rest = q;
     loop {
-        if let Some(origin) = rest.strip_prefix("origin=") {
+        if let Some(origin) = rest.strip_prefix(key) {
             return (others.join("&"), Some(origin));
         }
         match rest.split_once('&') {
@@ -313,6 +356,19 @@ impl fmt::Display for Spec {
                 write!(f, "{kind}:{}", path.display())?;
                 match origin {
                     Some(o) => write!(f, "?origin={o}"),
+                    None => Ok(()),
+                }
+            }
+            Spec::Thin { pool, id, size, skip_zeroing, data } => {
+                write!(f, "thin:{}?id={id}", pool.display())?;
+                if let Some(size) = size {
+                    write!(f, "&size={}", format_size_exact(*size))?;
+                }
+                if *skip_zeroing {
+                    write!(f, "&skip_block_zeroing")?;
+                }
+                match data {
+                    Some(d) => write!(f, "&data={d}"),
                     None => Ok(()),
                 }
             }
@@ -377,6 +433,13 @@ mod tests {
             ("writecache:/w.img", "writecache:/w.img"),
             ("writecache:/w.img?origin=cache:/c.img", "writecache:/w.img?origin=cache:/c.img"),
             ("writecache:/w.img?origin=hdd:/o.img?rpm=5400", "writecache:/w.img?origin=hdd:/o.img?rpm=5400"),
+            ("thin:/m.img?id=1", "thin:/m.img?id=1"),
+            ("thin:/m.img?size=1TiB&id=7", "thin:/m.img?id=7&size=1TiB"),
+            ("thin:/m.img?data=/d.img&id=1&size=1GiB", "thin:/m.img?id=1&size=1GiB&data=/d.img"),
+            ("thin:/m.img?id=2&data=/d.img?direct=off&size=8GiB", "thin:/m.img?id=2&data=/d.img?size=8GiB&direct=off"),
+            ("thin:/m.img?id=3&data=ssd:/d.img?channels=4", "thin:/m.img?id=3&data=ssd:/d.img?channels=4"),
+            ("thin:/m.img?skip_block_zeroing&id=4", "thin:/m.img?id=4&skip_block_zeroing"),
+            ("thin:/m.img?data=/d.img&id=4&skip_block_zeroing=off", "thin:/m.img?id=4&data=/d.img"),
         ] {
             let spec = parse(text);
             assert_eq!(spec.to_string(), canonical, "{text}");
@@ -437,7 +500,16 @@ mod tests {
             ("fault:read:boom@mem:1MiB", "expected an effect"),
             ("fault:read:eio:p=2@mem:1MiB", "probability"),
             ("fault:read:eio@mem:lots", "expected a number"),
-            ("foo:bar", "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:)"),
+            (
+                "foo:bar",
+                "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:)",
+            ),
+            ("thin:?id=1", "no pool metadata path"),
+            ("thin:/m.img", "no volume id= given"),
+            ("thin:/m.img?id=x", "bad value \"x\" for id"),
+            ("thin:/m.img?id=16777216", "out of range"),
+            ("thin:/m.img?id=1&data=", "no spec after data="),
+            ("thin:/m.img?id=1&ro", "unknown option(s): ro"),
             ("nbd+unix:///vol?socket=/s", "unknown device kind \"nbd+unix\""),
         ] {
             let e = refused(text);
@@ -520,13 +592,19 @@ mod tests {
             (file(), ssd()).prop_map(|(file, params)| Spec::Ssd { file, params }),
             path().prop_map(|path| Spec::Cache { path, origin: None }),
             path().prop_map(|path| Spec::Writecache { path, origin: None }),
+            (path(), 0..1u32 << 24, proptest::option::of(size()), any::<bool>())
+                .prop_map(|(pool, id, size, skip_zeroing)| Spec::Thin { pool, id, size, skip_zeroing, data: None }),
         ];
         leaf.prop_recursive(4, 16, 3, |inner| {
             prop_oneof![
                 (proptest::collection::vec(rule(), 1..4), inner.clone())
                     .prop_map(|(rules, inner)| Spec::Fault { rules, inner: Box::new(inner) }),
                 (path(), inner.clone()).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
-                (path(), inner).prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
+                (path(), inner.clone())
+                    .prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
+                (path(), 0..1u32 << 24, proptest::option::of(size()), inner).prop_map(|(pool, id, size, data)| {
+                    Spec::Thin { pool, id, size, skip_zeroing: false, data: Some(Box::new(data)) }
+                }),
             ]
         })
     }

@@ -5,4 +5,5 @@ pub mod export;
 pub mod serve;
 pub mod sim;
 pub mod status;
+pub mod thin;
 pub mod writecache;

@@ -29,6 +29,10 @@ Volume specs:
   cache:PATH           a cache made by `strata cache create` (its superblock names the
                        origin; cache:PATH?origin=SPEC overrides it, and everything after
                        origin= is that spec, e.g. cache:PATH?origin=hdd:O.img?rpm=5400&seed=2)
+  thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]
+                       thin volume N of the pool whose metadata device is POOL (made by
+                       `strata thin pool create`; size= and data= for pools made by other
+                       tools, data= last); volumes of one pool share it (docs/THIN.md)
   fault:RULE[,RULE]...@SPEC
                        SPEC behind injected faults (tests and drills): each RULE is
                        OPS:EFFECT[:FIELD]..., OPS read|write|flush|discard|zero|any joined

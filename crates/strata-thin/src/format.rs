@@ -1,0 +1,450 @@
+//! dm-thin's on-disk metadata format, as the kernel (drivers/md/dm-thin-metadata.c,
+//! persistent-data/) and thin-provisioning-tools read and write it. Everything is little
+//! endian in 4 KiB metadata blocks:
+//!
+//! - block 0, the superblock: magic 27022010, the roots of the two space maps, of the
+//!   mapping tree and of the device-details tree, the data block size;
+//! - B-tree nodes: a 32-byte header (checksum, flags, own block number, entry counts, value
+//!   size), then `max_entries` keys, then `max_entries` values;
+//! - space maps: 2-bit reference counts in bitmap blocks (16 bytes of header, 16,320 entries
+//!   each), counts of 3 and more in an overflow B-tree (block → u32); the metadata space
+//!   map's bitmaps are listed in one index block, the data space map's in a B-tree.
+//!
+//! Every block carries a crc32c of all its bytes after the checksum field, started at
+//! 0xffffffff, not inverted at the end, and xored with a salt per kind of block.
+
+/// Metadata block size in bytes (dm-thin's only one).
+pub const BLOCK: usize = 4096;
+/// Metadata block size in 512-byte sectors, as the superblock records it.
+pub const BLOCK_SECTORS: u32 = 8;
+pub const MAGIC: u64 = 27022010;
+/// The version thin_restore and current kernels write.
+pub const VERSION: u32 = 2;
+pub const SUPERBLOCK: u64 = 0;
+
+pub const SUPERBLOCK_XOR: u32 = 160774;
+pub const INDEX_XOR: u32 = 160478;
+pub const BITMAP_XOR: u32 = 240779;
+pub const BTREE_XOR: u32 = 121107;
+
+/// Node flags.
+pub const INTERNAL_NODE: u32 = 1;
+pub const LEAF_NODE: u32 = 2;
+pub const NODE_HEADER: usize = 32;
+
+/// Bitmap blocks: a 16-byte header, then 2 bits per block.
+pub const BITMAP_HEADER: usize = 16;
+pub const ENTRIES_PER_BITMAP: u64 = ((BLOCK - BITMAP_HEADER) * 4) as u64;
+/// The metadata space map's index block holds this many bitmap entries, which caps the
+/// metadata device at 255 × 16,320 blocks (about 15.9 GiB).
+pub const MAX_METADATA_BITMAPS: usize = 255;
+pub const MAX_METADATA_BLOCKS: u64 = MAX_METADATA_BITMAPS as u64 * ENTRIES_PER_BITMAP;
+
+/// Data block sizes dm-thin accepts: 64 KiB to 1 GiB, a multiple of 64 KiB.
+pub const DATA_BLOCK_MIN: u64 = 64 << 10;
+pub const DATA_BLOCK_MAX: u64 = 1 << 30;
+pub const DATA_BLOCK_DEFAULT: u64 = 64 << 10;
+
+/// Whether dm-thin takes data blocks of `bytes`.
+pub fn valid_data_block(bytes: u64) -> bool {
+    (DATA_BLOCK_MIN..=DATA_BLOCK_MAX).contains(&bytes) && bytes.is_multiple_of(DATA_BLOCK_MIN)
+}
+
+/// Mapping values pack a 40-bit data block and a 24-bit time.
+pub const TIME_BITS: u32 = 24;
+pub const MAX_TIME: u32 = (1 << TIME_BITS) - 1;
+
+/// The checksum of `bytes` salted with `xor` (dm_bm_checksum).
+pub fn checksum(bytes: &[u8], xor: u32) -> u32 {
+    crc32c::crc32c(bytes) ^ 0xffff_ffff ^ xor
+}
+
+/// Writes the checksum of `block[4..]` into `block[0..4]`.
+pub fn seal(block: &mut [u8], xor: u32) {
+    let c = checksum(&block[4..], xor);
+    block[0..4].copy_from_slice(&c.to_le_bytes());
+}
+
+/// Whether `block` carries the right checksum for its kind.
+pub fn sealed(block: &[u8], xor: u32) -> bool {
+    le32(block, 0) == checksum(&block[4..], xor)
+}
+
+pub fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+pub fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+pub fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+pub fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Entries a node holds for values of `value_size` bytes: as many as fit, rounded down to a
+/// multiple of 3 (the kernel's calc_max_entries; thin_check refuses other figures).
+pub fn max_entries(value_size: usize) -> usize {
+    let fit = (BLOCK - NODE_HEADER) / (8 + value_size);
+    fit / 3 * 3
+}
+
+/// Packs a mapping value: data block in the high 40 bits, time in the low 24.
+pub fn pack_mapping(data_block: u64, time: u32) -> u64 {
+    (data_block << TIME_BITS) | (time & MAX_TIME) as u64
+}
+
+pub fn unpack_mapping(v: u64) -> (u64, u32) {
+    (v >> TIME_BITS, (v & MAX_TIME as u64) as u32)
+}
+
+/// A space map's root as the superblock holds it (disk_sm_root, 32 of its 128 bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SmRoot {
+    pub nr_blocks: u64,
+    pub nr_allocated: u64,
+    pub bitmap_root: u64,
+    pub ref_count_root: u64,
+}
+
+impl SmRoot {
+    pub fn decode(b: &[u8]) -> SmRoot {
+        SmRoot {
+            nr_blocks: le64(b, 0),
+            nr_allocated: le64(b, 8),
+            bitmap_root: le64(b, 16),
+            ref_count_root: le64(b, 24),
+        }
+    }
+    pub fn encode(&self, b: &mut [u8]) {
+        put64(b, 0, self.nr_blocks);
+        put64(b, 8, self.nr_allocated);
+        put64(b, 16, self.bitmap_root);
+        put64(b, 24, self.ref_count_root);
+    }
+}
+
+/// One bitmap's entry in a space map's index (disk_index_entry, 16 bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub blocknr: u64,
+    pub nr_free: u32,
+    pub none_free_before: u32,
+}
+
+pub const INDEX_ENTRY_BYTES: usize = 16;
+
+impl IndexEntry {
+    pub fn decode(b: &[u8]) -> IndexEntry {
+        IndexEntry { blocknr: le64(b, 0), nr_free: le32(b, 8), none_free_before: le32(b, 12) }
+    }
+    pub fn encode(&self, b: &mut [u8]) {
+        put64(b, 0, self.blocknr);
+        put32(b, 8, self.nr_free);
+        put32(b, 12, self.none_free_before);
+    }
+}
+
+/// A thin device's details (disk_device_details, 24 bytes). dm-thin keeps no size or name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceDetails {
+    pub mapped_blocks: u64,
+    pub transaction_id: u64,
+    pub creation_time: u32,
+    pub snapshotted_time: u32,
+}
+
+pub const DETAILS_BYTES: usize = 24;
+
+impl DeviceDetails {
+    pub fn decode(b: &[u8]) -> DeviceDetails {
+        DeviceDetails {
+            mapped_blocks: le64(b, 0),
+            transaction_id: le64(b, 8),
+            creation_time: le32(b, 16),
+            snapshotted_time: le32(b, 20),
+        }
+    }
+    pub fn encode(&self) -> [u8; DETAILS_BYTES] {
+        let mut b = [0u8; DETAILS_BYTES];
+        put64(&mut b, 0, self.mapped_blocks);
+        put64(&mut b, 8, self.transaction_id);
+        put32(&mut b, 16, self.creation_time);
+        put32(&mut b, 20, self.snapshotted_time);
+        b
+    }
+}
+
+/// The superblock (thin_disk_superblock).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Superblock {
+    pub flags: u32,
+    pub uuid: [u8; 16],
+    pub version: u32,
+    pub time: u32,
+    pub transaction_id: u64,
+    /// A held metadata snapshot's root (thin_dump --metadata-snap); 0 for none.
+    pub held_root: u64,
+    pub data_sm: SmRoot,
+    pub metadata_sm: SmRoot,
+    pub data_mapping_root: u64,
+    pub device_details_root: u64,
+    /// In 512-byte sectors.
+    pub data_block_size: u32,
+    pub metadata_block_size: u32,
+    pub metadata_nr_blocks: u64,
+    pub compat_flags: u32,
+    pub compat_ro_flags: u32,
+    pub incompat_flags: u32,
+    /// strata's own record in the superblock's unused tail (see `Record`).
+    pub record: Record,
+}
+
+/// What dm-thin does not keep and strata does: the data device's spec and each volume's
+/// size. It lives in the superblock's tail, from byte 1024, behind a tag; the checksum
+/// covers it, neither thin_check nor the kernel reads it, and the kernel's commits keep it
+/// (they rewrite only the fields they know). thin_restore writes a superblock without it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    pub data_spec: String,
+    pub sizes: std::collections::BTreeMap<u32, u64>,
+}
+
+const RECORD_AT: usize = 1024;
+const RECORD_TAG: &[u8; 8] = b"strata\x01\x00";
+
+impl Record {
+    /// The volumes whose sizes fit beside a data spec of `spec_len` bytes.
+    pub fn capacity(spec_len: usize) -> usize {
+        (BLOCK - RECORD_AT - 8 - 2 - spec_len - 4) / 12
+    }
+
+    fn decode(b: &[u8]) -> Record {
+        let mut r = Record::default();
+        if &b[RECORD_AT..RECORD_AT + 8] != RECORD_TAG {
+            return r;
+        }
+        let len = u16::from_le_bytes([b[RECORD_AT + 8], b[RECORD_AT + 9]]) as usize;
+        let mut at = RECORD_AT + 10;
+        if at + len + 4 > BLOCK {
+            return r;
+        }
+        r.data_spec = String::from_utf8_lossy(&b[at..at + len]).into_owned();
+        at += len;
+        let n = le32(b, at) as usize;
+        at += 4;
+        for _ in 0..n.min(Record::capacity(len)) {
+            r.sizes.insert(le32(b, at), le64(b, at + 4));
+            at += 12;
+        }
+        r
+    }
+
+    fn encode(&self, b: &mut [u8]) {
+        if self.data_spec.is_empty() && self.sizes.is_empty() {
+            return;
+        }
+        let spec = self.data_spec.as_bytes();
+        b[RECORD_AT..RECORD_AT + 8].copy_from_slice(RECORD_TAG);
+        b[RECORD_AT + 8..RECORD_AT + 10].copy_from_slice(&(spec.len() as u16).to_le_bytes());
+        let mut at = RECORD_AT + 10;
+        b[at..at + spec.len()].copy_from_slice(spec);
+        at += spec.len();
+        let n = self.sizes.len().min(Record::capacity(spec.len()));
+        put32(b, at, n as u32);
+        at += 4;
+        for (&id, &bytes) in self.sizes.iter().take(n) {
+            put32(b, at, id);
+            put64(b, at + 4, bytes);
+            at += 12;
+        }
+    }
+}
+
+impl Superblock {
+    /// Reads a superblock, refusing another kind of block or a bad checksum.
+    pub fn decode(b: &[u8]) -> Result<Superblock, String> {
+        if le64(b, 32) != MAGIC {
+            return Err(format!("not dm-thin metadata (magic {:#x}, expected {MAGIC})", le64(b, 32)));
+        }
+        if !sealed(b, SUPERBLOCK_XOR) {
+            return Err(format!(
+                "bad superblock checksum (stored {:#010x}, computed {:#010x})",
+                le32(b, 0),
+                checksum(&b[4..], SUPERBLOCK_XOR)
+            ));
+        }
+        if le64(b, 8) != SUPERBLOCK {
+            return Err(format!("the superblock names itself block {}", le64(b, 8)));
+        }
+        let sb = Superblock {
+            flags: le32(b, 4),
+            uuid: b[16..32].try_into().unwrap(),
+            version: le32(b, 40),
+            time: le32(b, 44),
+            transaction_id: le64(b, 48),
+            held_root: le64(b, 56),
+            data_sm: SmRoot::decode(&b[64..]),
+            metadata_sm: SmRoot::decode(&b[192..]),
+            data_mapping_root: le64(b, 320),
+            device_details_root: le64(b, 328),
+            data_block_size: le32(b, 336),
+            metadata_block_size: le32(b, 340),
+            metadata_nr_blocks: le64(b, 344),
+            compat_flags: le32(b, 352),
+            compat_ro_flags: le32(b, 356),
+            incompat_flags: le32(b, 360),
+            record: Record::decode(b),
+        };
+        if !(1..=2).contains(&sb.version) {
+            return Err(format!("unsupported metadata version {}", sb.version));
+        }
+        if sb.metadata_block_size != BLOCK_SECTORS {
+            return Err(format!(
+                "metadata block size {} sectors (only {BLOCK_SECTORS} is known)",
+                sb.metadata_block_size
+            ));
+        }
+        let dbs = sb.data_block_size as u64 * 512;
+        if !valid_data_block(dbs) {
+            return Err(format!("bad data block size {} sectors", sb.data_block_size));
+        }
+        Ok(sb)
+    }
+
+    /// The sealed 4 KiB block.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK];
+        put32(&mut b, 4, self.flags);
+        put64(&mut b, 8, SUPERBLOCK);
+        b[16..32].copy_from_slice(&self.uuid);
+        put64(&mut b, 32, MAGIC);
+        put32(&mut b, 40, self.version);
+        put32(&mut b, 44, self.time);
+        put64(&mut b, 48, self.transaction_id);
+        put64(&mut b, 56, self.held_root);
+        self.data_sm.encode(&mut b[64..]);
+        self.metadata_sm.encode(&mut b[192..]);
+        put64(&mut b, 320, self.data_mapping_root);
+        put64(&mut b, 328, self.device_details_root);
+        put32(&mut b, 336, self.data_block_size);
+        put32(&mut b, 340, self.metadata_block_size);
+        put64(&mut b, 344, self.metadata_nr_blocks);
+        put32(&mut b, 352, self.compat_flags);
+        put32(&mut b, 356, self.compat_ro_flags);
+        put32(&mut b, 360, self.incompat_flags);
+        self.record.encode(&mut b);
+        seal(&mut b, SUPERBLOCK_XOR);
+        b
+    }
+
+    /// Data block size in bytes.
+    pub fn data_block_bytes(&self) -> u64 {
+        self.data_block_size as u64 * 512
+    }
+}
+
+/// A B-tree node's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeHeader {
+    pub flags: u32,
+    pub blocknr: u64,
+    pub nr_entries: u32,
+    pub max_entries: u32,
+    pub value_size: u32,
+}
+
+impl NodeHeader {
+    pub fn decode(b: &[u8]) -> NodeHeader {
+        NodeHeader {
+            flags: le32(b, 4),
+            blocknr: le64(b, 8),
+            nr_entries: le32(b, 16),
+            max_entries: le32(b, 20),
+            value_size: le32(b, 24),
+        }
+    }
+}
+
+/// Checks a node block read from `location` the way thin_check does (checksum, block number,
+/// flags, value size, entry counts, ordered keys); `min_entries` for non-root nodes.
+pub fn check_node(b: &[u8], location: u64, value_size: usize, root: bool) -> Result<NodeHeader, String> {
+    if !sealed(b, BTREE_XOR) {
+        return Err(format!("block {location}: bad B-tree node checksum"));
+    }
+    let h = NodeHeader::decode(b);
+    if h.blocknr != location {
+        return Err(format!("block {location}: the node names itself block {}", h.blocknr));
+    }
+    let vs = if h.flags == INTERNAL_NODE { 8 } else { value_size };
+    if h.flags != INTERNAL_NODE && h.flags != LEAF_NODE {
+        return Err(format!("block {location}: bad node flags {:#x}", h.flags));
+    }
+    if h.value_size as usize != vs {
+        return Err(format!("block {location}: value size {} where {vs} was expected", h.value_size));
+    }
+    let max = h.max_entries as usize;
+    if NODE_HEADER + max * (8 + vs) > BLOCK || !max.is_multiple_of(3) {
+        return Err(format!("block {location}: bad max_entries {max}"));
+    }
+    let n = h.nr_entries as usize;
+    if n > max {
+        return Err(format!("block {location}: {n} entries, more than its {max}"));
+    }
+    if !root && n < max / 3 {
+        return Err(format!("block {location}: too few entries ({n}, at least {} in a non-root node)", max / 3));
+    }
+    if h.flags == INTERNAL_NODE && n == 0 {
+        return Err(format!("block {location}: an internal node with no entries"));
+    }
+    for i in 1..n {
+        if le64(b, NODE_HEADER + 8 * i) <= le64(b, NODE_HEADER + 8 * (i - 1)) {
+            return Err(format!("block {location}: keys out of order at entry {i}"));
+        }
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_capacities_are_the_kernels() {
+        assert_eq!(max_entries(8), 252);
+        assert_eq!(max_entries(24), 126);
+        assert_eq!(max_entries(16), 168);
+        assert_eq!(max_entries(4), 336);
+        assert_eq!(ENTRIES_PER_BITMAP, 16320);
+    }
+
+    #[test]
+    fn superblock_round_trips_and_refuses_damage() {
+        let sb = Superblock {
+            version: VERSION,
+            time: 3,
+            transaction_id: 9,
+            data_block_size: 128,
+            metadata_block_size: BLOCK_SECTORS,
+            metadata_nr_blocks: 1024,
+            data_sm: SmRoot { nr_blocks: 100, nr_allocated: 2, bitmap_root: 4, ref_count_root: 5 },
+            record: Record { data_spec: "/d.img".into(), sizes: [(1, 1 << 40), (7, 4096)].into() },
+            ..Superblock::default()
+        };
+        let mut b = sb.encode();
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        b[100] ^= 1;
+        assert!(Superblock::decode(&b).unwrap_err().contains("checksum"));
+        assert!(Superblock::decode(&vec![0u8; BLOCK]).unwrap_err().contains("not dm-thin"));
+    }
+
+    #[test]
+    fn mappings_pack_block_and_time() {
+        assert_eq!(pack_mapping(10, 0), 0x0a00_0000);
+        assert_eq!(unpack_mapping(pack_mapping(1 << 39, 77)), (1 << 39, 77));
+    }
+}

@@ -1,0 +1,802 @@
+//! A pool's metadata: opening it from a metadata device (every live B-tree node and both
+//! space maps are read into memory, checked as thin_check checks them), creating an empty
+//! one, the operations on volumes (create, snapshot, delete) and on mappings, and commit.
+//!
+//! A commit writes, into blocks free in the last committed state, every node this
+//! transaction made, the space maps' changed bitmaps and new indexes; the caller makes
+//! those durable, then writes the superblock (`Commit`). Blocks freed by a transaction are
+//! not reused until the commit that frees them is durable, so a crash at any point leaves
+//! the previous commit whole.
+
+use crate::btree::{build_shape, build_tree, corrupt, Blocks, Node, Refs, Tm};
+use crate::format::*;
+use crate::sm::{nr_bitmaps, SpaceMap};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::{BTreeMap, BTreeSet};
+use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+
+/// A thin device's id (dm-thin's 24-bit dev_id).
+pub type DevId = u32;
+pub const MAX_DEV_ID: DevId = (1 << 24) - 1;
+
+/// The pool's metadata in memory.
+pub struct Metadata {
+    pub tm: Tm,
+    /// The superblock as last committed (or read); roots are refreshed at each commit.
+    pub sb: Superblock,
+    /// The current roots of the two-level mapping tree and of the device-details tree.
+    root: u64,
+    details_root: u64,
+    details: BTreeMap<DevId, DeviceDetails>,
+    changed: BTreeSet<DevId>,
+    /// Blocks of the space maps' indexes and overflow trees as last written (freed and
+    /// rewritten at each commit).
+    sm_blocks: Vec<u64>,
+    /// Something changed since the last commit.
+    dirty: bool,
+}
+
+/// A prepared commit: blocks to write, then (after they and the data are durable) the
+/// superblock.
+pub struct Commit {
+    pub writes: Blocks,
+    pub superblock: Vec<u8>,
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Invalid, msg)
+}
+
+async fn read_block(dev: &dyn BlockDev, b: u64) -> Result<Buf> {
+    dev.read(b * BLOCK as u64, Buf::zeroed(BLOCK)).await
+}
+
+impl Metadata {
+    /// An empty pool for a metadata device of `md_bytes` and a data device of `data_bytes`
+    /// in blocks of `data_block_bytes`.
+    pub fn create(md_bytes: u64, data_bytes: u64, data_block_bytes: u64) -> Result<Metadata> {
+        if !valid_data_block(data_block_bytes) {
+            return Err(invalid(format!(
+                "data block size {data_block_bytes} bytes: dm-thin takes 64 KiB to 1 GiB, a multiple of 64 KiB"
+            )));
+        }
+        let md_blocks = (md_bytes / BLOCK as u64).min(MAX_METADATA_BLOCKS);
+        if md_blocks < 16 {
+            return Err(invalid(format!("a metadata device of {md_bytes} bytes is too small (at least 64 KiB)")));
+        }
+        let data_blocks = data_bytes / data_block_bytes;
+        if data_blocks == 0 || data_blocks >= 1 << 40 {
+            return Err(invalid(format!("a data device of {data_bytes} bytes holds no {data_block_bytes}-byte block")));
+        }
+        let mut tm = Tm {
+            blocks: FxHashMap::default(),
+            shadowed: FxHashSet::default(),
+            md: SpaceMap::new(md_blocks),
+            data: SpaceMap::new(data_blocks),
+        };
+        tm.md.inc(SUPERBLOCK);
+        let root = tm.empty_tree(8)?;
+        let details_root = tm.empty_tree(DETAILS_BYTES)?;
+        let sb = Superblock {
+            version: VERSION,
+            data_block_size: (data_block_bytes / 512) as u32,
+            metadata_block_size: BLOCK_SECTORS,
+            metadata_nr_blocks: md_blocks,
+            ..Superblock::default()
+        };
+        Ok(Metadata {
+            tm,
+            sb,
+            root,
+            details_root,
+            details: BTreeMap::new(),
+            changed: BTreeSet::new(),
+            sm_blocks: Vec::new(),
+            dirty: true,
+        })
+    }
+
+    /// Writes a new empty pool onto `dev` for a data device of `data_bytes`, refusing a
+    /// device whose first 4 KiB are not zero unless `force`.
+    pub async fn format(
+        dev: &dyn BlockDev,
+        data_bytes: u64,
+        data_block_bytes: u64,
+        data_spec: &str,
+        force: bool,
+    ) -> Result<Metadata> {
+        if dev.size() < BLOCK as u64 {
+            return Err(invalid(format!("{}: too small for a pool's metadata", dev.describe())));
+        }
+        let first = read_block(dev, SUPERBLOCK).await?;
+        if !force && first.iter().any(|&b| b != 0) {
+            let what = if le64(&first, 32) == MAGIC { "a thin pool's metadata" } else { "data" };
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "{}: the device holds {what} (its first 4 KiB are not zero); --force overwrites it",
+                    dev.describe()
+                ),
+            ));
+        }
+        let mut m = Metadata::create(dev.size(), data_bytes, data_block_bytes)?;
+        m.set_data_spec(data_spec)?;
+        if let Some(c) = m.prepare_commit()? {
+            c.write(dev).await?;
+        }
+        m.committed();
+        Ok(m)
+    }
+
+    /// Commits what changed (offline use: nothing else runs).
+    pub async fn commit(&mut self, dev: &dyn BlockDev) -> Result<()> {
+        if let Some(c) = self.prepare_commit()? {
+            c.write(dev).await?;
+            self.committed();
+        }
+        Ok(())
+    }
+
+    /// Reads a pool's metadata from `dev`, checking checksums, node structure and block
+    /// numbers on the way. Nothing is written.
+    pub async fn open(dev: &dyn BlockDev) -> Result<Metadata> {
+        let sb = read_superblock(dev).await?;
+        if sb.held_root != 0 {
+            return Err(invalid(
+                "the pool holds a metadata snapshot (release it with dmsetup message ... release_metadata_snap)",
+            ));
+        }
+        let md_blocks = sb.metadata_sm.nr_blocks;
+        if md_blocks > MAX_METADATA_BLOCKS || md_blocks * BLOCK as u64 > dev.size() || md_blocks == 0 {
+            return Err(corrupt(format!(
+                "the metadata space map covers {md_blocks} blocks, the device {}",
+                dev.size() / 4096
+            )));
+        }
+        let mut sm_blocks = Vec::new();
+        // The metadata space map: one index block listing its bitmaps.
+        let mut md = SpaceMap::new(md_blocks);
+        let index_at = sb.metadata_sm.bitmap_root;
+        let index = read_checked(dev, index_at, md_blocks, INDEX_XOR, "metadata space map index").await?;
+        sm_blocks.push(index_at);
+        let n = nr_bitmaps(md_blocks);
+        if n > MAX_METADATA_BITMAPS {
+            return Err(corrupt("the metadata space map has too many bitmaps"));
+        }
+        for i in 0..n {
+            let e = IndexEntry::decode(&index[16 + i * INDEX_ENTRY_BYTES..]);
+            md.bitmaps[i] = e.blocknr;
+            md.summary[i] = (e.nr_free, e.none_free_before);
+        }
+        load_bitmaps(dev, &mut md, md_blocks, "metadata").await?;
+        let over = read_tree(dev, sb.metadata_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
+        apply_overflow(&mut md, &over, "metadata")?;
+        // The data space map: its bitmaps are listed in a B-tree.
+        let data_blocks = sb.data_sm.nr_blocks;
+        let mut data = SpaceMap::new(data_blocks);
+        let entries = read_tree(dev, sb.data_sm.bitmap_root, INDEX_ENTRY_BYTES, md_blocks, &mut sm_blocks).await?;
+        if entries.len() != nr_bitmaps(data_blocks) {
+            return Err(corrupt(format!(
+                "the data space map's index lists {} bitmaps for {data_blocks} blocks",
+                entries.len()
+            )));
+        }
+        for (i, (k, v)) in entries.iter().enumerate() {
+            if *k != i as u64 {
+                return Err(corrupt(format!("the data space map's index has no bitmap {i}")));
+            }
+            let e = IndexEntry::decode(v);
+            data.bitmaps[i] = e.blocknr;
+            data.summary[i] = (e.nr_free, e.none_free_before);
+        }
+        load_bitmaps(dev, &mut data, md_blocks, "data").await?;
+        let over = read_tree(dev, sb.data_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
+        apply_overflow(&mut data, &over, "data")?;
+        md.begin_commit();
+        data.begin_commit();
+        md.durable();
+        data.durable();
+        // The mapping and details trees, every node read and checked.
+        let mut blocks = FxHashMap::default();
+        let limits = (md_blocks, data_blocks);
+        load_nodes(dev, &[(sb.data_mapping_root, Level::Top)], limits, &mut blocks).await?;
+        load_nodes(dev, &[(sb.device_details_root, Level::Details)], limits, &mut blocks).await?;
+        let tm = Tm { blocks, shadowed: FxHashSet::default(), md, data };
+        let mut details = BTreeMap::new();
+        let mut bad = None;
+        tm.walk(sb.device_details_root, &mut |k, v| {
+            if k > MAX_DEV_ID as u64 {
+                bad = Some(k);
+            }
+            details.insert(k as DevId, DeviceDetails::decode(v));
+        })?;
+        if let Some(k) = bad {
+            return Err(corrupt(format!("device id {k} out of range")));
+        }
+        let mut mapped = BTreeSet::new();
+        tm.walk(sb.data_mapping_root, &mut |k, _| {
+            mapped.insert(k as DevId);
+        })?;
+        if mapped != details.keys().copied().collect() {
+            return Err(corrupt(format!(
+                "the mapping tree's devices {mapped:?} differ from the details tree's {:?}",
+                details.keys().collect::<Vec<_>>()
+            )));
+        }
+        Ok(Metadata {
+            root: sb.data_mapping_root,
+            details_root: sb.device_details_root,
+            sb,
+            tm,
+            details,
+            changed: BTreeSet::new(),
+            sm_blocks,
+            dirty: false,
+        })
+    }
+
+    /// Every block the space maps themselves occupy (bitmaps, indexes, overflow trees).
+    pub fn space_map_blocks(&self) -> Vec<u64> {
+        let mut v = self.sm_blocks.clone();
+        v.extend(self.tm.md.bitmaps.iter().chain(&self.tm.data.bitmaps).copied().filter(|&b| b != 0));
+        v
+    }
+
+    /// strata's record (data spec, volume sizes) from the superblock's tail.
+    pub fn record(&self) -> &Record {
+        &self.sb.record
+    }
+
+    /// Records the data device's spec, for opening the pool by its metadata device alone.
+    pub fn set_data_spec(&mut self, spec: &str) -> Result<()> {
+        if Record::capacity(spec.len()) < self.sb.record.sizes.len().max(1) {
+            return Err(invalid(format!("the data spec {spec:?} is too long to record")));
+        }
+        self.sb.record.data_spec = spec.to_string();
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Records volume `id`'s size (dm-thin keeps none).
+    pub fn set_volume_size(&mut self, id: DevId, bytes: u64) -> Result<()> {
+        self.device(id)?;
+        let r = &mut self.sb.record;
+        if !r.sizes.contains_key(&id) && r.sizes.len() >= Record::capacity(r.data_spec.len()) {
+            return Err(invalid(format!(
+                "no room left in the superblock to record the size of volume {id}; give size= when serving it"
+            )));
+        }
+        r.sizes.insert(id, bytes);
+        self.dirty = true;
+        Ok(())
+    }
+
+    pub fn data_block_bytes(&self) -> u64 {
+        self.sb.data_block_bytes()
+    }
+
+    pub fn dirty(&self) -> bool {
+        self.dirty
+    }
+
+    pub fn time(&self) -> u32 {
+        self.sb.time
+    }
+
+    pub fn transaction_id(&self) -> u64 {
+        self.sb.transaction_id
+    }
+
+    pub fn devices(&self) -> &BTreeMap<DevId, DeviceDetails> {
+        &self.details
+    }
+
+    pub fn device(&self, id: DevId) -> Result<DeviceDetails> {
+        self.details.get(&id).copied().ok_or_else(|| unknown(id))
+    }
+
+    /// The root of device `id`'s mapping tree.
+    pub fn subtree(&self, id: DevId) -> Result<u64> {
+        let v = self.tm.lookup(self.root, id as u64)?.ok_or_else(|| unknown(id))?;
+        Ok(le64(&v, 0))
+    }
+
+    fn set_subtree(&mut self, id: DevId, sub: u64) -> Result<()> {
+        let (root, _) = self.tm.insert(self.root, id as u64, &sub.to_le_bytes(), Refs::Subtree)?;
+        self.root = root;
+        Ok(())
+    }
+
+    fn touch(&mut self, id: DevId, d: DeviceDetails) {
+        self.details.insert(id, d);
+        self.changed.insert(id);
+        self.dirty = true;
+    }
+
+    /// A new empty thin device.
+    pub fn create_thin(&mut self, id: DevId) -> Result<()> {
+        self.check_new_id(id)?;
+        let sub = self.tm.empty_tree(8)?;
+        self.set_subtree(id, sub)?;
+        let t = self.sb.time;
+        self.sb.transaction_id += 1;
+        let d = DeviceDetails {
+            mapped_blocks: 0,
+            transaction_id: self.sb.transaction_id,
+            creation_time: t,
+            snapshotted_time: t,
+        };
+        self.touch(id, d);
+        Ok(())
+    }
+
+    /// A snapshot `id` of `origin`: it shares the origin's mapping subtree (one count
+    /// raised), whatever the origin's size; blocks older than the new time are shared from
+    /// now on and copied on the first write to either.
+    pub fn create_snapshot(&mut self, id: DevId, origin: DevId) -> Result<()> {
+        let o = self.details.get(&origin).copied().ok_or_else(|| unknown_origin(origin))?;
+        self.check_new_id(id)?;
+        if self.sb.time >= MAX_TIME {
+            return Err(invalid("the pool's time counter is exhausted"));
+        }
+        let sub = self.subtree(origin)?;
+        self.tm.md.inc(sub);
+        self.set_subtree(id, sub)?;
+        self.sb.time += 1;
+        self.sb.transaction_id += 1;
+        let t = self.sb.time;
+        self.touch(origin, DeviceDetails { snapshotted_time: t, ..o });
+        let d = DeviceDetails {
+            mapped_blocks: o.mapped_blocks,
+            transaction_id: self.sb.transaction_id,
+            creation_time: t,
+            snapshotted_time: t,
+        };
+        self.touch(id, d);
+        Ok(())
+    }
+
+    /// Deletes a device: its subtree loses a reference, and blocks no longer referenced
+    /// are freed.
+    pub fn delete(&mut self, id: DevId) -> Result<()> {
+        self.device(id)?;
+        let (root, sub) = self.tm.remove(self.root, id as u64, Refs::Subtree)?;
+        self.root = root;
+        let sub = sub.ok_or_else(|| corrupt(format!("device {id} has details but no mappings")))?;
+        self.tm.dec_tree(le64(&sub, 0), Refs::Data)?;
+        let (droot, _) = self.tm.remove(self.details_root, id as u64, Refs::None)?;
+        self.details_root = droot;
+        self.details.remove(&id);
+        self.changed.remove(&id);
+        self.sb.record.sizes.remove(&id);
+        self.sb.transaction_id += 1;
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn check_new_id(&self, id: DevId) -> Result<()> {
+        if id > MAX_DEV_ID {
+            return Err(invalid(format!("device id {id} out of range (0 to {MAX_DEV_ID})")));
+        }
+        if self.details.contains_key(&id) {
+            return Err(Error::new(ErrorKind::Busy, format!("thin device {id} already exists")));
+        }
+        Ok(())
+    }
+
+    /// Where virtual block `vblock` of device `id` lives: (data block, time).
+    pub fn lookup(&self, id: DevId, vblock: u64) -> Result<Option<(u64, u32)>> {
+        let sub = self.subtree(id)?;
+        Ok(self.tm.lookup(sub, vblock)?.map(|v| unpack_mapping(le64(&v, 0))))
+    }
+
+    /// Whether a mapping made at `time` is shared with a snapshot (dm-thin's rule: made
+    /// before the device was last snapshotted).
+    pub fn shared(&self, id: DevId, time: u32) -> Result<bool> {
+        Ok(time < self.device(id)?.snapshotted_time)
+    }
+
+    /// Maps `vblock` of `id` to `data_block` (allocated by the caller) at the current time;
+    /// the block it replaces, if any, loses a reference.
+    pub fn insert(&mut self, id: DevId, vblock: u64, data_block: u64) -> Result<()> {
+        let sub = self.subtree(id)?;
+        let v = pack_mapping(data_block, self.sb.time);
+        let (sub, old) = self.tm.insert(sub, vblock, &v.to_le_bytes(), Refs::Data)?;
+        self.set_subtree(id, sub)?;
+        let mut d = self.device(id)?;
+        match old {
+            Some(o) => {
+                self.tm.data.dec(unpack_mapping(le64(&o, 0)).0).map_err(corrupt)?;
+            }
+            None => d.mapped_blocks += 1,
+        }
+        self.touch(id, d);
+        Ok(())
+    }
+
+    /// Unmaps `vblock` of `id`; returns the data block it held and whether that block is now
+    /// free (no other mapping refers to it).
+    pub fn remove(&mut self, id: DevId, vblock: u64) -> Result<Option<(u64, bool)>> {
+        let sub = self.subtree(id)?;
+        if self.tm.lookup(sub, vblock)?.is_none() {
+            return Ok(None);
+        }
+        let (sub, old) = self.tm.remove(sub, vblock, Refs::Data)?;
+        self.set_subtree(id, sub)?;
+        let Some(old) = old else { return Ok(None) };
+        let b = unpack_mapping(le64(&old, 0)).0;
+        let left = self.tm.data.dec(b).map_err(corrupt)?;
+        let mut d = self.device(id)?;
+        d.mapped_blocks = d.mapped_blocks.saturating_sub(1);
+        self.touch(id, d);
+        Ok(Some((b, left == 0)))
+    }
+
+    /// A new data block (count one), or None when the data device is full.
+    pub fn alloc_data(&mut self) -> Option<u64> {
+        let b = self.tm.data.alloc();
+        if b.is_some() {
+            self.dirty = true;
+        }
+        b
+    }
+
+    /// Drops a data block allocated but never mapped (a failed write).
+    pub fn release_data(&mut self, b: u64) -> Result<()> {
+        self.tm.data.dec(b).map_err(corrupt)?;
+        Ok(())
+    }
+
+    /// Every mapping of `id`: (virtual block, data block, time), in order.
+    pub fn mappings(&self, id: DevId) -> Result<Vec<(u64, u64, u32)>> {
+        let sub = self.subtree(id)?;
+        let mut out = Vec::new();
+        self.tm.walk(sub, &mut |k, v| {
+            let (b, t) = unpack_mapping(le64(v, 0));
+            out.push((k, b, t));
+        })?;
+        Ok(out)
+    }
+
+    /// Each device's mapped blocks and those no other device maps (thin_ls's MAPPED_BLOCKS
+    /// and EXCLUSIVE_BLOCKS).
+    pub fn usage(&self) -> Result<BTreeMap<DevId, (u64, u64)>> {
+        let mut owners: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut maps = BTreeMap::new();
+        for &id in self.details.keys() {
+            let blocks: Vec<u64> = self.mappings(id)?.into_iter().map(|(_, b, _)| b).collect();
+            for &b in &blocks {
+                *owners.entry(b).or_default() += 1;
+            }
+            maps.insert(id, blocks);
+        }
+        Ok(maps
+            .into_iter()
+            .map(|(id, blocks)| {
+                let exclusive = blocks.iter().filter(|b| owners[b] == 1).count() as u64;
+                (id, (blocks.len() as u64, exclusive))
+            })
+            .collect())
+    }
+
+    /// Prepares the commit of everything changed since the last one (None if nothing did).
+    /// Until `committed` is called the blocks this commit frees stay unused.
+    pub fn prepare_commit(&mut self) -> Result<Option<Commit>> {
+        if !self.dirty {
+            return Ok(None);
+        }
+        for id in std::mem::take(&mut self.changed) {
+            let v = self.details[&id].encode();
+            let (r, _) = self.tm.insert(self.details_root, id as u64, &v, Refs::None)?;
+            self.details_root = r;
+        }
+        // The space maps' indexes and overflow trees are rewritten whole into new blocks.
+        for b in std::mem::take(&mut self.sm_blocks) {
+            self.tm.md.dec(b).map_err(corrupt)?;
+        }
+        let md_over = self.tm.md.overflow();
+        let data_over = self.tm.data.overflow();
+        let count = |n: usize, vs: usize| build_shape(n, vs).iter().map(Vec::len).sum::<usize>();
+        let n_data_bitmaps = self.tm.data.bitmaps.len();
+        let alloc = |tm: &mut Tm, n: usize| -> Result<Vec<u64>> {
+            (0..n).map(|_| tm.md.alloc().ok_or_else(crate::btree::no_metadata_space)).collect()
+        };
+        let index_at = alloc(&mut self.tm, 1)?[0];
+        let md_over_at = alloc(&mut self.tm, count(md_over.len(), 4))?;
+        let data_over_at = alloc(&mut self.tm, count(data_over.len(), 4))?;
+        let data_index_at = alloc(&mut self.tm, count(n_data_bitmaps, INDEX_ENTRY_BYTES))?;
+        // Every changed bitmap moves to a new block; moving one changes counts, so repeat
+        // until no bitmap is left changed and unmoved.
+        let mut moved: [FxHashSet<usize>; 2] = Default::default();
+        loop {
+            let mut todo = Vec::new();
+            for (which, sm) in [&self.tm.md, &self.tm.data].into_iter().enumerate() {
+                todo.extend(sm.dirty.iter().filter(|i| !moved[which].contains(i)).map(|&i| (which, i)));
+            }
+            if todo.is_empty() {
+                break;
+            }
+            for (which, i) in todo {
+                let at = self.tm.md.alloc().ok_or_else(crate::btree::no_metadata_space)?;
+                let sm = if which == 0 { &mut self.tm.md } else { &mut self.tm.data };
+                let old = std::mem::replace(&mut sm.bitmaps[i], at);
+                if old != 0 {
+                    self.tm.md.dec(old).map_err(corrupt)?;
+                }
+                moved[which].insert(i);
+            }
+        }
+        let mut writes: Blocks = Vec::new();
+        // Bitmaps and index entries.
+        let mut index_entries: [Vec<IndexEntry>; 2] = Default::default();
+        for (which, sm) in [&mut self.tm.md, &mut self.tm.data].into_iter().enumerate() {
+            for i in 0..sm.bitmaps.len() {
+                if moved[which].contains(&i) {
+                    let mut b = vec![0u8; BLOCK].into_boxed_slice();
+                    sm.summary[i] = sm.encode_bitmap(i, &mut b[BITMAP_HEADER..]);
+                    put64(&mut b, 8, sm.bitmaps[i]);
+                    seal(&mut b, BITMAP_XOR);
+                    writes.push((sm.bitmaps[i], b));
+                }
+                let (nr_free, none_free_before) = sm.summary[i];
+                index_entries[which].push(IndexEntry { blocknr: sm.bitmaps[i], nr_free, none_free_before });
+            }
+        }
+        let mut index = vec![0u8; BLOCK].into_boxed_slice();
+        put64(&mut index, 8, index_at);
+        for (i, e) in index_entries[0].iter().enumerate() {
+            e.encode(&mut index[16 + i * INDEX_ENTRY_BYTES..]);
+        }
+        seal(&mut index, INDEX_XOR);
+        writes.push((index_at, index));
+        let counts = |over: &[(u64, u32)]| -> Vec<(u64, Vec<u8>)> {
+            over.iter().map(|&(b, c)| (b, c.to_le_bytes().to_vec())).collect()
+        };
+        let (w, md_over_root) = build_tree(&counts(&md_over), 4, &md_over_at);
+        writes.extend(w);
+        let (w, data_over_root) = build_tree(&counts(&data_over), 4, &data_over_at);
+        writes.extend(w);
+        let entries: Vec<(u64, Vec<u8>)> = index_entries[1]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let mut v = vec![0u8; INDEX_ENTRY_BYTES];
+                e.encode(&mut v);
+                (i as u64, v)
+            })
+            .collect();
+        let (w, data_index_root) = build_tree(&entries, INDEX_ENTRY_BYTES, &data_index_at);
+        writes.extend(w);
+        self.sm_blocks = [vec![index_at], md_over_at, data_over_at, data_index_at].concat();
+        // The nodes this transaction made.
+        for &b in &self.tm.shadowed {
+            if let Some(bytes) = self.tm.blocks.get(&b) {
+                writes.push((b, bytes.clone()));
+            }
+        }
+        writes.sort_unstable_by_key(|(b, _)| *b);
+        self.sb.data_mapping_root = self.root;
+        self.sb.device_details_root = self.details_root;
+        self.sb.metadata_sm = SmRoot {
+            nr_blocks: self.tm.md.nr_blocks(),
+            nr_allocated: self.tm.md.allocated(),
+            bitmap_root: index_at,
+            ref_count_root: md_over_root,
+        };
+        self.sb.data_sm = SmRoot {
+            nr_blocks: self.tm.data.nr_blocks(),
+            nr_allocated: self.tm.data.allocated(),
+            bitmap_root: data_index_root,
+            ref_count_root: data_over_root,
+        };
+        self.tm.shadowed.clear();
+        self.tm.md.begin_commit();
+        self.tm.data.begin_commit();
+        self.dirty = false;
+        Ok(Some(Commit { writes, superblock: self.sb.encode() }))
+    }
+
+    /// The commit prepared last is durable: the blocks it freed may be reused.
+    pub fn committed(&mut self) {
+        self.tm.md.durable();
+        self.tm.data.durable();
+    }
+}
+
+impl Commit {
+    /// Writes the commit's blocks, makes them durable, then writes the superblock and makes
+    /// it durable. (Data written for new mappings must be durable before: the caller
+    /// flushes the data device first.)
+    pub async fn write(self, dev: &dyn BlockDev) -> Result<()> {
+        let mut i = 0;
+        while i < self.writes.len() {
+            let mut j = i + 1;
+            while j < self.writes.len() && self.writes[j].0 == self.writes[j - 1].0 + 1 && j - i < 256 {
+                j += 1;
+            }
+            let mut buf = Buf::zeroed((j - i) * BLOCK);
+            for (k, (_, bytes)) in self.writes[i..j].iter().enumerate() {
+                buf[k * BLOCK..(k + 1) * BLOCK].copy_from_slice(bytes);
+            }
+            dev.write(self.writes[i].0 * BLOCK as u64, buf, false).await?;
+            i = j;
+        }
+        dev.flush().await?;
+        dev.write(0, Buf::from_slice(&self.superblock), true).await?;
+        dev.flush().await?;
+        Ok(())
+    }
+}
+
+fn unknown(id: DevId) -> Error {
+    invalid(format!("no thin device {id} in the pool"))
+}
+
+fn unknown_origin(id: DevId) -> Error {
+    invalid(format!("no thin device {id} in the pool to snapshot"))
+}
+
+/// Reads a space-map block, checking its checksum and self-named block number.
+async fn read_checked(dev: &dyn BlockDev, at: u64, md_blocks: u64, xor: u32, what: &str) -> Result<Buf> {
+    if at == SUPERBLOCK || at >= md_blocks {
+        return Err(corrupt(format!("{what}: block {at} out of range")));
+    }
+    let b = read_block(dev, at).await?;
+    if !sealed(&b, xor) {
+        return Err(corrupt(format!("{what}: bad checksum in block {at}")));
+    }
+    if le64(&b, 8) != at {
+        return Err(corrupt(format!("{what}: block {at} names itself block {}", le64(&b, 8))));
+    }
+    Ok(b)
+}
+
+async fn load_bitmaps(dev: &dyn BlockDev, sm: &mut SpaceMap, md_blocks: u64, what: &str) -> Result<()> {
+    let what = format!("{what} space map bitmap");
+    let locations = sm.bitmaps.clone();
+    for chunk in locations.chunks(64).enumerate() {
+        let reads = chunk.1.iter().map(|&at| read_checked(dev, at, md_blocks, BITMAP_XOR, &what));
+        for (k, b) in futures::future::join_all(reads).await.into_iter().enumerate() {
+            sm.decode_bitmap(chunk.0 * 64 + k, &b?[BITMAP_HEADER..]);
+        }
+    }
+    Ok(())
+}
+
+fn apply_overflow(sm: &mut SpaceMap, over: &[(u64, Vec<u8>)], what: &str) -> Result<()> {
+    for (b, v) in over {
+        if *b >= sm.nr_blocks() || sm.count(*b) != 3 {
+            return Err(corrupt(format!(
+                "{what} space map: an overflow count for block {b}, whose bitmap entry is not 3"
+            )));
+        }
+        sm.load(*b, le32(v, 0));
+    }
+    Ok(())
+}
+
+/// Which tree a node belongs to, for the value size its leaves must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Top,
+    Bottom,
+    Details,
+    Index,
+    Counts,
+}
+
+impl Level {
+    pub fn value_size(self) -> usize {
+        match self {
+            Level::Top | Level::Bottom => 8,
+            Level::Details => DETAILS_BYTES,
+            Level::Index => INDEX_ENTRY_BYTES,
+            Level::Counts => 4,
+        }
+    }
+}
+
+/// Reads a space map's tree (index or overflow counts) whole: its entries, in order. Its
+/// blocks are added to `blocks`.
+async fn read_tree(
+    dev: &dyn BlockDev,
+    root: u64,
+    vs: usize,
+    md_blocks: u64,
+    blocks: &mut Vec<u64>,
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    let level = if vs == 4 { Level::Counts } else { Level::Index };
+    let mut nodes = FxHashMap::default();
+    load_nodes(dev, &[(root, level)], (md_blocks, 0), &mut nodes).await?;
+    blocks.extend(nodes.keys().copied());
+    let tm = Tm { blocks: nodes, shadowed: FxHashSet::default(), md: SpaceMap::new(1), data: SpaceMap::new(1) };
+    let mut out = Vec::new();
+    tm.walk(root, &mut |k, v| out.push((k, v.to_vec())))?;
+    Ok(out)
+}
+
+/// Reads every node of the trees rooted at `roots`, breadth first, each checked as
+/// thin_check checks it (a shared node is read once). Subtree roots found in the top-level
+/// mapping tree's leaves are followed. `limits`: the metadata and data blocks there are (a
+/// mapping to a data block past the end is damage).
+pub async fn load_nodes(
+    dev: &dyn BlockDev,
+    roots: &[(u64, Level)],
+    limits: (u64, u64),
+    out: &mut FxHashMap<u64, Box<[u8]>>,
+) -> Result<()> {
+    let (md_blocks, data_blocks) = limits;
+    // (block, level, is root, lowest key allowed)
+    let mut frontier: Vec<(u64, Level, bool, Option<u64>)> = roots.iter().map(|&(b, l)| (b, l, true, None)).collect();
+    let mut queued: FxHashSet<u64> = frontier.iter().map(|f| f.0).collect();
+    while !frontier.is_empty() {
+        let mut next = Vec::new();
+        for chunk in frontier.chunks(128) {
+            let reads = chunk.iter().map(|&(b, ..)| async move {
+                if b == SUPERBLOCK || b >= md_blocks {
+                    return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+                }
+                read_block(dev, b).await
+            });
+            let got = futures::future::join_all(reads).await;
+            for (&(b, level, root, lo), bytes) in chunk.iter().zip(got) {
+                let bytes = bytes?;
+                if out.contains_key(&b) {
+                    continue;
+                }
+                let h = check_node(&bytes, b, level.value_size(), root).map_err(corrupt)?;
+                if let Some(lo) = lo.filter(|_| h.nr_entries > 0) {
+                    let k = le64(&bytes, NODE_HEADER);
+                    if k < lo {
+                        return Err(corrupt(format!("block {b}: lowest key {k} below its parent's key {lo}")));
+                    }
+                }
+                if level == Level::Bottom && h.flags == LEAF_NODE {
+                    let v0 = NODE_HEADER + 8 * h.max_entries as usize;
+                    for i in 0..h.nr_entries as usize {
+                        let (d, _) = unpack_mapping(le64(&bytes, v0 + 8 * i));
+                        if d >= data_blocks {
+                            return Err(corrupt(format!(
+                                "block {b}: a mapping to data block {d}, past the end ({data_blocks})"
+                            )));
+                        }
+                    }
+                }
+                // Leaves of a device's mappings refer to no other node.
+                let n = if h.flags == INTERNAL_NODE || level == Level::Top {
+                    Node::decode(&bytes, b)?
+                } else {
+                    Node::empty(true, 8)
+                };
+                for i in 0..n.len() {
+                    let child = if h.flags == INTERNAL_NODE {
+                        (n.val64(i), level, false, Some(n.keys[i]))
+                    } else if level == Level::Top {
+                        (n.val64(i), Level::Bottom, true, None)
+                    } else {
+                        continue;
+                    };
+                    // A node shared by snapshots is read once.
+                    if queued.insert(child.0) {
+                        next.push(child);
+                    }
+                }
+                out.insert(b, bytes.to_vec().into_boxed_slice());
+            }
+        }
+        frontier = next;
+    }
+    Ok(())
+}
+
+/// Reads and checks the superblock alone (for strata's record of the data device).
+pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
+    if dev.size() < BLOCK as u64 {
+        return Err(invalid(format!("{}: too small to hold dm-thin metadata", dev.describe())));
+    }
+    let b = read_block(dev, SUPERBLOCK).await?;
+    Superblock::decode(&b).map_err(|e| {
+        let kind = if e.starts_with("not dm-thin") { ErrorKind::Invalid } else { ErrorKind::Checksum };
+        Error::new(kind, format!("superblock: {e}"))
+    })
+}

@@ -1,0 +1,360 @@
+//! A thin volume: a `BlockDev` over one device of a shared `Pool`. Requests are cut at data
+//! block boundaries; each piece is read or written through its block's mapping, provisioning
+//! the block on a first write, copying it on the first write after a snapshot shared it.
+
+use crate::meta::DevId;
+use crate::pool::{Pool, PoolStatus};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use strata_io::metrics::{MetricKind, Sample};
+use strata_io::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+
+pub struct ThinDev {
+    pool: Arc<Pool>,
+    id: DevId,
+    size: u64,
+}
+
+/// A thin volume's state for `strata status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ThinStatus {
+    /// "thin".
+    pub target: String,
+    pub id: DevId,
+    pub size_bytes: u64,
+    pub mapped_blocks: u64,
+    pub creation_time: u32,
+    pub snapshotted_time: u32,
+    pub pool: PoolStatus,
+}
+
+/// One piece of a request inside one data block.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    vblock: u64,
+    /// Offset inside the block.
+    at: u64,
+    len: u64,
+    /// Offset inside the request.
+    pos: u64,
+}
+
+impl ThinDev {
+    /// Volume `id` of `pool`, `size` bytes (its recorded size when None).
+    pub fn new(pool: Arc<Pool>, id: DevId, size: Option<u64>) -> Result<ThinDev> {
+        let recorded = pool.with_meta(|m| m.device(id).map(|_| m.record().sizes.get(&id).copied()))?;
+        let size = size.or(recorded).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Invalid,
+                format!("no size is recorded for thin volume {id} (a pool made by other tools?): give size="),
+            )
+        })?;
+        Ok(ThinDev { pool, id, size })
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    fn pieces(&self, offset: u64, len: u64) -> Vec<Piece> {
+        let bs = self.pool.block_bytes;
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < len {
+            let off = offset + pos;
+            let at = off % bs;
+            let n = (bs - at).min(len - pos);
+            out.push(Piece { vblock: off / bs, at, len: n, pos });
+            pos += n;
+        }
+        out
+    }
+
+    /// The data block of `vblock` and whether it is shared with a snapshot.
+    fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
+        self.pool.with_meta(|m| match m.lookup(self.id, vblock)? {
+            Some((b, t)) => Ok(Some((b, m.shared(self.id, t)?))),
+            None => Ok(None),
+        })
+    }
+
+    async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {
+        let _held = self.pool.stripe(self.id, p.vblock).read().await;
+        match self.lookup(p.vblock)? {
+            Some((b, _)) => self.pool.data.read(b * self.pool.block_bytes + p.at, buf).await,
+            None => {
+                let mut buf = buf;
+                buf.fill(0);
+                Ok(buf)
+            }
+        }
+    }
+
+    async fn write_piece(&self, p: Piece, buf: Buf, fua: bool) -> Result<Buf> {
+        let bs = self.pool.block_bytes;
+        {
+            let _held = self.pool.stripe(self.id, p.vblock).read().await;
+            if let Some((b, false)) = self.lookup(p.vblock)? {
+                return self.write_mapped(p, b, buf, fua).await;
+            }
+        }
+        let _held = self.pool.stripe(self.id, p.vblock).write().await;
+        let old = match self.lookup(p.vblock)? {
+            Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
+            Some((b, true)) => Some(b),
+            None => None,
+        };
+        self.pool.check_writable()?;
+        let new = self.pool.alloc_data().await?;
+        let whole = p.at == 0 && p.len == bs;
+        let written = if whole || (old.is_none() && self.pool.opts.skip_block_zeroing) {
+            self.pool.data.write(new * bs + p.at, buf, false).await
+        } else {
+            // The rest of the block: the shared block's data, or zeroes.
+            let mut full = match old {
+                Some(b) => self.pool.data.read(b * bs, Buf::zeroed(bs as usize)).await,
+                None => Ok(Buf::zeroed(bs as usize)),
+            };
+            if let Ok(f) = &mut full {
+                f[p.at as usize..(p.at + p.len) as usize].copy_from_slice(&buf);
+            }
+            match full {
+                Ok(f) => self.pool.data.write(new * bs, f, false).await.map(|_| buf),
+                Err(e) => Err(e),
+            }
+        };
+        let buf = match written {
+            Ok(buf) => buf,
+            Err(e) => {
+                let _ = self.pool.with_meta(|m| m.release_data(new));
+                return Err(e);
+            }
+        };
+        {
+            let mut st = self.pool.state.lock();
+            if let Err(e) = st.meta.insert(self.id, p.vblock, new) {
+                drop(st);
+                return Err(self.pool.fail(format!("updating the mapping failed: {}", e.context)));
+            }
+            st.uncommitted.insert((self.id, p.vblock));
+        }
+        let c = if old.is_some() { &self.pool.counters.copied } else { &self.pool.counters.provisioned };
+        c.fetch_add(1, Relaxed);
+        if fua {
+            self.pool.commit().await?;
+        }
+        Ok(buf)
+    }
+
+    /// A write to a block this volume owns alone: straight to the data device; a FUA write
+    /// commits only if the block's mapping is not yet committed.
+    async fn write_mapped(&self, p: Piece, b: u64, buf: Buf, fua: bool) -> Result<Buf> {
+        self.pool.check_writable()?;
+        let buf = self.pool.data.write(b * self.pool.block_bytes + p.at, buf, fua).await?;
+        if fua && self.pool.uncommitted(self.id, p.vblock) {
+            self.pool.commit().await?;
+        }
+        Ok(buf)
+    }
+
+    /// Unmaps whole blocks of `[offset, offset+len)`; blocks left unreferenced are freed and
+    /// (unless disabled) discarded on the data device.
+    async fn unmap(&self, offset: u64, len: u64) -> Result<()> {
+        let bs = self.pool.block_bytes;
+        for p in self.pieces(offset, len) {
+            if p.len != bs {
+                continue;
+            }
+            let _held = self.pool.stripe(self.id, p.vblock).write().await;
+            let freed = {
+                let mut st = self.pool.state.lock();
+                let r = st.meta.remove(self.id, p.vblock);
+                st.uncommitted.remove(&(self.id, p.vblock));
+                r
+            };
+            match freed {
+                Ok(Some((b, free))) => {
+                    self.pool.counters.unmapped.fetch_add(1, Relaxed);
+                    if free && !self.pool.opts.no_discard_passdown && self.pool.data.geometry().can_discard {
+                        self.pool.counters.passdowns.fetch_add(1, Relaxed);
+                        // The block's contents are unspecified now; a failed passdown loses nothing.
+                        let _ = self.pool.data.discard(b * bs, bs).await;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => return Err(self.pool.fail(format!("unmapping failed: {}", e.context))),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn thin_status(&self) -> ThinStatus {
+        let d = self.pool.with_meta(|m| m.device(self.id).unwrap_or_default());
+        ThinStatus {
+            target: "thin".into(),
+            id: self.id,
+            size_bytes: self.size,
+            mapped_blocks: d.mapped_blocks,
+            creation_time: d.creation_time,
+            snapshotted_time: d.snapshotted_time,
+            pool: self.pool.status(),
+        }
+    }
+}
+
+impl BlockDev for ThinDev {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            min_block_bytes: 512,
+            preferred_block_bytes: 4096,
+            rotational: self.pool.data.geometry().rotational,
+            can_discard: true,
+            can_fast_zero: true,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("thin volume {} of {}", self.id, self.pool.describe())
+    }
+
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(async move {
+            check_range("read", offset, buf.len() as u64, self.size)?;
+            let pieces = self.pieces(offset, buf.len() as u64);
+            if pieces.len() == 1 {
+                return self.read_piece(pieces[0], buf).await;
+            }
+            let reads = pieces.iter().map(|&p| self.read_piece(p, Buf::zeroed(p.len as usize)));
+            let got = futures::future::try_join_all(reads).await?;
+            let mut buf = buf;
+            for (p, b) in pieces.iter().zip(got) {
+                buf[p.pos as usize..(p.pos + p.len) as usize].copy_from_slice(&b);
+            }
+            Ok(buf)
+        })
+    }
+
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        Box::pin(async move {
+            check_range("write", offset, buf.len() as u64, self.size)?;
+            let pieces = self.pieces(offset, buf.len() as u64);
+            if pieces.len() == 1 {
+                return self.write_piece(pieces[0], buf, fua).await;
+            }
+            let writes = pieces.iter().map(|&p| {
+                let part = Buf::from_slice(&buf[p.pos as usize..(p.pos + p.len) as usize]);
+                self.write_piece(p, part, fua)
+            });
+            futures::future::try_join_all(writes).await?;
+            Ok(buf)
+        })
+    }
+
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.pool.flush())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            check_range("discard", offset, len, self.size)?;
+            self.pool.check_writable()?;
+            self.unmap(offset, len).await
+        })
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            check_range("write_zeroes", offset, len, self.size)?;
+            self.pool.check_writable()?;
+            let bs = self.pool.block_bytes;
+            for p in self.pieces(offset, len) {
+                let mapped = self.lookup(p.vblock)?.is_some();
+                if p.len == bs && (flags.may_unmap || !mapped) {
+                    // An unmapped block reads as zeroes.
+                    self.unmap(p.vblock * bs, bs).await?;
+                } else if mapped {
+                    if flags.fast_only {
+                        return Err(Error::new(ErrorKind::Unsupported, "zeroing part of a mapped block is not fast"));
+                    }
+                    let p = Piece { pos: 0, ..p };
+                    self.write_piece(p, Buf::zeroed(p.len as usize), false).await?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        Box::pin(async move {
+            check_range("block_status", offset, len, self.size)?;
+            // At most 16,384 blocks per answer (the contract allows describing less).
+            let bs = self.pool.block_bytes;
+            let len = len.min(16384 * bs - offset % bs);
+            let mut out: Vec<Extent> = Vec::new();
+            for p in self.pieces(offset, len) {
+                let e = if self.lookup(p.vblock)?.is_some() { Extent::data(p.len) } else { Extent::hole(p.len) };
+                match out.last_mut() {
+                    Some(last) if last.hole == e.hole => last.len += e.len,
+                    _ => out.push(e),
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.thin_status()).ok()
+    }
+
+    fn metrics(&self) -> Vec<Sample> {
+        let s = self.thin_status();
+        let gauge = |name, help, value: u64| Sample {
+            name,
+            kind: MetricKind::Gauge,
+            help,
+            labels: vec![],
+            value: value as f64,
+        };
+        let counter = |name, help, value: u64| Sample {
+            name,
+            kind: MetricKind::Counter,
+            help,
+            labels: vec![],
+            value: value as f64,
+        };
+        let p = &s.pool;
+        vec![
+            gauge(
+                "strata_thin_mapped_bytes",
+                "Bytes of the volume mapped to data blocks.",
+                s.mapped_blocks * p.block_bytes,
+            ),
+            gauge("strata_thin_pool_data_bytes", "Size of the pool's data space.", p.data_blocks * p.block_bytes),
+            gauge("strata_thin_pool_data_used_bytes", "Data space in use.", p.data_used_blocks * p.block_bytes),
+            gauge("strata_thin_pool_metadata_bytes", "Size of the pool's metadata space.", p.metadata_blocks * 4096),
+            gauge("strata_thin_pool_metadata_used_bytes", "Metadata space in use.", p.metadata_used_blocks * 4096),
+            gauge(
+                "strata_thin_pool_ok",
+                "1 while the pool provisions new blocks; 0 when out of space or failed.",
+                (p.mode == "ok") as u64,
+            ),
+            counter("strata_thin_pool_commits_total", "Metadata transactions committed.", p.commits),
+            counter(
+                "strata_thin_pool_provisioned_blocks_total",
+                "Blocks provisioned by first writes.",
+                p.provisioned_blocks,
+            ),
+            counter(
+                "strata_thin_pool_copied_blocks_total",
+                "Blocks copied on write after a snapshot.",
+                p.copied_blocks,
+            ),
+            counter("strata_thin_pool_no_space_errors_total", "Writes refused for want of space.", p.no_space_errors),
+        ]
+    }
+}

@@ -1,0 +1,119 @@
+//! Power cuts: the metadata and data devices lose power together at many points of a run of
+//! writes, flushes and a snapshot; every cut leaves a pool that opens, passes both checkers,
+//! and reads in each sector the last durable write or a later one.
+
+mod common;
+
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use strata_io::mem::MemDev;
+use strata_io::powercut::{Clock, PowerCut};
+use strata_io::testing::model::pattern;
+use strata_io::{BlockDev, Buf};
+use strata_thin::meta::Metadata;
+use strata_thin::{Pool, PoolOptions, ThinDev};
+
+const BS: u64 = 64 << 10;
+const VOL: u64 = 16 * BS;
+const SECTOR: u64 = 512;
+
+/// A write as the run made it, in clock ticks.
+struct Write {
+    start: u64,
+    end: u64,
+    offset: u64,
+    len: u64,
+    fill: u64,
+    /// Durable on its own once complete.
+    fua: bool,
+}
+
+/// The bytes sector `s` may hold after a cut at `tick`: the last write to it made durable by
+/// a flush completed before the cut (or zeroes), or any later write issued before it.
+fn allowed(writes: &[Write], flushes: &[(u64, u64)], s: u64, tick: u64) -> Vec<Vec<u8>> {
+    let at = s * SECTOR;
+    let covering: Vec<&Write> = writes.iter().filter(|w| w.offset <= at && at < w.offset + w.len).collect();
+    let durable = |w: &Write| (w.fua && w.end < tick) || flushes.iter().any(|&(fs, fe)| fs > w.end && fe < tick);
+    let last = covering.iter().rposition(|w| durable(w));
+    let bytes =
+        |w: &Write| pattern(w.fill, w.offset, w.len as usize)[(at - w.offset) as usize..][..SECTOR as usize].to_vec();
+    let mut out = vec![match last {
+        Some(i) => bytes(covering[i]),
+        None => vec![0; SECTOR as usize],
+    }];
+    let from = last.map_or(0, |i| i + 1);
+    out.extend(covering[from..].iter().filter(|w| w.start < tick).map(|w| bytes(w)));
+    out
+}
+
+#[tokio::test]
+async fn every_power_cut_leaves_a_checked_pool_holding_every_durable_write() {
+    let clock = Clock::default();
+    let md = Arc::new(PowerCut::with_clock(MemDev::new(1 << 20), clock.clone()));
+    let data = Arc::new(PowerCut::with_clock(MemDev::new(40 * BS), clock.clone()));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = Pool::open(md.clone(), data.clone(), "", PoolOptions::default()).await.unwrap();
+    let dev = ThinDev::new(p.clone(), 1, Some(VOL)).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let (mut writes, mut flushes) = (Vec::new(), Vec::new());
+    for step in 0..300 {
+        if step == 120 {
+            p.with_meta(|m| m.create_snapshot(2, 1)).unwrap();
+        }
+        if rng.gen_bool(0.15) {
+            let start = clock.now();
+            dev.flush().await.unwrap();
+            flushes.push((start, clock.now()));
+            continue;
+        }
+        let sectors = rng.gen_range(1..=16u64);
+        let offset = rng.gen_range(0..VOL / SECTOR - sectors) * SECTOR;
+        let (fill, fua) = (rng.gen(), rng.gen_bool(0.1));
+        let start = clock.now();
+        dev.write(offset, pattern(fill, offset, (sectors * SECTOR) as usize), fua).await.unwrap();
+        let end = clock.now();
+        writes.push(Write { start, end, offset, len: sectors * SECTOR, fill, fua });
+    }
+    let last = clock.now();
+    let mut cuts: Vec<u64> = (0..60).map(|_| rng.gen_range(1..=last)).collect();
+    cuts.extend(flushes.iter().map(|&(_, e)| e + 1));
+    cuts.extend(writes.iter().filter(|w| w.fua).map(|w| w.end + 1));
+    for (k, &tick) in cuts.iter().enumerate() {
+        let seed = k as u64;
+        let md_img = Arc::new(md.crash_at(md.point_at_tick(tick).unwrap(), seed).unwrap());
+        let data_img = Arc::new(data.crash_at(data.point_at_tick(tick).unwrap(), seed).unwrap());
+        let what = format!("cut at tick {tick} (seed {seed})");
+        let report = strata_thin::check::check(&*md_img).await;
+        assert!(report.clean(), "{what}: {report:?}");
+        if k % 10 == 0 {
+            let mut bytes = vec![0u8; md_img.size() as usize];
+            md_img.read_into(0, &mut bytes).unwrap();
+            if let Some((ok, text)) = common::thin_check_bytes(&bytes) {
+                assert!(ok, "{what}: thin_check: {text}");
+            }
+        }
+        let p = Pool::open(md_img, data_img, "", PoolOptions::default()).await.unwrap();
+        let dev = ThinDev::new(p, 1, Some(VOL)).unwrap();
+        let got = dev.read(0, Buf::zeroed(VOL as usize)).await.unwrap();
+        for s in 0..VOL / SECTOR {
+            let sector = &got[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize];
+            let ok = allowed(&writes, &flushes, s, tick);
+            if !ok.iter().any(|a| a == sector) {
+                let at = s * SECTOR;
+                let from: Vec<String> = writes
+                    .iter()
+                    .filter(|w| w.offset <= at && at < w.offset + w.len)
+                    .map(|w| {
+                        let b =
+                            &pattern(w.fill, w.offset, w.len as usize)[(at - w.offset) as usize..][..SECTOR as usize];
+                        format!("[{}..{} {}{}]", w.start, w.end, w.offset, if b == sector { " <- this" } else { "" })
+                    })
+                    .collect();
+                let zero = sector.iter().all(|&b| b == 0);
+                panic!("{what}: sector {s} holds neither its durable data nor a later write (zero: {zero}; writes {from:?}; flushes {flushes:?})");
+            }
+        }
+    }
+}

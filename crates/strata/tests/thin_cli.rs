@@ -1,0 +1,202 @@
+//! `strata thin` end to end: a pool made by strata, volumes and a snapshot served by
+//! `strata serve` and written and read by real NBD clients (qemu-io, nbdinfo), checked by
+//! thin_check and dumped by thin_dump as strata dumps it; a pool made by thin_restore served
+//! with the right data; bad input refused with nothing written.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap()
+}
+
+fn strata_ok(args: &[&str]) -> String {
+    let o = strata(args);
+    assert!(o.status.success(), "strata {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn strata_err(args: &[&str]) -> String {
+    let o = strata(args);
+    assert!(!o.status.success(), "strata {args:?} should fail: {}", String::from_utf8_lossy(&o.stdout));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Whether the tools are here (under CI=true they must be: scripts/setup.sh installs them).
+fn tools(names: &[&str]) -> bool {
+    let missing: Vec<&&str> = names.iter().filter(|n| !have(n)).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{missing:?} missing under CI=true (see scripts/setup.sh)");
+    eprintln!("SKIP: {missing:?} not installed");
+    false
+}
+
+fn qemu_io_ok(uri: &str, cmds: &[&str]) -> String {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for x in cmds {
+        c.arg("-c").arg(x);
+    }
+    let o = output(c.arg(uri), CMD_TIMEOUT);
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && !text.contains("failed"), "qemu-io {cmds:?}: {text}");
+    text
+}
+
+fn serve(volumes: &[String]) -> Server {
+    Server::start_opts(tempdir(), ServerOpts { admin: true, args: volumes.to_vec(), ..Default::default() })
+}
+
+fn thin_check_ok(meta: &Path) {
+    let o = cmd("thin_check").arg(meta).output().unwrap();
+    assert!(
+        o.status.success(),
+        "thin_check: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_strata_pool_served_snapshotted_and_checked_by_the_real_tools() {
+    if !tools(&["qemu-io", "nbdinfo", "thin_check", "thin_dump"]) {
+        return;
+    }
+    let d = tempdir();
+    let meta = d.path().join("pool.meta");
+    let m = meta.to_str().unwrap();
+    let md = format!("{m}?size=8MiB");
+    let data = format!("{}?size=64MiB", d.path().join("pool.data").display());
+    strata_ok(&["thin", "pool", "create", "--metadata", &md, "--data", &data]);
+    strata_ok(&["thin", "create", m, "1", "--size", "16MiB"]);
+    // Served: first writes provision, unwritten ranges are holes.
+    let srv = serve(&[format!("vol=thin:{m}?id=1")]);
+    let uri = srv.uri("vol");
+    qemu_io_ok(&uri, &["write -P 0x11 0 256k", "write -P 0x22 4M 4k", "flush"]);
+    let map = run_ok(Command::new("nbdinfo").args(["--map", &uri]));
+    assert!(map.contains("hole"), "nbdinfo --map shows no hole: {map}");
+    let status = srv.status();
+    let t = &status["volumes"][0]["target"];
+    assert_eq!(t["target"], "thin", "{status}");
+    assert_eq!(t["mapped_blocks"], 5, "{status}");
+    assert_eq!(t["pool"]["mode"], "ok", "{status}");
+    assert!(srv.admin_get("/metrics").contains("strata_thin_pool_data_used_bytes{volume=\"vol\"}"));
+    drop(srv);
+    thin_check_ok(&meta);
+    // A snapshot, then both served from one pool: writes to the origin leave it unchanged.
+    strata_ok(&["thin", "snapshot", m, "1", "2"]);
+    let srv = serve(&[format!("vol=thin:{m}?id=1"), format!("snap=thin:{m}?id=2")]);
+    qemu_io_ok(&srv.uri("vol"), &["write -P 0x33 64k 8k", "write -P 0x44 8M 4k", "flush"]);
+    qemu_io_ok(&srv.uri("snap"), &["read -P 0x11 0 256k", "read -P 0x22 4M 4k", "read -P 0 8M 4k"]);
+    qemu_io_ok(&srv.uri("vol"), &["read -P 0x11 0 64k", "read -P 0x33 64k 8k", "read -P 0x11 72k 184k"]);
+    // TRIM frees the snapshot's own blocks only.
+    qemu_io_ok(&srv.uri("snap"), &["write -P 0x55 12M 64k", "discard 12M 64k", "flush"]);
+    drop(srv);
+    thin_check_ok(&meta);
+    let ours = strata_ok(&["thin", "dump", m]);
+    let theirs = cmd("thin_dump").arg(&meta).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&theirs.stdout), ours);
+    let list = strata_ok(&["thin", "list", m]);
+    assert!(list.contains("16 MiB"), "{list}");
+    assert!(strata_ok(&["thin", "check", m]).contains("ok: 2 volumes"));
+    strata_ok(&["thin", "delete", m, "2"]);
+    thin_check_ok(&meta);
+}
+
+#[test]
+fn a_pool_made_by_thin_restore_is_served_with_the_right_data() {
+    if !tools(&["qemu-io", "thin_restore", "thin_check"]) {
+        return;
+    }
+    let d = tempdir();
+    let (meta, data) = (d.path().join("pool.meta"), d.path().join("pool.data"));
+    let xml = d.path().join("pool.xml");
+    std::fs::write(
+        &xml,
+        r#"<superblock uuid="" time="1" transaction="2" flags="0" version="2" data_block_size="128" nr_data_blocks="64">
+  <device dev_id="1" mapped_blocks="3" transaction="0" creation_time="0" snap_time="1">
+    <range_mapping origin_begin="0" data_begin="10" length="2" time="0"/>
+    <single_mapping origin_block="5" data_block="20" time="0"/>
+  </device>
+  <device dev_id="2" mapped_blocks="2" transaction="1" creation_time="1" snap_time="1">
+    <single_mapping origin_block="0" data_block="10" time="0"/>
+    <single_mapping origin_block="1" data_block="30" time="1"/>
+  </device>
+</superblock>
+"#,
+    )
+    .unwrap();
+    std::fs::write(&meta, vec![0u8; 4 << 20]).unwrap();
+    run_ok(cmd("thin_restore").arg("-i").arg(&xml).arg("-o").arg(&meta));
+    // The data device: block N filled with byte N.
+    let mut bytes = vec![0u8; 64 << 16];
+    for (n, chunk) in bytes.chunks_mut(64 << 10).enumerate() {
+        chunk.fill(n as u8);
+    }
+    std::fs::write(&data, bytes).unwrap();
+    let (m, dd) = (meta.display(), data.display());
+    // No sizes recorded by other tools: size= is needed, and asked for.
+    let srv =
+        serve(&[format!("one=thin:{m}?data={dd}&id=1&size=1MiB"), format!("two=thin:{m}?id=2&size=1MiB&data={dd}")]);
+    qemu_io_ok(
+        &srv.uri("one"),
+        &["read -P 10 0 64k", "read -P 11 64k 64k", "read -P 20 320k 64k", "read -P 0 128k 64k"],
+    );
+    qemu_io_ok(&srv.uri("two"), &["read -P 10 0 64k", "read -P 30 64k 64k"]);
+    // Writing to the block the two share copies it: the other keeps the old data.
+    qemu_io_ok(&srv.uri("two"), &["write -P 0x77 4k 4k", "flush"]);
+    qemu_io_ok(&srv.uri("one"), &["read -P 10 0 64k"]);
+    qemu_io_ok(&srv.uri("two"), &["read -P 10 0 4k", "read -P 0x77 4k 4k", "read -P 10 8k 56k"]);
+    drop(srv);
+    thin_check_ok(&meta);
+    let o = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--unix", d.path().join("s.sock").to_str().unwrap(), &format!("v=thin:{m}?id=1&data={dd}")])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give size="), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn bad_input_is_refused_and_nothing_is_written() {
+    let d = tempdir();
+    let meta = d.path().join("pool.meta");
+    let m = meta.to_str().unwrap();
+    let data = format!("{}?size=16MiB", d.path().join("pool.data").display());
+    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=4MiB"), "--data", &data]);
+    strata_ok(&["thin", "create", m, "1", "--size", "4MiB"]);
+    let good = std::fs::read(&meta).unwrap();
+    let unchanged = |what: &str| assert!(std::fs::read(&meta).unwrap() == good, "{what}: the pool changed");
+    assert!(strata_err(&["thin", "pool", "create", "--metadata", m, "--data", &data]).contains("--force"));
+    unchanged("pool create over a pool");
+    assert!(strata_err(&["thin", "snapshot", m, "9", "2"]).contains("no thin device 9"));
+    assert!(strata_err(&["thin", "create", m, "1", "--size", "1MiB"]).contains("already exists"));
+    assert!(strata_err(&["thin", "delete", m, "5"]).contains("no thin device 5"));
+    unchanged("refused operations");
+    // An unknown volume id: the server refuses to start and says why.
+    let o = strata(&["serve", "--unix", d.path().join("s.sock").to_str().unwrap(), &format!("v=thin:{m}?id=3")]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no thin device 3"));
+    unchanged("serving an unknown volume");
+    // Volumes of one pool must agree on the pool's features.
+    let (a, b) = (format!("a=thin:{m}?id=1&skip_block_zeroing"), format!("b=thin:{m}?id=1"));
+    let o = strata(&["serve", "--unix", d.path().join("s.sock").to_str().unwrap(), &a, &b]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("already open with skip_block_zeroing on"), "{e}");
+    unchanged("serving with conflicting features");
+    // A corrupt superblock: a clear error from every command, and nothing written.
+    let mut bad = good.clone();
+    bad[200] ^= 1;
+    std::fs::write(&meta, &bad).unwrap();
+    for args in [vec!["thin", "check", m], vec!["thin", "create", m, "4", "--size", "1MiB"], vec!["thin", "list", m]] {
+        let e = strata_err(&args);
+        assert!(e.contains("bad superblock checksum"), "{args:?}: {e}");
+        assert!(std::fs::read(&meta).unwrap() == bad, "{args:?} wrote to a damaged pool");
+    }
+    // A metadata device of another kind.
+    std::fs::write(&meta, vec![7u8; 1 << 20]).unwrap();
+    assert!(strata_err(&["thin", "list", m]).contains("not dm-thin metadata"));
+}
