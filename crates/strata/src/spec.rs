@@ -21,6 +21,9 @@
 //!   `cache:/var/tmp/c.img?origin=hdd:/var/tmp/o.img?rpm=5400&seek_max_ms=12`.
 //! - `writecache:PATH[?origin=SPEC]` — a write log made by `strata writecache create`; like
 //!   `cache:`, its superblock records its origin's spec, which `origin=` overrides (last).
+//! - `slice:OFFSET+SIZE[?overlap]@SPEC` — `SIZE` bytes of the device `SPEC` names from
+//!   `OFFSET` (dm-linear), e.g. `slice:0+200GiB@hdd:/d.img`. Slices of one device in one
+//!   server share one open device and may not overlap unless each says `overlap`.
 //!
 //! A word before the first `:` that names no kind (`foo:bar`) is refused with the list of
 //! kinds, unless a file of that name exists: a typo in a prefix should not read as a missing
@@ -48,7 +51,7 @@ use strata_io::units::{format_size_exact, parse_size};
 use strata_io::{Error, Result};
 
 /// The kinds of spec, as an error lists them.
-pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:";
+pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, slice:";
 
 /// A device or a stack of targets, as a spec names it.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +70,8 @@ pub enum Spec {
     Cache { path: PathBuf, origin: Option<Box<Spec>> },
     /// `writecache:PATH[?origin=SPEC]`; without `origin` the superblock's recorded spec is used.
     Writecache { path: PathBuf, origin: Option<Box<Spec>> },
+    /// `slice:OFFSET+SIZE[?overlap]@SPEC`
+    Slice { offset: u64, len: u64, overlap: bool, inner: Box<Spec> },
 }
 
 /// A file or block device and the options it opens with.
@@ -174,6 +179,27 @@ impl Spec {
                 let rules: std::result::Result<Vec<Rule>, String> = rules.split(',').map(parse_rule).collect();
                 Ok(Spec::Fault { rules: rules.map_err(invalid)?, inner: Box::new(Spec::parse(inner)?) })
             }
+            "slice" => {
+                let (head, inner) =
+                    rest.split_once('@').ok_or_else(|| invalid("expected slice:OFFSET+SIZE@SPEC".into()))?;
+                if inner.is_empty() {
+                    return Err(invalid("no device after '@'".into()));
+                }
+                let (range, q) = split_query(head);
+                let mut opts = Options::parse(s, q);
+                let overlap = opts.take_bool("overlap")? == Some(true);
+                opts.finish()?;
+                let (offset, len) =
+                    range.split_once('+').ok_or_else(|| invalid("expected slice:OFFSET+SIZE@SPEC".into()))?;
+                let (offset, len) = (parse_size(offset).map_err(invalid)?, parse_size(len).map_err(invalid)?);
+                if len == 0 {
+                    return Err(invalid("a slice of zero bytes".into()));
+                }
+                if offset.checked_add(len).is_none() {
+                    return Err(invalid("the slice ends past 2^64".into()));
+                }
+                Ok(Spec::Slice { offset, len, overlap, inner: Box::new(Spec::parse(inner)?) })
+            }
             "cache" | "writecache" => {
                 let (path, q) = split_query(rest);
                 if path.is_empty() {
@@ -216,7 +242,7 @@ impl Spec {
     fn for_each_file(&mut self, each: &mut dyn FnMut(&mut FileSpec)) {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => each(f),
-            Spec::Fault { inner, .. } => inner.for_each_file(each),
+            Spec::Fault { inner, .. } | Spec::Slice { inner, .. } => inner.for_each_file(each),
             Spec::Cache { origin, .. } | Spec::Writecache { origin, .. } => {
                 if let Some(o) = origin {
                     o.for_each_file(each)
@@ -230,7 +256,7 @@ impl Spec {
     pub fn path(&self) -> Option<&Path> {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => Some(&f.path),
-            Spec::Fault { inner, .. } => inner.path(),
+            Spec::Fault { inner, .. } | Spec::Slice { inner, .. } => inner.path(),
             Spec::Cache { path, .. } | Spec::Writecache { path, .. } => Some(path),
             Spec::Mem { .. } => None,
         }
@@ -316,6 +342,11 @@ impl fmt::Display for Spec {
                     None => Ok(()),
                 }
             }
+            Spec::Slice { offset, len, overlap, inner } => {
+                let mut w = Written::default();
+                w.flag("overlap", *overlap);
+                write!(f, "slice:{}+{}{w}@{inner}", format_size_exact(*offset), format_size_exact(*len))
+            }
         }
     }
 }
@@ -377,6 +408,9 @@ mod tests {
             ("writecache:/w.img", "writecache:/w.img"),
             ("writecache:/w.img?origin=cache:/c.img", "writecache:/w.img?origin=cache:/c.img"),
             ("writecache:/w.img?origin=hdd:/o.img?rpm=5400", "writecache:/w.img?origin=hdd:/o.img?rpm=5400"),
+            ("slice:0+200GiB@hdd:/d.img", "slice:0+200GiB@hdd:/d.img"),
+            ("slice:1048576+4096?overlap=on@mem:2MiB", "slice:1MiB+4KiB?overlap@mem:2MiB"),
+            ("slice:1G+1G@slice:512MiB+4GiB@/d.img", "slice:1GiB+1GiB@slice:512MiB+4GiB@/d.img"),
         ] {
             let spec = parse(text);
             assert_eq!(spec.to_string(), canonical, "{text}");
@@ -437,7 +471,17 @@ mod tests {
             ("fault:read:boom@mem:1MiB", "expected an effect"),
             ("fault:read:eio:p=2@mem:1MiB", "probability"),
             ("fault:read:eio@mem:lots", "expected a number"),
-            ("foo:bar", "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:)"),
+            ("slice:0+1GiB", "expected slice:OFFSET+SIZE@SPEC"),
+            ("slice:1GiB@/d.img", "expected slice:OFFSET+SIZE@SPEC"),
+            ("slice:0+1GiB@", "no device after '@'"),
+            ("slice:0+0@/d.img", "a slice of zero bytes"),
+            ("slice:lots+1GiB@/d.img", "expected a number"),
+            ("slice:16383PiB+2PiB@/d.img", "past 2^64"),
+            ("slice:0+1GiB?shared@/d.img", "unknown option(s): shared"),
+            (
+                "foo:bar",
+                "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, slice:)",
+            ),
             ("nbd+unix:///vol?socket=/s", "unknown device kind \"nbd+unix\""),
         ] {
             let e = refused(text);
@@ -526,7 +570,14 @@ mod tests {
                 (proptest::collection::vec(rule(), 1..4), inner.clone())
                     .prop_map(|(rules, inner)| Spec::Fault { rules, inner: Box::new(inner) }),
                 (path(), inner.clone()).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
-                (path(), inner).prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
+                (path(), inner.clone())
+                    .prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
+                (size(), size(), any::<bool>(), inner).prop_map(|(offset, len, overlap, inner)| Spec::Slice {
+                    offset,
+                    len: len.max(1),
+                    overlap,
+                    inner: Box::new(inner)
+                }),
             ]
         })
     }

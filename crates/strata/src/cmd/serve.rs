@@ -39,6 +39,10 @@ Volume specs:
                        once|always|times=N, after=N, p=PROB, seed=N
                        e.g. fault:read:eio:0-1MiB:once@/var/tmp/vol0.img
                        (an origin too: cache:PATH?origin=fault:write:enospc:after=100@PATH)
+  slice:OFFSET+SIZE@SPEC
+                       SIZE bytes of SPEC from OFFSET (dm-linear), e.g. slice:0+1GiB@hdd:/d.img;
+                       slices of one device share its open device and may not overlap unless
+                       each says ?overlap (slice:0+1GiB?overlap@...)
 A word before ':' that is none of these kinds is refused unless a file of that name exists
 (write ./foo:bar for a file to be created).
 
