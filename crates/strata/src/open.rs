@@ -28,6 +28,7 @@ use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
 use strata_io::slice::Slice;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
+use strata_qos::{Qos, QosOptions};
 use strata_writecache::WritecacheDev;
 
 /// Opens the device or stack `spec` names, sharing nothing with other opens (see `Opener`).
@@ -110,7 +111,33 @@ async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<
                 .map_err(|e| Error::new(e.kind, format!("opening writecache {}: {}", path.display(), e.context)))?,
         ),
         Spec::Slice { .. } => open_slices(opener, spec, read_only, None).await?,
+        Spec::Qos { group, options, inner } => open_qos(opener, group, options, inner, read_only).await?,
     })
+}
+
+/// Opens a volume in a qos group: the device below `inner`'s slices is opened once, with one
+/// scheduler, for every `qos:` spec ending in it; the slices go over the group's handle.
+async fn open_qos(
+    opener: &Opener,
+    group: &str,
+    options: &QosOptions,
+    inner: &Spec,
+    read_only: bool,
+) -> Result<Arc<dyn BlockDev>> {
+    let mut base = inner;
+    while let Spec::Slice { inner, .. } = base {
+        base = inner;
+    }
+    let dev = shared_device(opener, base, read_only).await?;
+    let hdd = match base {
+        Spec::Hdd { params, .. } => Some(*params),
+        _ => None,
+    };
+    let key = format!("qos:{}", base.recordable());
+    let qos =
+        opener.shared(&key, || async { Ok(Qos::new(dev.clone() as Arc<dyn BlockDev>, &options.device, hdd)) }).await?;
+    let handle = qos.join(group, options)?;
+    open_slices(opener, inner, read_only, Some(Arc::new(handle))).await
 }
 
 /// The device `spec` names, opened once for every slice (and scheduler) over it in this
