@@ -9,8 +9,10 @@
 //!   model like blk-iocost's);
 //! - `settings`: weights, caps and the device's tuning, as spec options and messages;
 //! - `dev`: the scheduler on a real device (`Qos`) and one group's handle (`QosDev`);
-//! - `status`: what status and metrics show.
+//! - `status`: what status and metrics show;
+//! - `calibrate`: measuring a device's linear cost model.
 
+pub mod calibrate;
 pub mod cost;
 pub mod dev;
 pub mod sched;

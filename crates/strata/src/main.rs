@@ -32,6 +32,8 @@ enum Command {
     Cache(cmd::cache::CacheArgs),
     /// Create, tune, flush, detach, check and dump write logs (the writecache target).
     Writecache(cmd::writecache::WritecacheArgs),
+    /// Share a disk's time between groups of volumes: calibrate a device, show and change groups.
+    Qos(cmd::qos::QosArgs),
     /// Replay a block trace (or a synthetic workload) through cache policies.
     Sim(cmd::sim::SimArgs),
     /// Crash a writeback cache at seeded points and count lost writes.
@@ -46,6 +48,7 @@ fn main() {
         Command::Status(a) => cmd::status::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Writecache(a) => cmd::writecache::run(a),
+        Command::Qos(a) => cmd::qos::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Crashtest(a) => cmd::crashtest::run(a),
     };

@@ -1,6 +1,7 @@
 pub mod cache;
 pub mod crashtest;
 pub mod demo;
+pub mod qos;
 pub mod serve;
 pub mod sim;
 pub mod status;

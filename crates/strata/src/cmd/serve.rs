@@ -111,7 +111,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let all_ro = args.read_only || cfg.read_only;
     let mut wanted = Vec::new();
     for v in &cfg.volumes {
-        let spec: Spec = v.spec.parse().with_context(|| format!("volume {}", v.name))?;
+        let spec = cfg.spec(v)?;
         wanted.push((v.name.clone(), spec, v.read_only || all_ro));
     }
     wanted.extend(args.volumes.iter().map(|(n, s)| (n.clone(), s.clone(), all_ro)));
