@@ -110,11 +110,12 @@ impl Qos {
         let mut st = self.state.lock();
         let now = self.now();
         let ticket = st.sched.submit(stream, req, now);
+        if self.pump(&mut st, now, Some(ticket)) {
+            return (ticket, None);
+        }
         let (tx, rx) = oneshot::channel();
         st.waiting.insert(ticket, tx);
-        self.pump(&mut st, now);
-        let rx = if st.waiting.contains_key(&ticket) { Some(rx) } else { None };
-        (ticket, rx)
+        (ticket, Some(rx))
     }
 
     /// A request is done (or withdrawn before it went).
@@ -124,20 +125,24 @@ impl Qos {
         if !started {
             st.waiting.remove(&ticket);
             if st.sched.cancel(stream, ticket) {
-                self.pump(&mut st, now);
+                self.pump(&mut st, now, None);
                 return;
             }
         }
         st.sched.complete(ticket, now);
-        self.pump(&mut st, now);
+        self.pump(&mut st, now, None);
     }
 
-    /// Sends what may go now on its way and sets the timer for what waits on time.
-    fn pump(&self, st: &mut State, now: Nanos) {
+    /// Sends what may go now on its way and sets the timer for what waits on time. Returns
+    /// whether `mine` (a request being submitted, with no waiter yet) may go.
+    fn pump(&self, st: &mut State, now: Nanos, mine: Option<Ticket>) -> bool {
         let mut out = std::mem::take(&mut st.out);
         let wake = st.sched.dispatch(now, &mut out);
+        let mut go = false;
         for t in out.drain(..) {
-            if let Some(tx) = st.waiting.remove(&t) {
+            if Some(t) == mine {
+                go = true;
+            } else if let Some(tx) = st.waiting.remove(&t) {
                 let _ = tx.send(());
             }
         }
@@ -151,6 +156,7 @@ impl Qos {
         if sooner {
             self.timer.notify_one();
         }
+        go
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
@@ -176,7 +182,7 @@ async fn timer(qos: Weak<Qos>, wake: Arc<Notify>) {
             let mut st = q.state.lock();
             let now = q.now();
             if st.next_wake.is_some_and(|w| w <= now) {
-                q.pump(&mut st, now);
+                q.pump(&mut st, now, None);
             }
             st.next_wake.map(|w| q.epoch + Duration::from_nanos(w))
         };
@@ -272,7 +278,7 @@ impl QosDev {
         let answer = format!("group {}: {key} = {}", st.sched.report(gid).name, settings.value(key));
         st.sched.set(gid, settings);
         let now = self.qos.now();
-        self.qos.pump(&mut st, now);
+        self.qos.pump(&mut st, now, None);
         Ok(answer)
     }
 }
