@@ -66,12 +66,12 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// Defaults: on a rotational device one request at a time, 100 ms slices and a 2 ms
-    /// idle window (CFQ's slice_sync and about its slice_idle); elsewhere 32 at a time,
+    /// Defaults: on a rotational device one request at a time, 100 ms slices and an 8 ms
+    /// idle window (CFQ's slice_sync and slice_idle); elsewhere 32 at a time,
     /// request by request.
     pub fn for_device(rotational: bool) -> Tuning {
         if rotational {
-            Tuning { depth: 1, slice: 100_000_000, idle: 2_000_000, max_wait: 10_000_000_000 }
+            Tuning { depth: 1, slice: 100_000_000, idle: 8_000_000, max_wait: 10_000_000_000 }
         } else {
             Tuning { depth: 32, slice: 0, idle: 0, max_wait: 1_000_000_000 }
         }
@@ -241,6 +241,9 @@ struct Slice {
     stream: StreamId,
     started: Nanos,
     charged: Nanos,
+    /// Ends after one request (a stream served because it waited too long).
+    single: bool,
+    taken: u32,
 }
 
 pub struct Scheduler {
@@ -455,7 +458,9 @@ impl Scheduler {
             if self.tuning.slice > 0 {
                 if let Some(sl) = &self.slice {
                     let s = sl.stream;
-                    let expired = now.saturating_sub(sl.started) >= self.tuning.slice || self.preempted_by_cap(s, now);
+                    let expired = now.saturating_sub(sl.started) >= self.tuning.slice
+                        || (sl.single && sl.taken > 0)
+                        || self.preempted_by_cap(s, now);
                     let st = self.stream(s);
                     if !expired && !st.queue.is_empty() {
                         match self.take(s, now) {
@@ -478,8 +483,7 @@ impl Scheduler {
                 Ok((s, starved)) => {
                     if self.tuning.slice > 0 {
                         // A stream served because it waited too long gets one request, not a slice.
-                        let started = if starved { now.saturating_sub(self.tuning.slice) } else { now };
-                        self.slice = Some(Slice { stream: s, started, charged: 0 });
+                        self.slice = Some(Slice { stream: s, started: now, charged: 0, single: starved, taken: 0 });
                     }
                     match self.take(s, now) {
                         Ok(t) => out.push(t),
@@ -632,6 +636,7 @@ impl Scheduler {
         self.charge(s, cost);
         if let Some(sl) = &mut self.slice {
             sl.charged += cost;
+            sl.taken += 1;
         }
         self.running.insert(p.ticket, Running { stream: s, req, submitted: p.arrived });
         Ok(p.ticket)

@@ -208,7 +208,7 @@ fn busy_groups_get_device_time_in_their_weights_ratio() {
 }
 
 /// While one group is idle the other has the whole device; when it comes back it gets its
-/// share from then on, not the time it was away.
+/// share within a second, and from then on its share, not the time it was away.
 #[test]
 fn an_idle_groups_time_is_reused_and_not_banked() {
     let mut sim = Sim::hdd();
@@ -219,6 +219,10 @@ fn an_idle_groups_time_is_reused_and_not_banked() {
     sim.client(late, 1, 0, Pattern::Random, 30 * SEC);
     sim.run_until(30 * SEC);
     assert!(sim.device_ns[busy] as f64 >= 0.99 * (30 * SEC) as f64, "{:?}", sim.device_ns);
+    sim.reset();
+    // It reaches its share within a second of joining.
+    sim.run_until(31 * SEC);
+    assert!(sim.device_ns[late] as f64 >= 0.45 * SEC as f64, "its first second: {:?}", sim.device_ns);
     sim.reset();
     sim.run_until(90 * SEC);
     assert_ratio(sim.device_ns[busy], sim.device_ns[late], 100, 100, "after the idle group came back");

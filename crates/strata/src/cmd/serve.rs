@@ -43,6 +43,13 @@ Volume specs:
                        SIZE bytes of SPEC from OFFSET (dm-linear), e.g. slice:0+1GiB@hdd:/d.img;
                        slices of one device share its open device and may not overlap unless
                        each says ?overlap (slice:0+1GiB?overlap@...)
+  qos:GROUP[?opts]@SPEC
+                       SPEC in the IO controller's group GROUP: the qos: volumes ending in one
+                       device share its time by weight (weight=1..10000, default 100), one
+                       share per NBD connection within a group; caps riops, wiops, rbps, wbps
+                       (max lifts one), burst_ms, latency_ms; device options model, depth,
+                       slice_ms, idle_ms, max_wait_ms. See docs/QOS.md and `strata qos`.
+                       e.g. 'db=qos:db?weight=200@slice:0+100GiB@/dev/sdb'
 A word before ':' that is none of these kinds is refused unless a file of that name exists
 (write ./foo:bar for a file to be created).
 
