@@ -25,6 +25,21 @@ pub struct HddParams {
     pub seed: u64,
 }
 
+impl HddParams {
+    /// Seek time for a head move over `distance`, a fraction of the device (0 to 1).
+    pub fn seek_ms(&self, distance: f64) -> f64 {
+        self.seek_min_ms + (self.seek_max_ms - self.seek_min_ms) * distance.clamp(0.0, 1.0).sqrt()
+    }
+
+    pub fn revolution_ms(&self) -> f64 {
+        60_000.0 / self.rpm
+    }
+
+    pub fn transfer_s(&self, len: u64) -> f64 {
+        len as f64 / (self.mib_s * 1048576.0)
+    }
+}
+
 impl Default for HddParams {
     fn default() -> HddParams {
         HddParams { seek_min_ms: 0.5, seek_max_ms: 15.0, rpm: 7200.0, mib_s: 150.0, seed: 1 }
@@ -85,15 +100,13 @@ impl<D: BlockDev> LatencyDev<D> {
         match &self.model {
             Model::Hdd { p, state } => {
                 let mut s = state.lock();
-                let transfer = len as f64 / (p.mib_s * 1048576.0);
+                let transfer = p.transfer_s(len);
                 let positioning = if offset == s.last_end {
                     0.0
                 } else {
                     let size = self.inner.size().max(1) as f64;
                     let distance = (offset as f64 - s.last_end as f64).abs() / size;
-                    let seek = p.seek_min_ms + (p.seek_max_ms - p.seek_min_ms) * distance.min(1.0).sqrt();
-                    let revolution_ms = 60_000.0 / p.rpm;
-                    (seek + s.rng.gen::<f64>() * revolution_ms) / 1000.0
+                    (p.seek_ms(distance) + s.rng.gen::<f64>() * p.revolution_ms()) / 1000.0
                 };
                 let service = Duration::from_secs_f64(positioning + transfer);
                 let start = s.busy_until.max(now);

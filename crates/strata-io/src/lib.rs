@@ -12,6 +12,7 @@ pub mod mem;
 pub mod metrics;
 pub mod powercut;
 pub mod query;
+pub mod slice;
 pub mod stats;
 pub mod testing;
 pub mod timer;
@@ -145,6 +146,16 @@ pub trait BlockDev: Send + Sync + 'static {
         })
     }
 
+    /// A handle through which one client connection (one NBD connection) sends its requests,
+    /// so that a device can tell connections apart: an IO controller gives each its own fair
+    /// share. The server asks once per connection and drops the handle when it closes. A
+    /// target that passes requests through unchanged returns its inner device's handle
+    /// wrapped in itself; `None` (the default) means this device serves every connection
+    /// alike, and the server uses it directly.
+    fn connect(&self) -> Option<std::sync::Arc<dyn BlockDev>> {
+        None
+    }
+
     /// Called once when the volume is taken down cleanly: make everything durable and save
     /// whatever makes the next start warm. The default is a flush.
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
@@ -204,6 +215,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         (**self).message(msg)
+    }
+    fn connect(&self) -> Option<std::sync::Arc<dyn BlockDev>> {
+        (**self).connect()
     }
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         (**self).shutdown()

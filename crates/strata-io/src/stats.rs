@@ -4,6 +4,7 @@
 
 use crate::{BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Histogram buckets: upper bounds in microseconds (powers of two, 1 µs to ~8.4 s), then +Inf.
@@ -58,7 +59,8 @@ pub const OPS: [&str; 7] = ["read", "write", "flush", "discard", "write_zeroes",
 
 pub struct StatsDev<D> {
     inner: D,
-    ops: [OpStats; 7],
+    /// Shared with the handles of its connections (`connect`), which count here too.
+    ops: Arc<[OpStats; 7]>,
 }
 
 impl<D: BlockDev> StatsDev<D> {
@@ -77,7 +79,7 @@ impl<D: BlockDev> StatsDev<D> {
     /// Counters per operation, as JSON.
     pub fn counters(&self) -> serde_json::Value {
         let mut m = serde_json::Map::new();
-        for (name, s) in OPS.iter().zip(&self.ops) {
+        for (name, s) in OPS.iter().zip(self.ops.iter()) {
             m.insert(name.to_string(), s.to_json());
         }
         serde_json::Value::Object(m)
@@ -134,6 +136,10 @@ impl<D: BlockDev> BlockDev for StatsDev<D> {
     }
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         self.inner.message(msg)
+    }
+    fn connect(&self) -> Option<Arc<dyn BlockDev>> {
+        let inner = self.inner.connect()?;
+        Some(Arc::new(StatsDev { inner, ops: self.ops.clone() }))
     }
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         self.inner.shutdown()

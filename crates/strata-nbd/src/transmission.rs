@@ -179,7 +179,8 @@ where
     let held_max = shared.limits.max_inflight_per_connection;
     let mut s = Session {
         conn,
-        dev: export.dev.clone(),
+        // A device that tells connections apart gives this one its own handle.
+        dev: export.dev.connect().unwrap_or_else(|| export.dev.clone()),
         shared: shared.clone(),
         running: FuturesUnordered::new(),
         out: Outbox::default(),

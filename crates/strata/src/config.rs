@@ -10,10 +10,34 @@
 //! name = "vol0"
 //! spec = "/var/lib/strata/vol0.img?size=16GiB"
 //! read_only = false
+//!
+//! # Two volumes on one disk, sharing its time 2:1 (see docs/QOS.md).
+//! [[volume]]
+//! name = "db"
+//! spec = "slice:0+100GiB@/dev/sdb"
+//! group = "db"
+//!
+//! [[volume]]
+//! name = "batch"
+//! spec = "slice:100GiB+100GiB@/dev/sdb"
+//! group = "batch"
+//!
+//! [qos.db]
+//! weight = 200
+//! latency_ms = 50
+//! model = "174019176,41708,370,178075866,42705,378"  # from `strata qos calibrate`
+//!
+//! [qos.batch]
+//! wbps = "40MiB"
 //! ```
+//!
+//! A volume with `group = "G"` is served as `qos:G?OPTIONS@SPEC`, the options being those of
+//! the table `[qos.G]` (every option a `qos:` spec takes).
 
-use anyhow::{Context, Result};
+use crate::spec::Spec;
+use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Default, Deserialize)]
@@ -28,6 +52,9 @@ pub struct Config {
     pub max_inflight: Option<usize>,
     #[serde(default, rename = "volume")]
     pub volumes: Vec<VolumeConfig>,
+    /// qos groups' options, by group name.
+    #[serde(default)]
+    pub qos: BTreeMap<String, toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -37,11 +64,99 @@ pub struct VolumeConfig {
     pub spec: String,
     #[serde(default)]
     pub read_only: bool,
+    /// The qos group the volume belongs to.
+    pub group: Option<String>,
 }
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
+        let cfg: Config = toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
+        cfg.check().with_context(|| format!("config {}", path.display()))?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<()> {
+        for g in self.qos.keys() {
+            if !self.volumes.iter().any(|v| v.group.as_deref() == Some(g)) {
+                bail!("[qos.{g}]: unknown group (no [[volume]] has group = {g:?})");
+            }
+        }
+        Ok(())
+    }
+
+    /// The spec a volume is served from: its own, in its qos group if it has one.
+    pub fn spec(&self, v: &VolumeConfig) -> Result<Spec> {
+        let text = match &v.group {
+            None => v.spec.clone(),
+            Some(g) => {
+                let mut opts = Vec::new();
+                for (k, value) in self.qos.get(g).into_iter().flatten() {
+                    let value = match value {
+                        toml::Value::String(s) => s.clone(),
+                        toml::Value::Integer(n) => n.to_string(),
+                        toml::Value::Float(x) => x.to_string(),
+                        other => bail!("[qos.{g}] {k} = {other}: expected a string or a number"),
+                    };
+                    opts.push(format!("{k}={value}"));
+                }
+                let q = if opts.is_empty() { String::new() } else { format!("?{}", opts.join("&")) };
+                format!("qos:{g}{q}@{}", v.spec)
+            }
+        };
+        text.parse().with_context(|| format!("volume {}", v.name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config> {
+        let cfg: Config = toml::from_str(text)?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn a_volume_in_a_group_is_served_through_qos() {
+        let cfg = parse(
+            r#"
+            [[volume]]
+            name = "a"
+            spec = "slice:0+1GiB@hdd:/d.img"
+            group = "db"
+            [[volume]]
+            name = "b"
+            spec = "slice:1GiB+1GiB@hdd:/d.img"
+            group = "batch"
+            [qos.db]
+            weight = 200
+            rbps = "10MiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.spec(&cfg.volumes[0]).unwrap().to_string(),
+            "qos:db?weight=200&rbps=10MiB@slice:0+1GiB@hdd:/d.img"
+        );
+        assert_eq!(cfg.spec(&cfg.volumes[1]).unwrap().to_string(), "qos:batch@slice:1GiB+1GiB@hdd:/d.img");
+    }
+
+    #[test]
+    fn bad_groups_are_refused() {
+        let volume = "[[volume]]\nname = \"a\"\nspec = \"mem:1MiB\"\ngroup = \"db\"\n";
+        let e = parse(&format!("{volume}[qos.dbb]\nweight = 5\n")).unwrap_err();
+        assert!(e.to_string().contains("[qos.dbb]: unknown group"), "{e}");
+        for (table, why) in [
+            ("weight = 0", "weight 0 is out of range"),
+            ("weight = 20000", "out of range"),
+            ("speed = 5", "unknown option(s): speed"),
+            ("weight = true", "expected a string or a number"),
+        ] {
+            let cfg = parse(&format!("{volume}[qos.db]\n{table}\n")).unwrap();
+            let e = cfg.spec(&cfg.volumes[0]).unwrap_err();
+            assert!(format!("{e:#}").contains(why), "{table}: {e:#}");
+        }
     }
 }

@@ -37,6 +37,8 @@ enum Command {
     Writecache(cmd::writecache::WritecacheArgs),
     /// Make thin pools (dm-thin's metadata format); create, snapshot, delete, list, check and dump thin volumes.
     Thin(cmd::thin::ThinArgs),
+    /// Share a disk's time between groups of volumes: calibrate a device, show and change groups.
+    Qos(cmd::qos::QosArgs),
     /// Replay a block trace (or a synthetic workload) through cache policies.
     Sim(cmd::sim::SimArgs),
     /// Crash a writeback cache at seeded points and count lost writes.
@@ -53,6 +55,7 @@ fn main() {
         Command::Cache(a) => cmd::cache::run(a),
         Command::Writecache(a) => cmd::writecache::run(a),
         Command::Thin(a) => cmd::thin::run(a),
+        Command::Qos(a) => cmd::qos::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Crashtest(a) => cmd::crashtest::run(a),
     };

@@ -6,6 +6,8 @@
 //! An `Opener` lives as long as a server (or a command) and holds what several specs share:
 //! exports whose specs name one pool or one scheduled device get one open object, made the
 //! first time a spec names it (`Opener::shared`) and dropped with the last export using it.
+//! Slices (`slice:`) of one device share its open device this way, and the `Opener` keeps
+//! the ranges of the slices it opened on each device, to refuse overlapping ones.
 //!
 //! What it must never do: open a cache over an origin other than the one it was made for
 //! (the superblock's recorded size and identity are checked), or create a missing origin
@@ -24,7 +26,9 @@ use strata_io::fault::{FaultDev, Rule};
 use strata_io::file::{Claim, FileDev, FileOptions};
 use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
+use strata_io::slice::Slice;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
+use strata_qos::{Qos, QosOptions};
 use strata_thin::{Pool, PoolOptions, ThinDev};
 use strata_writecache::WritecacheDev;
 
@@ -38,8 +42,18 @@ pub async fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
 pub struct Opener {
     /// Shared objects by key; weak, so the last export to drop one closes it.
     shared: Mutex<HashMap<String, Weak<dyn Any + Send + Sync>>>,
-    /// Serialises the making of shared objects, so two specs naming one never make two.
-    making: tokio::sync::Mutex<()>,
+    /// Serialises the making of each shared object, so two specs naming one never make two
+    /// (one lock per key: making one object may need another, e.g. a scheduler its device).
+    making: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The slices opened on each device (by the device's recordable spec), live or not.
+    slices: Mutex<HashMap<String, Vec<OpenSlice>>>,
+}
+
+/// A slice an `Opener` opened, for the overlap check.
+struct OpenSlice {
+    range: std::ops::Range<u64>,
+    overlap: bool,
+    dev: Weak<dyn BlockDev>,
 }
 
 impl Opener {
@@ -63,7 +77,8 @@ impl Opener {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Arc<T>>>,
     {
-        let _making = self.making.lock().await;
+        let lock = self.making.lock().entry(key.to_string()).or_default().clone();
+        let _making = lock.lock().await;
         if let Some(held) = self.shared.lock().get(key).and_then(Weak::upgrade) {
             return held.downcast::<T>().map_err(|_| {
                 Error::new(ErrorKind::Invalid, format!("{key} is already open as another kind of device"))
@@ -101,7 +116,85 @@ async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<
                 Error::new(e.kind, format!("opening thin volume {id} of {}: {}", pool.display(), e.context))
             })?)
         }
+        Spec::Slice { .. } => open_slices(opener, spec, read_only, None).await?,
+        Spec::Qos { group, options, inner } => open_qos(opener, group, options, inner, read_only).await?,
     })
+}
+
+/// Opens a volume in a qos group: the device below `inner`'s slices is opened once, with one
+/// scheduler, for every `qos:` spec ending in it; the slices go over the group's handle.
+async fn open_qos(
+    opener: &Opener,
+    group: &str,
+    options: &QosOptions,
+    inner: &Spec,
+    read_only: bool,
+) -> Result<Arc<dyn BlockDev>> {
+    let mut base = inner;
+    while let Spec::Slice { inner, .. } = base {
+        base = inner;
+    }
+    let dev = shared_device(opener, base, read_only).await?;
+    let hdd = match base {
+        Spec::Hdd { params, .. } => Some(*params),
+        _ => None,
+    };
+    let key = format!("qos:{}", base.recordable());
+    let qos =
+        opener.shared(&key, || async { Ok(Qos::new(dev.clone() as Arc<dyn BlockDev>, &options.device, hdd)) }).await?;
+    let handle = qos.join(group, options)?;
+    open_slices(opener, inner, read_only, Some(Arc::new(handle))).await
+}
+
+/// The device `spec` names, opened once for every slice (and scheduler) over it in this
+/// server, under its recordable spec.
+async fn shared_device(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<Arc<dyn BlockDev>>> {
+    let key = format!("device:{}", spec.recordable());
+    opener.shared(&key, || async { Ok(Arc::new(Box::pin(open_with(opener, spec, read_only)).await?)) }).await
+}
+
+/// Opens `spec`'s slices (`slice:..@slice:..@DEV`) over the shared device `DEV`, or over
+/// `base` in its place (an IO controller's handle onto it), checking each range against
+/// the device below it and against the other slices of that device.
+async fn open_slices(
+    opener: &Opener,
+    spec: &Spec,
+    read_only: bool,
+    base: Option<Arc<dyn BlockDev>>,
+) -> Result<Arc<dyn BlockDev>> {
+    let Spec::Slice { offset, len, overlap, inner } = spec else {
+        return Ok(match base {
+            Some(b) => b,
+            None => shared_device(opener, spec, read_only).await?,
+        });
+    };
+    let below = Box::pin(open_slices(opener, inner, read_only, base)).await?;
+    let range = *offset..offset + len;
+    if range.end > below.size() {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!("{spec}: the slice ends at byte {}, past the end of {inner} ({} bytes)", range.end, below.size()),
+        ));
+    }
+    let key = inner.recordable().to_string();
+    let mut slices = opener.slices.lock();
+    let open = slices.entry(key).or_default();
+    open.retain(|s| s.dev.strong_count() > 0);
+    if let Some(other) = open.iter().find(|s| s.range.start < range.end && range.start < s.range.end) {
+        if !(other.overlap && *overlap) {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "{spec}: overlaps the slice {}+{} of {inner} already open (give both ?overlap to allow it)",
+                    other.range.start,
+                    other.range.end - other.range.start
+                ),
+            ));
+        }
+    }
+    let dev: Arc<dyn BlockDev> = Arc::new(Slice { inner: below, offset: *offset, len: *len });
+    open.push(OpenSlice { range, overlap: *overlap, dev: Arc::downgrade(&dev) });
+    Ok(dev)
 }
 
 /// Opens and claims a file or block device with its spec's options.

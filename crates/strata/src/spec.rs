@@ -30,6 +30,15 @@
 //!   provisioned block. Everything after `data=` is the data device's spec,
 //!   so `data=` comes last, except that a data spec without options of its own may be
 //!   followed by `&id=N&size=S`: `thin:/m.img?data=/d.img&id=1`.
+//! - `slice:OFFSET+SIZE[?overlap]@SPEC` — `SIZE` bytes of the device `SPEC` names from
+//!   `OFFSET` (dm-linear), e.g. `slice:0+200GiB@hdd:/d.img`. Slices of one device in one
+//!   server share one open device and may not overlap unless each says `overlap`.
+//! - `qos:GROUP[?opts]@SPEC` — the volume `SPEC` names, in the IO controller's group `GROUP`.
+//!   Every `qos:` volume of one server whose spec ends in the same device (below its slices)
+//!   shares that device's time by weight with the others. Group options: `weight` (1-10000,
+//!   default 100), caps `riops`, `wiops`, `rbps`, `wbps` (`max` lifts one), `burst_ms`,
+//!   `latency_ms`; device options (the same in every spec naming the device): `model`,
+//!   `depth`, `slice_ms`, `idle_ms`, `max_wait_ms`. See docs/QOS.md.
 //!
 //! A word before the first `:` that names no kind (`foo:bar`) is refused with the list of
 //! kinds, unless a file of that name exists: a typo in a prefix should not read as a missing
@@ -55,9 +64,10 @@ use strata_io::latency::{HddParams, SsdParams};
 use strata_io::query::{self, invalid_spec, split_query, Options, Written};
 use strata_io::units::{format_size_exact, parse_size};
 use strata_io::{Error, Result};
+use strata_qos::QosOptions;
 
 /// The kinds of spec, as an error lists them.
-pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:";
+pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:";
 
 /// A device or a stack of targets, as a spec names it.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +88,10 @@ pub enum Spec {
     Writecache { path: PathBuf, origin: Option<Box<Spec>> },
     /// `thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]`
     Thin { pool: PathBuf, id: u32, size: Option<u64>, skip_zeroing: bool, data: Option<Box<Spec>> },
+    /// `slice:OFFSET+SIZE[?overlap]@SPEC`
+    Slice { offset: u64, len: u64, overlap: bool, inner: Box<Spec> },
+    /// `qos:GROUP[?opts]@SPEC`
+    Qos { group: String, options: Box<QosOptions>, inner: Box<Spec> },
 }
 
 /// A file or block device and the options it opens with.
@@ -177,13 +191,46 @@ impl Spec {
                 Ok(Spec::Ssd { file, params })
             }
             "fault" => {
-                let (rules, inner) =
-                    rest.split_once('@').ok_or_else(|| invalid("expected fault:RULE[,RULE]...@SPEC".into()))?;
-                if inner.is_empty() {
-                    return Err(invalid("no device after '@'".into()));
-                }
+                let (rules, inner) = split_stacked(s, rest, "fault:RULE[,RULE]...@SPEC")?;
                 let rules: std::result::Result<Vec<Rule>, String> = rules.split(',').map(parse_rule).collect();
                 Ok(Spec::Fault { rules: rules.map_err(invalid)?, inner: Box::new(Spec::parse(inner)?) })
+            }
+            "slice" => {
+                let (head, inner) = split_stacked(s, rest, "slice:OFFSET+SIZE@SPEC")?;
+                let (range, q) = split_query(head);
+                let mut opts = Options::parse(s, q);
+                let overlap = opts.take_bool("overlap")? == Some(true);
+                opts.finish()?;
+                let (offset, len) =
+                    range.split_once('+').ok_or_else(|| invalid("expected slice:OFFSET+SIZE@SPEC".into()))?;
+                let (offset, len) = (parse_size(offset).map_err(invalid)?, parse_size(len).map_err(invalid)?);
+                if len == 0 {
+                    return Err(invalid("a slice of zero bytes".into()));
+                }
+                if offset.checked_add(len).is_none() {
+                    return Err(invalid("the slice ends past 2^64".into()));
+                }
+                Ok(Spec::Slice { offset, len, overlap, inner: Box::new(Spec::parse(inner)?) })
+            }
+            "qos" => {
+                let (head, inner) = split_stacked(s, rest, "qos:GROUP[?opts]@SPEC")?;
+                let (group, q) = split_query(head);
+                if group.is_empty()
+                    || group.len() > 64
+                    || !group.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                {
+                    return Err(invalid(format!(
+                        "group name {group:?}: expected 1 to 64 letters, digits, '_', '-' or '.'"
+                    )));
+                }
+                let mut opts = Options::parse(s, q);
+                let options = QosOptions::take(&mut opts)?;
+                opts.finish()?;
+                Ok(Spec::Qos {
+                    group: group.to_string(),
+                    options: Box::new(options),
+                    inner: Box::new(Spec::parse(inner)?),
+                })
             }
             "cache" | "writecache" => {
                 let (path, q) = split_query(rest);
@@ -259,7 +306,9 @@ impl Spec {
     fn for_each_file(&mut self, each: &mut dyn FnMut(&mut FileSpec)) {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => each(f),
-            Spec::Fault { inner, .. } => inner.for_each_file(each),
+            Spec::Fault { inner, .. } | Spec::Slice { inner, .. } | Spec::Qos { inner, .. } => {
+                inner.for_each_file(each)
+            }
             Spec::Cache { origin, .. } | Spec::Writecache { origin, .. } | Spec::Thin { data: origin, .. } => {
                 if let Some(o) = origin {
                     o.for_each_file(each)
@@ -273,7 +322,7 @@ impl Spec {
     pub fn path(&self) -> Option<&Path> {
         match self {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => Some(&f.path),
-            Spec::Fault { inner, .. } => inner.path(),
+            Spec::Fault { inner, .. } | Spec::Slice { inner, .. } | Spec::Qos { inner, .. } => inner.path(),
             Spec::Cache { path, .. } | Spec::Writecache { path, .. } | Spec::Thin { pool: path, .. } => Some(path),
             Spec::Mem { .. } => None,
         }
@@ -290,6 +339,16 @@ impl Spec {
             _ => String::new(),
         }
     }
+}
+
+/// Splits a stacking target's `WORDS@SPEC` (its own words, then the spec of the device it
+/// stacks on) at the first `@`.
+fn split_stacked<'a>(s: &str, rest: &'a str, usage: &str) -> Result<(&'a str, &'a str)> {
+    let (head, inner) = rest.split_once('@').ok_or_else(|| invalid_spec(s, format!("expected {usage}")))?;
+    if inner.is_empty() {
+        return Err(invalid_spec(s, "no device after '@'"));
+    }
+    Ok((head, inner))
 }
 
 /// Splits a target's options into those before `key` (`origin=`, `data=`) and the nested
@@ -372,6 +431,16 @@ impl fmt::Display for Spec {
                     None => Ok(()),
                 }
             }
+            Spec::Slice { offset, len, overlap, inner } => {
+                let mut w = Written::default();
+                w.flag("overlap", *overlap);
+                write!(f, "slice:{}+{}{w}@{inner}", format_size_exact(*offset), format_size_exact(*len))
+            }
+            Spec::Qos { group, options, inner } => {
+                let mut w = Written::default();
+                options.write(&mut w);
+                write!(f, "qos:{group}{w}@{inner}")
+            }
         }
     }
 }
@@ -440,6 +509,18 @@ mod tests {
             ("thin:/m.img?id=3&data=ssd:/d.img?channels=4", "thin:/m.img?id=3&data=ssd:/d.img?channels=4"),
             ("thin:/m.img?skip_block_zeroing&id=4", "thin:/m.img?id=4&skip_block_zeroing"),
             ("thin:/m.img?data=/d.img&id=4&skip_block_zeroing=off", "thin:/m.img?id=4&data=/d.img"),
+            ("slice:0+200GiB@hdd:/d.img", "slice:0+200GiB@hdd:/d.img"),
+            ("slice:1048576+4096?overlap=on@mem:2MiB", "slice:1MiB+4KiB?overlap@mem:2MiB"),
+            ("slice:1G+1G@slice:512MiB+4GiB@/d.img", "slice:1GiB+1GiB@slice:512MiB+4GiB@/d.img"),
+            ("qos:db@hdd:/d.img", "qos:db@hdd:/d.img"),
+            (
+                "qos:db?rbps=10MiB/s&weight=200&riops=max@slice:0+1GiB@hdd:/d.img",
+                "qos:db?weight=200&riops=max&rbps=10MiB@slice:0+1GiB@hdd:/d.img",
+            ),
+            (
+                "qos:b-1.x?latency_ms=20&depth=4&model=1,2,3,4,5,6&slice_ms=0@mem:1GiB",
+                "qos:b-1.x?latency_ms=20&model=1,2,3,4,5,6&depth=4&slice_ms=0@mem:1GiB",
+            ),
         ] {
             let spec = parse(text);
             assert_eq!(spec.to_string(), canonical, "{text}");
@@ -500,16 +581,35 @@ mod tests {
             ("fault:read:boom@mem:1MiB", "expected an effect"),
             ("fault:read:eio:p=2@mem:1MiB", "probability"),
             ("fault:read:eio@mem:lots", "expected a number"),
-            (
-                "foo:bar",
-                "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:)",
-            ),
             ("thin:?id=1", "no pool metadata path"),
             ("thin:/m.img", "no volume id= given"),
             ("thin:/m.img?id=x", "bad value \"x\" for id"),
             ("thin:/m.img?id=16777216", "out of range"),
             ("thin:/m.img?id=1&data=", "no spec after data="),
             ("thin:/m.img?id=1&ro", "unknown option(s): ro"),
+            ("slice:0+1GiB", "expected slice:OFFSET+SIZE@SPEC"),
+            ("slice:1GiB@/d.img", "expected slice:OFFSET+SIZE@SPEC"),
+            ("slice:0+1GiB@", "no device after '@'"),
+            ("slice:0+0@/d.img", "a slice of zero bytes"),
+            ("slice:lots+1GiB@/d.img", "expected a number"),
+            ("slice:16383PiB+2PiB@/d.img", "past 2^64"),
+            ("slice:0+1GiB?shared@/d.img", "unknown option(s): shared"),
+            ("qos:db", "expected qos:GROUP[?opts]@SPEC"),
+            ("qos:db@", "no device after '@'"),
+            ("qos:@mem:1MiB", "group name \"\""),
+            ("qos:a/b@mem:1MiB", "group name \"a/b\""),
+            ("qos:db?weight=0@mem:1MiB", "weight 0 is out of range (1 to 10000)"),
+            ("qos:db?weight=10001@mem:1MiB", "weight 10001 is out of range"),
+            ("qos:db?weight=heavy@mem:1MiB", "bad value \"heavy\" for weight"),
+            ("qos:db?riops=0@mem:1MiB", "riops=0 would stop the group"),
+            ("qos:db?model=1,2,3@mem:1MiB", "six figures, got 3"),
+            ("qos:db?model=1,2,3,4,5,0@mem:1MiB", "expected six positive integers"),
+            ("qos:db?depth=0@mem:1MiB", "depth=0"),
+            ("qos:db?colour=red@mem:1MiB", "unknown option(s): colour"),
+            (
+                "foo:bar",
+                "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:)",
+            ),
             ("nbd+unix:///vol?socket=/s", "unknown device kind \"nbd+unix\""),
         ] {
             let e = refused(text);
@@ -584,6 +684,45 @@ mod tests {
         })
     }
 
+    fn group() -> impl Strategy<Value = String> {
+        "[a-z0-9_.-]{1,12}"
+    }
+
+    /// Group options as written (canonical values) and device options.
+    fn qos_options() -> impl Strategy<Value = QosOptions> {
+        use strata_qos::{DeviceOptions, GroupSettings, Linear};
+        let weight = proptest::option::of(1..=10_000u32);
+        let cap = || proptest::option::of(proptest::option::of(1..1u64 << 40));
+        let model = proptest::option::of(proptest::array::uniform6(1..1u64 << 40));
+        let ms = || proptest::option::of(0..100_000u64);
+        (weight, cap(), cap(), cap(), cap(), model, proptest::option::of(1..256usize), ms(), ms(), ms()).prop_map(
+            |(weight, riops, wiops, rbps, wbps, model, depth, slice_ms, idle_ms, max_wait_ms)| {
+                let mut s = GroupSettings::default();
+                let mut given = Vec::new();
+                if let Some(w) = weight {
+                    s.weight = w;
+                    given.push("weight");
+                }
+                for (key, v) in [("riops", riops), ("wiops", wiops), ("rbps", rbps), ("wbps", wbps)] {
+                    if let Some(v) = v {
+                        s.set(key, &v.map_or("max".to_string(), |n| n.to_string())).unwrap();
+                        given.push(key);
+                    }
+                }
+                let group = given.into_iter().map(|k| (k.to_string(), s.value(k))).collect();
+                let model = model.map(|[rbps, rseqiops, rrandiops, wbps, wseqiops, wrandiops]| Linear {
+                    rbps,
+                    rseqiops,
+                    rrandiops,
+                    wbps,
+                    wseqiops,
+                    wrandiops,
+                });
+                QosOptions { group, device: DeviceOptions { model, depth, slice_ms, idle_ms, max_wait_ms } }
+            },
+        )
+    }
+
     fn spec() -> impl Strategy<Value = Spec> {
         let leaf = prop_oneof![
             file().prop_map(Spec::File),
@@ -602,8 +741,21 @@ mod tests {
                 (path(), inner.clone()).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
                 (path(), inner.clone())
                     .prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
-                (path(), 0..1u32 << 24, proptest::option::of(size()), inner).prop_map(|(pool, id, size, data)| {
-                    Spec::Thin { pool, id, size, skip_zeroing: false, data: Some(Box::new(data)) }
+                (path(), 0..1u32 << 24, proptest::option::of(size()), inner.clone()).prop_map(
+                    |(pool, id, size, data)| {
+                        Spec::Thin { pool, id, size, skip_zeroing: false, data: Some(Box::new(data)) }
+                    }
+                ),
+                (group(), qos_options(), inner.clone()).prop_map(|(group, options, inner)| Spec::Qos {
+                    group,
+                    options: Box::new(options),
+                    inner: Box::new(inner)
+                }),
+                (size(), size(), any::<bool>(), inner).prop_map(|(offset, len, overlap, inner)| Spec::Slice {
+                    offset,
+                    len: len.max(1),
+                    overlap,
+                    inner: Box::new(inner)
                 }),
             ]
         })

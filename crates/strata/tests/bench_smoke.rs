@@ -125,7 +125,7 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     let exps = &summary["experiments"];
     let mut got = names(exps);
     got.sort();
-    assert_eq!(got, ["git", "mixed", "overhead", "small-cache", "warmup", "writeback"]);
+    assert_eq!(got, ["git", "mixed", "overhead", "qos", "small-cache", "warmup", "writeback"]);
 
     // Every experiment: status, and every file it lists exists and is well formed.
     let git_skip = git_unavailable();
@@ -234,6 +234,21 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
         }
     }
     assert_eq!(names(&o["ratios"]).len(), 8);
+
+    // qos: every way at every point of experiment 1, lone and busy sides, and the targets.
+    let (h, rows) = read_csv(&out.join("qos/points.csv"));
+    let ways = column(&h, &rows, "way");
+    for w in ["no controller", "strata qos", "nbdkit rate"] {
+        assert!(ways.iter().any(|x| x == w), "qos: no rows for {w}");
+    }
+    for col in ["busy_agg_kbs", "lone_agg_kbs"] {
+        for v in column(&h, &rows, col) {
+            assert!(v.parse::<f64>().unwrap() > 0.0, "qos: {col} = {v}");
+        }
+    }
+    let tables = std::fs::read_to_string(out.join("qos/tables.txt")).unwrap();
+    assert!(tables.contains("nr Max-bandw Min-bandw Agg-bandw Max-latency nr Agg-bandw Max-latency"), "{tables}");
+    assert!(exps["qos"]["results"]["1"]["targets"]["strata qos"].as_array().is_some());
 
     // Nothing left behind: the scratch folder is gone.
     let scratch = summary["scratch"].as_str().expect("summary.json names its scratch folder");

@@ -103,7 +103,9 @@ fn a_typo_in_a_prefix_names_the_kinds_but_a_file_of_that_name_opens() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        err.contains("unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:)"),
+        err.contains(
+            "unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:)"
+        ),
         "{err}"
     );
     assert!(!d.path().join("c.img").exists(), "nothing was created");
@@ -122,4 +124,52 @@ fn a_typo_in_a_prefix_names_the_kinds_but_a_file_of_that_name_opens() {
     // A cache device must be a file, not a model or RAM.
     let o = strata_in(d.path(), &["cache", "create", "--origin", "hdx:o.img", "--cache", "mem:8MiB"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("must be a file or block device path"), "{o:?}");
+}
+
+/// Slices of one file in one server share its open device (no second claim), write where
+/// they say, and are refused past the device's end or over another open slice unless both
+/// ask for `overlap`; a closed slice's range is free again.
+#[tokio::test]
+async fn slices_share_their_device_and_refuse_overlaps() {
+    use strata::open::Opener;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let p = dir.path().join("d.img");
+    let opener = Opener::new();
+    let open = |s: String| {
+        let opener = &opener;
+        async move { opener.open(&s.parse()?, false).await }
+    };
+    let a = open(format!("slice:0+1MiB@{}?size=4MiB", p.display())).await.unwrap();
+    let b = open(format!("slice:1MiB+2MiB@{}", p.display())).await.unwrap();
+    assert_eq!((a.size(), b.size()), (1 << 20, 2 << 20));
+    assert!(b.describe().starts_with("slice 1048576+2097152 of "), "{}", b.describe());
+    b.write(4096, Buf::from_slice(&[9u8; 4096]), false).await.unwrap();
+    b.flush().await.unwrap();
+    let raw = std::fs::read(&p).unwrap();
+    assert!(raw[(1 << 20) + 4096..(1 << 20) + 8192].iter().all(|&x| x == 9));
+    assert!(raw[..(1 << 20) + 4096].iter().all(|&x| x == 0));
+    assert_eq!(a.read(1 << 20, Buf::zeroed(512)).await.unwrap_err().kind, ErrorKind::OutOfRange);
+
+    let err = open(format!("slice:3MiB+2MiB@{}", p.display())).await.err().unwrap();
+    assert!(err.to_string().contains("past the end of"), "{err}");
+    let err = open(format!("slice:512KiB+1MiB@{}", p.display())).await.err().unwrap();
+    assert!(err.to_string().contains("overlaps the slice 0+1048576"), "{err}");
+    let err = open(format!("slice:512KiB+1MiB?overlap@{}", p.display())).await.err().unwrap();
+    assert!(err.to_string().contains("give both ?overlap"), "{err}");
+    let c = open(format!("slice:3MiB+1MiB?overlap@{}", p.display())).await.unwrap();
+    open(format!("slice:3MiB+512KiB?overlap@{}", p.display())).await.expect("both say overlap");
+    drop(a);
+    let a2 = open(format!("slice:512KiB+512KiB@{}", p.display())).await.expect("the closed slice's range is free");
+    // A slice of a slice is checked against the slice below it.
+    let err = open(format!("slice:0+1MiB@slice:2MiB+2MiB?overlap@{}", p.display())).await.err().unwrap();
+    assert!(err.to_string().contains("overlaps"), "{err}");
+    drop(c);
+    let nested = open(format!("slice:512KiB+512KiB@slice:3MiB+1MiB@{}", p.display())).await.unwrap();
+    nested.write(0, Buf::from_slice(&[5u8; 512]), false).await.unwrap();
+    nested.flush().await.unwrap();
+    assert_eq!(std::fs::read(&p).unwrap()[(3 << 20) + (512 << 10)], 5);
+    drop(nested);
+    let err = open(format!("slice:512KiB+1MiB@slice:3MiB+1MiB@{}", p.display())).await.err().unwrap();
+    assert!(err.to_string().contains("past the end of slice:3MiB+1MiB@"), "{err}");
+    drop((a2, b));
 }

@@ -40,6 +40,17 @@ Volume specs:
                        once|always|times=N, after=N, p=PROB, seed=N
                        e.g. fault:read:eio:0-1MiB:once@/var/tmp/vol0.img
                        (an origin too: cache:PATH?origin=fault:write:enospc:after=100@PATH)
+  slice:OFFSET+SIZE@SPEC
+                       SIZE bytes of SPEC from OFFSET (dm-linear), e.g. slice:0+1GiB@hdd:/d.img;
+                       slices of one device share its open device and may not overlap unless
+                       each says ?overlap (slice:0+1GiB?overlap@...)
+  qos:GROUP[?opts]@SPEC
+                       SPEC in the IO controller's group GROUP: the qos: volumes ending in one
+                       device share its time by weight (weight=1..10000, default 100), one
+                       share per NBD connection within a group; caps riops, wiops, rbps, wbps
+                       (max lifts one), burst_ms, latency_ms; device options model, depth,
+                       slice_ms, idle_ms, max_wait_ms. See docs/QOS.md and `strata qos`.
+                       e.g. 'db=qos:db?weight=200@slice:0+100GiB@/dev/sdb'
 A word before ':' that is none of these kinds is refused unless a file of that name exists
 (write ./foo:bar for a file to be created).
 
@@ -108,7 +119,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let all_ro = args.read_only || cfg.read_only;
     let mut wanted = Vec::new();
     for v in &cfg.volumes {
-        let spec: Spec = v.spec.parse().with_context(|| format!("volume {}", v.name))?;
+        let spec = cfg.spec(v)?;
         wanted.push((v.name.clone(), spec, v.read_only || all_ro));
     }
     wanted.extend(args.volumes.iter().map(|(n, s)| (n.clone(), s.clone(), all_ro)));

@@ -1,0 +1,352 @@
+//! The scheduler on a real device and clock: `Qos` holds one device and its `Scheduler`
+//! (every export ending in that device shares it); `QosDev` is one group's handle onto it,
+//! a `BlockDev` whose requests wait their turn. Each NBD connection gets its own handle
+//! (`BlockDev::connect`), and so its own stream.
+
+use crate::cost::{CostModel, Linear};
+use crate::sched::{GroupId, Nanos, Op, Request, Scheduler, StreamId, Ticket, Tuning};
+use crate::settings::{DeviceOptions, GroupSettings, QosOptions};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use strata_io::latency::HddParams;
+use strata_io::{BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use tokio::sync::{oneshot, Notify};
+
+/// One device and the scheduler sharing it.
+pub struct Qos {
+    dev: Arc<dyn BlockDev>,
+    state: Mutex<State>,
+    epoch: Instant,
+    /// Wakes the timer task when it must wake sooner (or the scheduler is gone).
+    timer: Arc<Notify>,
+    /// The device options it was opened with, for refusing a spec that says otherwise.
+    options: DeviceOptions,
+}
+
+struct State {
+    sched: Scheduler,
+    /// Requests waiting for their turn, woken when it comes.
+    waiting: HashMap<Ticket, oneshot::Sender<()>>,
+    out: Vec<Ticket>,
+    next_wake: Option<Nanos>,
+}
+
+impl Qos {
+    /// A scheduler over `dev`. Costs come from the `hdd:` model's figures when `dev` is one
+    /// (`hdd`), else from `options.model`, else from blk-iocost's defaults for the device's
+    /// kind. Must be called within a Tokio runtime (a task wakes idle windows and caps).
+    pub fn new(dev: Arc<dyn BlockDev>, options: &DeviceOptions, hdd: Option<HddParams>) -> Arc<Qos> {
+        let rotational = dev.geometry().rotational;
+        let cost = match (hdd, options.model) {
+            (_, Some(m)) => CostModel::Linear(m),
+            (Some(params), None) => CostModel::Hdd { params, size: dev.size() },
+            (None, None) => CostModel::Linear(if rotational { Linear::ROTATIONAL } else { Linear::SOLID }),
+        };
+        let mut tuning = Tuning::for_device(rotational);
+        let ms = |v: u64| v * 1_000_000;
+        tuning.depth = options.depth.unwrap_or(tuning.depth);
+        tuning.slice = options.slice_ms.map_or(tuning.slice, ms);
+        tuning.idle = options.idle_ms.map_or(tuning.idle, ms);
+        tuning.max_wait = options.max_wait_ms.map_or(tuning.max_wait, ms);
+        let state =
+            State { sched: Scheduler::new(tuning, cost), waiting: HashMap::new(), out: Vec::new(), next_wake: None };
+        let qos = Arc::new(Qos {
+            dev,
+            state: Mutex::new(state),
+            epoch: Instant::now(),
+            timer: Arc::new(Notify::new()),
+            options: options.clone(),
+        });
+        tokio::spawn(timer(Arc::downgrade(&qos), qos.timer.clone()));
+        qos
+    }
+
+    /// A handle for group `name`, made with `opts`' settings if new; an existing group must
+    /// agree with whatever `opts` says. Device options other than the scheduler's are refused.
+    pub fn join(self: &Arc<Qos>, name: &str, opts: &QosOptions) -> Result<QosDev> {
+        if !opts.device.is_empty() && opts.device != self.options {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "qos group {name}: the scheduler of {} already runs with other device options \
+                     (model, depth, slice_ms, idle_ms, max_wait_ms must agree in every spec naming the device)",
+                    self.dev.describe()
+                ),
+            ));
+        }
+        let mut st = self.state.lock();
+        let group = match st.sched.group(name) {
+            Some(g) => {
+                let current = st.sched.settings(g).clone();
+                if opts.apply(&current)? != current {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        format!(
+                            "qos group {name} already runs with {}; change it live (strata qos set) \
+                             rather than in a second spec",
+                            describe_settings(&current)
+                        ),
+                    ));
+                }
+                g
+            }
+            None => {
+                let settings = opts.apply(&GroupSettings::default())?;
+                st.sched.add_group(name, settings)
+            }
+        };
+        let stream = st.sched.own_stream(group);
+        Ok(QosDev { qos: self.clone(), group, stream, connection: false })
+    }
+
+    fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// Queues a request; `None` if it may go at once, else what wakes it when it may.
+    fn submit(&self, stream: StreamId, req: Request) -> (Ticket, Option<oneshot::Receiver<()>>) {
+        let mut st = self.state.lock();
+        let now = self.now();
+        let ticket = st.sched.submit(stream, req, now);
+        if self.pump(&mut st, now, Some(ticket)) {
+            return (ticket, None);
+        }
+        let (tx, rx) = oneshot::channel();
+        st.waiting.insert(ticket, tx);
+        (ticket, Some(rx))
+    }
+
+    /// A request is done (or withdrawn before it went).
+    fn finish(&self, stream: StreamId, ticket: Ticket, started: bool) {
+        let mut st = self.state.lock();
+        let now = self.now();
+        if !started {
+            st.waiting.remove(&ticket);
+            if st.sched.cancel(stream, ticket) {
+                self.pump(&mut st, now, None);
+                return;
+            }
+        }
+        st.sched.complete(ticket, now);
+        self.pump(&mut st, now, None);
+    }
+
+    /// Sends what may go now on its way and sets the timer for what waits on time. Returns
+    /// whether `mine` (a request being submitted, with no waiter yet) may go.
+    fn pump(&self, st: &mut State, now: Nanos, mine: Option<Ticket>) -> bool {
+        let mut out = std::mem::take(&mut st.out);
+        let wake = st.sched.dispatch(now, &mut out);
+        let mut go = false;
+        for t in out.drain(..) {
+            if Some(t) == mine {
+                go = true;
+            } else if let Some(tx) = st.waiting.remove(&t) {
+                let _ = tx.send(());
+            }
+        }
+        st.out = out;
+        let sooner = match (wake, st.next_wake) {
+            (Some(w), Some(n)) => w < n,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        st.next_wake = wake;
+        if sooner {
+            self.timer.notify_one();
+        }
+        go
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
+        f(&mut self.state.lock().sched)
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDev> {
+        &self.dev
+    }
+}
+
+impl Drop for Qos {
+    fn drop(&mut self) {
+        self.timer.notify_one();
+    }
+}
+
+/// Runs the scheduler when an idle window closes or a cap lets a group go again.
+async fn timer(qos: Weak<Qos>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(q) = qos.upgrade() else { return };
+            let mut st = q.state.lock();
+            let now = q.now();
+            if st.next_wake.is_some_and(|w| w <= now) {
+                q.pump(&mut st, now, None);
+            }
+            st.next_wake.map(|w| q.epoch + Duration::from_nanos(w))
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+fn describe_settings(s: &GroupSettings) -> String {
+    let mut parts = vec![format!("weight={}", s.weight)];
+    parts.extend(s.written().into_iter().filter(|(k, _)| *k != "weight").map(|(k, v)| format!("{k}={v}")));
+    parts.join(" ")
+}
+
+/// One group's handle onto a shared device: the export's own, or one connection's.
+pub struct QosDev {
+    qos: Arc<Qos>,
+    group: GroupId,
+    stream: StreamId,
+    /// A connection's handle: its stream closes with it.
+    connection: bool,
+}
+
+/// A request's place in the scheduler until it is done, even if its future is dropped.
+struct Turn<'a> {
+    qos: &'a Qos,
+    stream: StreamId,
+    ticket: Ticket,
+    started: bool,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.qos.finish(self.stream, self.ticket, self.started);
+    }
+}
+
+impl QosDev {
+    pub fn qos(&self) -> &Arc<Qos> {
+        &self.qos
+    }
+
+    pub fn group_name(&self) -> String {
+        self.qos.with(|s| s.report(self.group).name)
+    }
+
+    /// Runs `io` on the device once the scheduler gives `req` its turn.
+    fn scheduled<'a, T: Send + 'a>(
+        &'a self,
+        req: Request,
+        io: impl FnOnce(&'a dyn BlockDev) -> BoxFut<'a, Result<T>> + Send + 'a,
+    ) -> BoxFut<'a, Result<T>> {
+        Box::pin(async move {
+            let (ticket, wait) = self.qos.submit(self.stream, req);
+            let mut turn = Turn { qos: &self.qos, stream: self.stream, ticket, started: false };
+            if let Some(rx) = wait {
+                let _ = rx.await;
+            }
+            turn.started = true;
+            io(&*self.qos.dev).await
+        })
+    }
+
+    /// `NAME VALUE` for this group, `group NAME KEY VALUE` for another on the same device.
+    fn apply_message(&self, msg: &str) -> Result<String> {
+        let words: Vec<&str> = msg.split_whitespace().collect();
+        let (group, key, value) = match words.as_slice() {
+            [key, value] => (None, *key, *value),
+            ["group", g, key, value] => (Some(*g), *key, *value),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Invalid,
+                    format!("qos: unknown message {msg:?} (KEY VALUE, or group NAME KEY VALUE)"),
+                ))
+            }
+        };
+        let mut st = self.qos.state.lock();
+        let gid = match group {
+            None => self.group,
+            Some(name) => st.sched.group(name).ok_or_else(|| {
+                Error::new(ErrorKind::Invalid, format!("qos: unknown group {name:?} on {}", self.qos.dev.describe()))
+            })?,
+        };
+        let mut settings = st.sched.settings(gid).clone();
+        settings.set(key, value).map_err(|e| Error::new(e.kind, format!("qos: {}", e.context)))?;
+        let answer = format!("group {}: {key} = {}", st.sched.report(gid).name, settings.value(key));
+        st.sched.set(gid, settings);
+        let now = self.qos.now();
+        self.qos.pump(&mut st, now, None);
+        Ok(answer)
+    }
+}
+
+impl Drop for QosDev {
+    fn drop(&mut self) {
+        if self.connection {
+            self.qos.with(|s| s.close_stream(self.stream));
+        }
+    }
+}
+
+fn rw(op: Op, offset: u64, len: u64) -> Request {
+    Request { op, offset, len }
+}
+
+impl BlockDev for QosDev {
+    fn size(&self) -> u64 {
+        self.qos.dev.size()
+    }
+    fn geometry(&self) -> Geometry {
+        self.qos.dev.geometry()
+    }
+    fn describe(&self) -> String {
+        let (name, weight) = self.qos.with(|s| (s.report(self.group).name, s.settings(self.group).weight));
+        format!("qos group {name} (weight {weight}) over {}", self.qos.dev.describe())
+    }
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
+        self.scheduled(rw(Op::Read, offset, buf.len() as u64), move |d| d.read(offset, buf))
+    }
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
+        self.scheduled(rw(Op::Write, offset, buf.len() as u64), move |d| d.write(offset, buf, fua))
+    }
+    fn flush(&self) -> BoxFut<'_, Result<()>> {
+        self.scheduled(rw(Op::Flush, 0, 0), |d| d.flush())
+    }
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        self.scheduled(rw(Op::Discard, offset, 0), move |d| d.discard(offset, len))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
+        let op = if flags.may_unmap { rw(Op::Discard, offset, 0) } else { rw(Op::Write, offset, len) };
+        self.scheduled(op, move |d| d.write_zeroes(offset, len, flags))
+    }
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        self.qos.dev.block_status(offset, len)
+    }
+    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
+        self.qos.dev.cache(offset, len)
+    }
+    fn status(&self) -> Option<serde_json::Value> {
+        Some(serde_json::to_value(crate::status::status(&self.qos, self.group)).expect("a status serialises"))
+    }
+    fn metrics(&self) -> Vec<strata_io::metrics::Sample> {
+        crate::status::metrics(&self.qos, self.group)
+    }
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        strata_io::ready(self.apply_message(msg))
+    }
+    fn connect(&self) -> Option<Arc<dyn BlockDev>> {
+        let stream = self.qos.with(|s| s.open_stream(self.group));
+        Some(Arc::new(QosDev { qos: self.qos.clone(), group: self.group, stream, connection: true }))
+    }
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        self.qos.dev.shutdown()
+    }
+}
+
+/// A snapshot of the scheduler for status and metrics.
+pub(crate) fn snapshot(qos: &Qos) -> (Vec<crate::sched::GroupReport>, Tuning, String, String) {
+    qos.with(|s| (s.groups().map(|g| s.report(g)).collect(), s.tuning(), s.cost_model().describe(), qos.dev.describe()))
+}

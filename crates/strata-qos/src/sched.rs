@@ -1,0 +1,663 @@
+//! The scheduler itself, as plain data driven by the caller's clock: requests are submitted
+//! to streams, `dispatch(now)` says which may go to the device, `complete(now)` reports one
+//! done. Nothing here sleeps or reads a clock, so tests run it on a simulated one.
+//!
+//! It shares **device time**. Each group has a virtual time that advances by the device time
+//! its requests cost divided by its weight; each stream (one per NBD connection) within a
+//! group has one that advances by its device time. The group furthest behind goes next, and
+//! within it the stream furthest behind (start-time fair queueing, two levels). A group or
+//! stream that comes back from idle starts at the current virtual time, so idleness is not
+//! banked: an idle group's time goes to the busy ones at once (work-conserving).
+//!
+//! On a seeky device (`slice > 0`) the chosen stream keeps the device for a time slice, and
+//! when it runs out of requests the device waits up to `idle` for its next one (BFQ's and
+//! CFQ's slice idling: a synchronous reader thinking between requests keeps its slot, and a
+//! sequential reader stays sequential). A slice is charged the wall time it held the device,
+//! or its requests' cost if that is more. Without slices every request is chosen afresh.
+//!
+//! Caps (`riops`, `wiops`, `rbps`, `wbps`) are token buckets per group: after idling a group
+//! may take `burst_ms` worth at once; while it has requests queued its buckets fill only up
+//! to what its next request needs, so after the burst no window sees more than the cap (plus
+//! one request). A capped group that may go again and is owed time takes the device from
+//! the slice holder. A group with a `latency_ms` target whose recent requests took longer
+//! goes before the others (io.latency). Whatever the weights, a request queued longer than
+//! `max_wait` goes next, oldest first, one request at a time (no starvation).
+
+use crate::cost::CostModel;
+use crate::settings::GroupSettings;
+use std::collections::{HashMap, VecDeque};
+
+/// Nanoseconds on the caller's clock.
+pub type Nanos = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+    Discard,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub op: Op,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupId(pub usize);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub usize);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(pub u64);
+
+/// How the scheduler runs on its device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    /// Requests on the device at once.
+    pub depth: usize,
+    /// How long a stream keeps the device once chosen; 0 chooses request by request.
+    pub slice: Nanos,
+    /// How long the device waits for the next request of the stream holding it.
+    pub idle: Nanos,
+    /// The longest a request waits whatever the weights say.
+    pub max_wait: Nanos,
+}
+
+impl Tuning {
+    /// Defaults: on a rotational device one request at a time, 100 ms slices and an 8 ms
+    /// idle window (CFQ's slice_sync and slice_idle); elsewhere 32 at a time,
+    /// request by request.
+    pub fn for_device(rotational: bool) -> Tuning {
+        if rotational {
+            Tuning { depth: 1, slice: 100_000_000, idle: 8_000_000, max_wait: 10_000_000_000 }
+        } else {
+            Tuning { depth: 32, slice: 0, idle: 0, max_wait: 1_000_000_000 }
+        }
+    }
+}
+
+/// Latency histogram buckets: upper bounds in microseconds, powers of two (as `StatsDev`).
+pub use strata_io::stats::LATENCY_BUCKETS_US;
+
+/// What a group has done, for status and metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupCounters {
+    pub requests: u64,
+    pub bytes: u64,
+    /// Device time charged to the group.
+    pub device_ns: u64,
+    /// Time the group had requests queued but was held back by its caps.
+    pub throttled_ns: u64,
+    /// Latency from submission to completion, per `LATENCY_BUCKETS_US` bucket and one more.
+    pub latency_buckets: Vec<u64>,
+    pub latency_ns_sum: u64,
+}
+
+/// A group as reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupReport {
+    pub name: String,
+    pub settings: GroupSettings,
+    pub counters: GroupCounters,
+    /// Share of all device time charged so far.
+    pub share: f64,
+    /// Requests queued (not yet on the device) and on the device.
+    pub queued: usize,
+    pub inflight: usize,
+    /// Streams (connections) in the group, the group's own included.
+    pub streams: usize,
+    /// The recent latency is above the group's target.
+    pub latency_missed: bool,
+}
+
+struct Pending {
+    ticket: Ticket,
+    req: Request,
+    arrived: Nanos,
+}
+
+struct Stream {
+    group: GroupId,
+    vtime: f64,
+    queue: VecDeque<Pending>,
+    inflight: usize,
+    last_end: u64,
+    last_done: Nanos,
+    open: bool,
+}
+
+/// A token bucket: `rate` per second, `tokens` as of `at`.
+#[derive(Debug, Clone)]
+struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Nanos,
+}
+
+impl Bucket {
+    fn new(rate: u64, burst_ms: u64) -> Bucket {
+        let burst = rate as f64 * burst_ms as f64 / 1000.0;
+        Bucket { rate: rate as f64, burst, tokens: burst, at: 0 }
+    }
+
+    /// Adds what accrued since `at`, up to `cap`.
+    fn refill(&mut self, now: Nanos, cap: f64) {
+        let accrued = self.rate * now.saturating_sub(self.at) as f64 / 1e9;
+        self.tokens = (self.tokens + accrued).min(cap.max(self.tokens));
+        self.at = now.max(self.at);
+    }
+
+    /// What `need` waits for: a request larger than the burst goes once the bucket is full.
+    fn threshold(&self, need: f64) -> f64 {
+        need.min(self.burst.max(1.0))
+    }
+}
+
+struct Group {
+    name: String,
+    settings: GroupSettings,
+    vtime: f64,
+    /// The virtual time of the stream last chosen in this group.
+    stream_vnow: f64,
+    streams: Vec<StreamId>,
+    own: StreamId,
+    /// riops, wiops, rbps, wbps.
+    buckets: [Option<Bucket>; 4],
+    throttled_since: Option<Nanos>,
+    queued: usize,
+    inflight: usize,
+    latency_ewma_ns: f64,
+    counters: GroupCounters,
+}
+
+impl Group {
+    fn backlogged(&self) -> bool {
+        self.queued > 0
+    }
+
+    fn latency_missed(&self) -> bool {
+        self.settings.latency_ms.is_some_and(|ms| self.latency_ewma_ns > ms as f64 * 1e6)
+    }
+
+    fn set_buckets(&mut self) {
+        let s = &self.settings;
+        let old = std::mem::take(&mut self.buckets);
+        for (i, cap) in [s.riops, s.wiops, s.rbps, s.wbps].into_iter().enumerate() {
+            self.buckets[i] = cap.map(|rate| {
+                let mut b = Bucket::new(rate, s.burst_ms);
+                if let Some(o) = &old[i] {
+                    b.tokens = o.tokens.min(b.burst);
+                    b.at = o.at;
+                }
+                b
+            });
+        }
+    }
+
+    /// The buckets `req` draws on and how much from each.
+    fn needs(req: &Request) -> [(usize, f64); 2] {
+        match req.op {
+            Op::Read => [(0, 1.0), (2, req.len as f64)],
+            Op::Write => [(1, 1.0), (3, req.len as f64)],
+            Op::Flush | Op::Discard => [(0, 0.0), (2, 0.0)],
+        }
+    }
+
+    /// When `req` may go: `None` now, else the time its buckets will hold enough.
+    fn held_until(&mut self, req: &Request, now: Nanos) -> Option<Nanos> {
+        let mut until = None;
+        for (i, need) in Group::needs(req) {
+            let Some(b) = &mut self.buckets[i] else { continue };
+            let threshold = b.threshold(need);
+            b.refill(now, threshold);
+            if b.tokens < threshold {
+                let wait = ((threshold - b.tokens) / b.rate * 1e9).ceil() as Nanos;
+                until = Some(until.unwrap_or(0).max(now + wait.max(1)));
+            }
+        }
+        until
+    }
+
+    fn take_tokens(&mut self, req: &Request) {
+        for (i, need) in Group::needs(req) {
+            if let Some(b) = &mut self.buckets[i] {
+                b.tokens -= need;
+            }
+        }
+    }
+}
+
+struct Running {
+    stream: StreamId,
+    req: Request,
+    submitted: Nanos,
+}
+
+/// The stream holding the device on a seeky device, since `started`, charged `charged` so far.
+struct Slice {
+    stream: StreamId,
+    started: Nanos,
+    charged: Nanos,
+    /// Ends after one request (a stream served because it waited too long).
+    single: bool,
+    taken: u32,
+}
+
+pub struct Scheduler {
+    tuning: Tuning,
+    cost: CostModel,
+    groups: Vec<Group>,
+    streams: Vec<Option<Stream>>,
+    free_streams: Vec<usize>,
+    running: HashMap<Ticket, Running>,
+    next_ticket: u64,
+    /// Where the last request sent to the device ended.
+    head: u64,
+    /// The virtual time of the group last chosen.
+    vnow: f64,
+    slice: Option<Slice>,
+    device_ns: u64,
+}
+
+impl Scheduler {
+    pub fn new(tuning: Tuning, cost: CostModel) -> Scheduler {
+        Scheduler {
+            tuning,
+            cost,
+            groups: Vec::new(),
+            streams: Vec::new(),
+            free_streams: Vec::new(),
+            running: HashMap::new(),
+            next_ticket: 0,
+            head: 0,
+            vnow: 0.0,
+            slice: None,
+            device_ns: 0,
+        }
+    }
+
+    pub fn tuning(&self) -> Tuning {
+        self.tuning
+    }
+
+    pub fn cost_model(&self) -> &CostModel {
+        &self.cost
+    }
+
+    /// Adds a group (with its own stream, for requests from no connection in particular).
+    pub fn add_group(&mut self, name: &str, settings: GroupSettings) -> GroupId {
+        let id = GroupId(self.groups.len());
+        let mut g = Group {
+            name: name.to_string(),
+            settings,
+            vtime: self.vnow,
+            stream_vnow: 0.0,
+            streams: Vec::new(),
+            own: StreamId(usize::MAX),
+            buckets: Default::default(),
+            throttled_since: None,
+            queued: 0,
+            inflight: 0,
+            latency_ewma_ns: 0.0,
+            counters: GroupCounters { latency_buckets: vec![0; LATENCY_BUCKETS_US.len() + 1], ..Default::default() },
+        };
+        g.set_buckets();
+        self.groups.push(g);
+        self.groups[id.0].own = self.open_stream(id);
+        id
+    }
+
+    pub fn group(&self, name: &str) -> Option<GroupId> {
+        self.groups.iter().position(|g| g.name == name).map(GroupId)
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = GroupId> {
+        (0..self.groups.len()).map(GroupId)
+    }
+
+    pub fn settings(&self, g: GroupId) -> &GroupSettings {
+        &self.groups[g.0].settings
+    }
+
+    /// Changes a group's weight and caps; takes effect with its next request.
+    pub fn set(&mut self, g: GroupId, settings: GroupSettings) {
+        let g = &mut self.groups[g.0];
+        g.settings = settings;
+        g.set_buckets();
+    }
+
+    /// The stream for requests from no connection in particular.
+    pub fn own_stream(&self, g: GroupId) -> StreamId {
+        self.groups[g.0].own
+    }
+
+    /// A new stream (a connection) in group `g`.
+    pub fn open_stream(&mut self, g: GroupId) -> StreamId {
+        let s = Stream {
+            group: g,
+            vtime: self.groups[g.0].stream_vnow,
+            queue: VecDeque::new(),
+            inflight: 0,
+            last_end: u64::MAX,
+            last_done: 0,
+            open: true,
+        };
+        let id = match self.free_streams.pop() {
+            Some(i) => {
+                self.streams[i] = Some(s);
+                i
+            }
+            None => {
+                self.streams.push(Some(s));
+                self.streams.len() - 1
+            }
+        };
+        self.groups[g.0].streams.push(StreamId(id));
+        StreamId(id)
+    }
+
+    /// The connection is gone: the stream goes once its requests are done.
+    pub fn close_stream(&mut self, s: StreamId) {
+        self.stream_mut(s).open = false;
+        self.reap(s);
+    }
+
+    fn reap(&mut self, s: StreamId) {
+        let st = self.stream(s);
+        if st.open || !st.queue.is_empty() || st.inflight > 0 {
+            return;
+        }
+        let g = st.group;
+        self.groups[g.0].streams.retain(|x| *x != s);
+        self.streams[s.0] = None;
+        self.free_streams.push(s.0);
+        if self.slice.as_ref().is_some_and(|sl| sl.stream == s) {
+            self.slice = None;
+        }
+    }
+
+    fn stream(&self, s: StreamId) -> &Stream {
+        self.streams[s.0].as_ref().expect("a live stream")
+    }
+
+    fn stream_mut(&mut self, s: StreamId) -> &mut Stream {
+        self.streams[s.0].as_mut().expect("a live stream")
+    }
+
+    /// Queues `req` on stream `s`; it goes to the device when `dispatch` says so.
+    pub fn submit(&mut self, s: StreamId, req: Request, now: Nanos) -> Ticket {
+        let ticket = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        let (gid, was_idle) = {
+            let st = self.stream(s);
+            (st.group, st.queue.is_empty())
+        };
+        let g = &mut self.groups[gid.0];
+        if !g.backlogged() && g.inflight == 0 {
+            // Back from idle: its buckets refill up to the burst, and it does not bank the
+            // time it was away.
+            for b in g.buckets.iter_mut().flatten() {
+                let burst = b.burst;
+                b.refill(now, burst);
+            }
+            g.vtime = g.vtime.max(self.vnow);
+        }
+        g.queued += 1;
+        let floor = g.stream_vnow;
+        let st = self.stream_mut(s);
+        if was_idle && st.inflight == 0 {
+            st.vtime = st.vtime.max(floor);
+        }
+        st.queue.push_back(Pending { ticket, req, arrived: now });
+        ticket
+    }
+
+    /// Withdraws a request not yet sent to the device; false if it had been sent.
+    pub fn cancel(&mut self, s: StreamId, t: Ticket) -> bool {
+        let st = self.stream_mut(s);
+        let Some(i) = st.queue.iter().position(|p| p.ticket == t) else { return false };
+        st.queue.remove(i);
+        let g = st.group;
+        self.groups[g.0].queued -= 1;
+        self.reap(s);
+        true
+    }
+
+    /// Reports a request done.
+    pub fn complete(&mut self, t: Ticket, now: Nanos) {
+        let Some(r) = self.running.remove(&t) else { return };
+        let st = self.stream_mut(r.stream);
+        st.inflight -= 1;
+        st.last_done = now;
+        let gid = st.group;
+        let g = &mut self.groups[gid.0];
+        g.inflight -= 1;
+        let latency = now.saturating_sub(r.submitted);
+        let c = &mut g.counters;
+        c.requests += 1;
+        c.bytes += r.req.len;
+        c.latency_ns_sum += latency;
+        let us = latency / 1000;
+        let i = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
+        c.latency_buckets[i] += 1;
+        g.latency_ewma_ns =
+            if g.counters.requests == 1 { latency as f64 } else { 0.8 * g.latency_ewma_ns + 0.2 * latency as f64 };
+        self.reap(r.stream);
+    }
+
+    /// Requests that may go to the device now, appended to `out` in order. Returns when to
+    /// call again if something is waiting on time (an idle window or a cap) rather than on a
+    /// completion or a submission.
+    pub fn dispatch(&mut self, now: Nanos, out: &mut Vec<Ticket>) -> Option<Nanos> {
+        let mut wake: Option<Nanos> = None;
+        let soonest = |t: Nanos, wake: &mut Option<Nanos>| *wake = Some(wake.map_or(t, |w| w.min(t)));
+        while self.running.len() < self.tuning.depth {
+            if self.tuning.slice > 0 {
+                if let Some(sl) = &self.slice {
+                    let s = sl.stream;
+                    let expired = now.saturating_sub(sl.started) >= self.tuning.slice
+                        || (sl.single && sl.taken > 0)
+                        || self.preempted_by_cap(s, now);
+                    let st = self.stream(s);
+                    if !expired && !st.queue.is_empty() {
+                        match self.take(s, now) {
+                            Ok(t) => {
+                                out.push(t);
+                                continue;
+                            }
+                            Err(until) => soonest(until, &mut wake),
+                        }
+                    } else if !expired && st.open && st.inflight > 0 {
+                        return wake;
+                    } else if !expired && st.open && now < st.last_done + self.tuning.idle {
+                        soonest(st.last_done + self.tuning.idle, &mut wake);
+                        return wake;
+                    }
+                    self.end_slice(now);
+                }
+            }
+            match self.pick(now) {
+                Ok((s, starved)) => {
+                    if self.tuning.slice > 0 {
+                        // A stream served because it waited too long gets one request, not a slice.
+                        self.slice = Some(Slice { stream: s, started: now, charged: 0, single: starved, taken: 0 });
+                    }
+                    match self.take(s, now) {
+                        Ok(t) => out.push(t),
+                        Err(until) => {
+                            soonest(until, &mut wake);
+                            return wake;
+                        }
+                    }
+                }
+                Err(until) => {
+                    if let Some(u) = until {
+                        soonest(u, &mut wake);
+                    }
+                    return wake;
+                }
+            }
+        }
+        wake
+    }
+
+    /// A group held back by its caps may go again and is owed more time than the slice
+    /// holder's group: it takes the device now rather than after the slice, or a capped
+    /// group would get one request per slice of the others instead of its cap.
+    fn preempted_by_cap(&mut self, holder: StreamId, now: Nanos) -> bool {
+        let hg = self.stream(holder).group;
+        let hv = self.groups[hg.0].vtime;
+        for i in 0..self.groups.len() {
+            let g = &self.groups[i];
+            if i == hg.0 || g.throttled_since.is_none() || !g.backlogged() || g.vtime >= hv {
+                continue;
+            }
+            let Some(req) = g.streams.iter().find_map(|&s| self.stream(s).queue.front().map(|p| p.req)) else {
+                continue;
+            };
+            if self.groups[i].held_until(&req, now).is_none() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Charges the slice holder the wall time it held the device, if more than its requests' cost.
+    fn end_slice(&mut self, now: Nanos) {
+        let Some(sl) = self.slice.take() else { return };
+        let wall = now.saturating_sub(sl.started);
+        if wall > sl.charged {
+            self.charge(sl.stream, wall - sl.charged);
+        }
+    }
+
+    fn charge(&mut self, s: StreamId, ns: Nanos) {
+        let st = self.stream_mut(s);
+        st.vtime += ns as f64;
+        let gid = st.group;
+        let g = &mut self.groups[gid.0];
+        g.vtime += ns as f64 / g.settings.weight as f64;
+        g.counters.device_ns += ns;
+        self.device_ns += ns;
+    }
+
+    /// The stream to serve next: the oldest request past `max_wait`, else the group with a
+    /// missed latency target, else the group and then the stream furthest behind. Groups held
+    /// by their caps are skipped; `Err` says when the first of them may go again.
+    fn pick(&mut self, now: Nanos) -> Result<(StreamId, bool), Option<Nanos>> {
+        let mut held: Option<Nanos> = None;
+        let mut skip = vec![false; self.groups.len()];
+        loop {
+            let mut starving: Option<(Nanos, StreamId)> = None;
+            let mut best: Option<(u8, f64, GroupId)> = None;
+            for (i, g) in self.groups.iter().enumerate() {
+                if skip[i] || !g.backlogged() {
+                    continue;
+                }
+                for &s in &g.streams {
+                    if let Some(p) = self.stream(s).queue.front() {
+                        if now.saturating_sub(p.arrived) >= self.tuning.max_wait
+                            && starving.is_none_or(|(a, _)| p.arrived < a)
+                        {
+                            starving = Some((p.arrived, s));
+                        }
+                    }
+                }
+                // Groups missing their latency target first, then the furthest behind.
+                let key = (u8::from(!g.latency_missed()), g.vtime, GroupId(i));
+                if best.is_none_or(|b| key.0 < b.0 || (key.0 == b.0 && key.1 < b.1)) {
+                    best = Some(key);
+                }
+            }
+            let (s, starved) = match (starving, best) {
+                (Some((_, s)), _) => (s, true),
+                (None, Some((_, _, gid))) => {
+                    let g = &self.groups[gid.0];
+                    let s = g
+                        .streams
+                        .iter()
+                        .copied()
+                        .filter(|&s| !self.stream(s).queue.is_empty())
+                        .min_by(|a, b| self.stream(*a).vtime.total_cmp(&self.stream(*b).vtime))
+                        .expect("a backlogged group has a stream with requests");
+                    (s, false)
+                }
+                (None, None) => return Err(held),
+            };
+            let gid = self.stream(s).group;
+            let req = self.stream(s).queue.front().expect("queued").req;
+            match self.groups[gid.0].held_until(&req, now) {
+                None => {
+                    self.vnow = self.vnow.max(self.groups[gid.0].vtime);
+                    let v = self.stream(s).vtime;
+                    let g = &mut self.groups[gid.0];
+                    g.stream_vnow = g.stream_vnow.max(v);
+                    return Ok((s, starved));
+                }
+                Some(until) => {
+                    let g = &mut self.groups[gid.0];
+                    g.throttled_since.get_or_insert(now);
+                    skip[gid.0] = true;
+                    held = Some(held.map_or(until, |h| h.min(until)));
+                }
+            }
+        }
+    }
+
+    /// Sends the first request of stream `s` to the device, or says when its caps allow it.
+    fn take(&mut self, s: StreamId, now: Nanos) -> Result<Ticket, Nanos> {
+        let gid = self.stream(s).group;
+        let req = self.stream(s).queue.front().expect("queued").req;
+        if let Some(until) = self.groups[gid.0].held_until(&req, now) {
+            self.groups[gid.0].throttled_since.get_or_insert(now);
+            return Err(until);
+        }
+        let p = self.stream_mut(s).queue.pop_front().expect("queued");
+        let g = &mut self.groups[gid.0];
+        g.take_tokens(&req);
+        if let Some(since) = g.throttled_since.take() {
+            g.counters.throttled_ns += now.saturating_sub(since);
+        }
+        g.queued -= 1;
+        g.inflight += 1;
+        let last_end = match self.cost {
+            CostModel::Hdd { .. } => self.head,
+            CostModel::Linear(_) => self.stream(s).last_end,
+        };
+        let cost = self.cost.cost(req.op, req.offset, req.len, last_end);
+        if matches!(req.op, Op::Read | Op::Write) {
+            self.head = req.offset + req.len;
+            self.stream_mut(s).last_end = req.offset + req.len;
+        }
+        self.stream_mut(s).inflight += 1;
+        self.charge(s, cost);
+        if let Some(sl) = &mut self.slice {
+            sl.charged += cost;
+            sl.taken += 1;
+        }
+        self.running.insert(p.ticket, Running { stream: s, req, submitted: p.arrived });
+        Ok(p.ticket)
+    }
+
+    /// Device time charged to all groups so far.
+    pub fn device_ns(&self) -> u64 {
+        self.device_ns
+    }
+
+    pub fn report(&self, g: GroupId) -> GroupReport {
+        let gr = &self.groups[g.0];
+        GroupReport {
+            name: gr.name.clone(),
+            settings: gr.settings.clone(),
+            counters: gr.counters.clone(),
+            share: if self.device_ns == 0 { 0.0 } else { gr.counters.device_ns as f64 / self.device_ns as f64 },
+            queued: gr.queued,
+            inflight: gr.inflight,
+            streams: gr.streams.len(),
+            latency_missed: gr.latency_missed(),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! What `strata status` and `/metrics` show of a qos volume: every group on its device, with
+//! requests, bytes, device time used and its share, queue length, time held back by caps,
+//! a latency histogram, and the settings in force.
+
+use crate::dev::{snapshot, Qos};
+use crate::sched::{GroupId, GroupReport, LATENCY_BUCKETS_US};
+use serde::{Deserialize, Serialize};
+use strata_io::metrics::{MetricKind, Sample};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QosStatus {
+    /// The group this volume belongs to.
+    pub group: String,
+    /// The device the scheduler shares, how it prices requests, and how it runs.
+    pub device: String,
+    pub cost_model: String,
+    pub depth: usize,
+    pub slice_ms: f64,
+    pub idle_ms: f64,
+    pub groups: Vec<GroupStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupStatus {
+    pub name: String,
+    pub weight: u32,
+    /// Caps and target as `KEY=VALUE` (`max` when not set).
+    pub limits: Vec<String>,
+    pub requests: u64,
+    pub bytes: u64,
+    pub device_time_s: f64,
+    /// Share of the device time charged so far.
+    pub share: f64,
+    pub queued: usize,
+    pub inflight: usize,
+    pub streams: usize,
+    pub throttled_s: f64,
+    pub latency_us_sum: u64,
+    /// Requests per latency bucket (upper bounds `LATENCY_BUCKETS_US`, then one more).
+    pub latency_us_buckets: Vec<u64>,
+    pub latency_missed: bool,
+}
+
+impl GroupStatus {
+    fn from(r: &GroupReport) -> GroupStatus {
+        let limits = ["riops", "wiops", "rbps", "wbps", "burst_ms", "latency_ms"]
+            .iter()
+            .map(|k| format!("{k}={}", r.settings.value(k)))
+            .collect();
+        GroupStatus {
+            name: r.name.clone(),
+            weight: r.settings.weight,
+            limits,
+            requests: r.counters.requests,
+            bytes: r.counters.bytes,
+            device_time_s: r.counters.device_ns as f64 / 1e9,
+            share: r.share,
+            queued: r.queued,
+            inflight: r.inflight,
+            streams: r.streams,
+            throttled_s: r.counters.throttled_ns as f64 / 1e9,
+            latency_us_sum: r.counters.latency_ns_sum / 1000,
+            latency_us_buckets: r.counters.latency_buckets.clone(),
+            latency_missed: r.latency_missed,
+        }
+    }
+}
+
+pub fn status(qos: &Qos, own: GroupId) -> QosStatus {
+    let (reports, tuning, cost, device) = snapshot(qos);
+    QosStatus {
+        group: reports[own.0].name.clone(),
+        device,
+        cost_model: cost,
+        depth: tuning.depth,
+        slice_ms: tuning.slice as f64 / 1e6,
+        idle_ms: tuning.idle as f64 / 1e6,
+        groups: reports.iter().map(GroupStatus::from).collect(),
+    }
+}
+
+/// The volume's own group, as samples labelled `group`.
+pub fn metrics(qos: &Qos, own: GroupId) -> Vec<Sample> {
+    let (reports, ..) = snapshot(qos);
+    let r = &reports[own.0];
+    let c = &r.counters;
+    let sample =
+        |name, kind, help, value: f64| Sample { name, kind, help, labels: vec![("group", r.name.clone())], value };
+    use MetricKind::{Counter, Gauge};
+    let mut v = vec![
+        sample("strata_qos_requests_total", Counter, "Requests the group completed.", c.requests as f64),
+        sample("strata_qos_bytes_total", Counter, "Bytes the group's requests moved.", c.bytes as f64),
+        sample(
+            "strata_qos_device_seconds_total",
+            Counter,
+            "Device time charged to the group.",
+            c.device_ns as f64 / 1e9,
+        ),
+        sample("strata_qos_device_share_ratio", Gauge, "The group's share of the device time charged so far.", r.share),
+        sample("strata_qos_queue_length", Gauge, "The group's requests waiting for their turn.", r.queued as f64),
+        sample(
+            "strata_qos_throttled_seconds_total",
+            Counter,
+            "Time the group had requests waiting but was held back by its caps.",
+            c.throttled_ns as f64 / 1e9,
+        ),
+        sample("strata_qos_weight", Gauge, "The group's weight.", r.settings.weight as f64),
+        sample("strata_qos_streams", Gauge, "Streams (connections) in the group.", r.streams as f64),
+    ];
+    let mut cumulative = 0;
+    for (i, n) in c.latency_buckets.iter().enumerate() {
+        cumulative += n;
+        let le = LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_string(), |us| (*us as f64 / 1e6).to_string());
+        let mut s = sample(
+            "strata_qos_latency_seconds_bucket",
+            Counter,
+            "Requests of the group by latency from submission to completion (cumulative, le in seconds).",
+            cumulative as f64,
+        );
+        s.labels.push(("le", le));
+        v.push(s);
+    }
+    v
+}

@@ -1,0 +1,105 @@
+//! The qos target opened from specs: volumes in groups over slices of one device share one
+//! device and one scheduler; data through it is exactly what a reference holds under
+//! concurrent IO from several connections; settings change live through messages; bad
+//! specs and messages are refused and change nothing.
+
+use std::sync::Arc;
+use strata::open::Opener;
+use strata_io::testing::{check_all_blocks_at_once, check_model, random_ops, Slice, Workload};
+use strata_io::{BlockDev, Buf, ErrorKind, Result};
+
+async fn open(opener: &Opener, spec: &str) -> Result<Arc<dyn BlockDev>> {
+    opener.open(&spec.parse()?, false).await
+}
+
+/// Runs the model checker on `parts` equal regions of `dev`, each through its own
+/// connection handle, all at once.
+async fn check_connections(dev: &Arc<dyn BlockDev>, parts: u64, seed: u64) -> std::result::Result<(), String> {
+    let region = dev.size() / parts;
+    let w = Workload { granularity: 4096, max_granules: 16, span: region };
+    let runs = (0..parts).map(|i| {
+        let conn = dev.connect().expect("a qos volume gives each connection its own handle");
+        let slice = Slice { inner: conn, offset: i * region, len: region };
+        let ops = random_ops(seed + i, 300, region, &w);
+        async move { check_model(&slice, &ops).await.map_err(|e| format!("region {i}: {e}")) }
+    });
+    futures::future::join_all(runs).await.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_through_qos_over_slices_is_what_a_reference_holds() {
+    // Slices engaged on RAM (2 at a time, 1 ms slices, 1 ms idling), so requests wait and
+    // reorder; and request by request with the defaults.
+    for device_opts in ["depth=2&slice_ms=1&idle_ms=1", ""] {
+        let opener = Opener::new();
+        let q = if device_opts.is_empty() { String::new() } else { format!("&{device_opts}") };
+        let a = open(&opener, &format!("qos:a?weight=200{q}@slice:0+2MiB@mem:8MiB")).await.unwrap();
+        let b = open(&opener, "qos:b@slice:2MiB+2MiB@mem:8MiB").await.unwrap();
+        let c = open(&opener, "qos:a@slice:4MiB+4MiB@mem:8MiB").await.unwrap();
+        assert!(a.describe().starts_with("slice 0+2097152 of qos group a (weight 200) over "), "{}", a.describe());
+        let (ra, rb, rc) = tokio::join!(check_connections(&a, 4, 1), check_connections(&b, 3, 10), async {
+            check_all_blocks_at_once(&*c.connect().unwrap()).await
+        });
+        ra.unwrap();
+        rb.unwrap();
+        rc.unwrap();
+        // The three volumes are one device: what b wrote is where a slice of it says.
+        let whole = open(&opener, "slice:0+8MiB?overlap@mem:8MiB").await;
+        assert!(whole.is_err(), "overlapping the qos volumes' slices is refused");
+        let status = a.status().unwrap();
+        let groups = status["groups"].as_array().unwrap();
+        assert_eq!(groups.len(), 2, "{status}");
+        assert_eq!(groups[0]["name"], "a");
+        assert_eq!(groups[0]["weight"], 200);
+        assert!(groups[0]["requests"].as_u64().unwrap() > 1000, "{status}");
+        assert!(groups[1]["device_time_s"].as_f64().unwrap() > 0.0, "{status}");
+        assert_eq!(groups[0]["queued"], 0);
+        let names: Vec<&str> = a.metrics().iter().map(|s| s.name).collect();
+        for want in ["strata_qos_requests_total", "strata_qos_device_share_ratio", "strata_qos_latency_seconds_bucket"]
+        {
+            assert!(names.contains(&want), "{names:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn settings_change_live_and_bad_ones_are_refused() {
+    let opener = Opener::new();
+    let a = open(&opener, "qos:a?weight=200@slice:0+1MiB@mem:4MiB").await.unwrap();
+    let b = open(&opener, "qos:b@slice:1MiB+1MiB@mem:4MiB").await.unwrap();
+    assert_eq!(a.message("weight 300").await.unwrap(), "group a: weight = 300");
+    assert_eq!(a.message("riops 1000").await.unwrap(), "group a: riops = 1000");
+    assert_eq!(b.message("group a rbps 10MiB/s").await.unwrap(), "group a: rbps = 10MiB");
+    for (msg, why) in [
+        ("weight 0", "weight 0 is out of range (1 to 10000)"),
+        ("weight 10001", "out of range"),
+        ("group nosuch weight 5", "unknown group \"nosuch\""),
+        ("speed 5", "unknown setting \"speed\""),
+        ("wiops 0", "would stop the group"),
+        ("hello", "unknown message"),
+    ] {
+        let e = a.message(msg).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Invalid, "{msg}");
+        assert!(e.context.contains(why), "{msg}: {e}");
+    }
+    let status = b.status().unwrap();
+    let ga = &status["groups"][0];
+    assert_eq!(ga["weight"], 300, "refused messages changed nothing: {status}");
+    assert_eq!(ga["limits"][0], "riops=1000");
+    assert_eq!(ga["limits"][2], "rbps=10MiB");
+
+    // A second spec naming a group must agree with it; device options must agree too.
+    let e = open(&opener, "qos:a?weight=100@slice:2MiB+1MiB@mem:4MiB").await.err().unwrap();
+    assert!(e.to_string().contains("qos group a already runs with weight=300"), "{e}");
+    open(&opener, "qos:a?weight=300@slice:2MiB+512KiB@mem:4MiB").await.expect("agreeing settings are fine");
+    let e = open(&opener, "qos:c?depth=3@slice:3MiB+512KiB@mem:4MiB").await.err().unwrap();
+    assert!(e.to_string().contains("already runs with other device options"), "{e}");
+    // Overlapping slices and slices past the end are refused for qos volumes too.
+    let e = open(&opener, "qos:c@slice:512KiB+1MiB@mem:4MiB").await.err().unwrap();
+    assert!(e.to_string().contains("overlaps the slice 0+1048576"), "{e}");
+    let e = open(&opener, "qos:c@slice:3MiB+2MiB@mem:4MiB").await.err().unwrap();
+    assert!(e.to_string().contains("past the end"), "{e}");
+    // Data still flows.
+    a.write(0, Buf::from_slice(&[1u8; 4096]), false).await.unwrap();
+    assert_eq!(a.read(0, Buf::zeroed(4096)).await.unwrap()[0], 1);
+}
