@@ -25,6 +25,7 @@ use strata_io::file::{Claim, FileDev, FileOptions};
 use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
+use strata_nbd::remote::RemoteDev;
 use strata_writecache::WritecacheDev;
 
 /// Opens the device or stack `spec` names, sharing nothing with other opens (see `Opener`).
@@ -95,6 +96,7 @@ async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<
                 .await
                 .map_err(|e| Error::new(e.kind, format!("opening writecache {}: {}", path.display(), e.context)))?,
         ),
+        Spec::Nbd(remote) => Arc::new(RemoteDev::open((**remote).clone()).await?),
     })
 }
 
