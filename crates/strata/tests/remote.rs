@@ -417,3 +417,146 @@ fn a_stopped_remote_turns_into_timeouts_not_a_hang() {
     }
     srv.stop();
 }
+
+/// Makes a CA in `dir` (ca-cert.pem, ca-key.pem) and a certificate `name`-cert.pem /
+/// `name`-key.pem signed by it for `localhost`, with the openssl tool.
+fn x509(dir: &Path, ca: &str, names: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let ossl = |args: &[&str]| run_ok(Command::new("openssl").args(args).current_dir(dir));
+    ossl(
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca-cert.pem"]
+            .into_iter()
+            .chain(["-subj", &format!("/CN={ca}"), "-days", "2"])
+            .collect::<Vec<_>>(),
+    );
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=DNS:localhost\n").unwrap();
+    for n in names {
+        let (key, csr, cert) = (format!("{n}-key.pem"), format!("{n}.csr"), format!("{n}-cert.pem"));
+        ossl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"]);
+        ossl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca-cert.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ]);
+    }
+}
+
+#[test]
+fn x509_with_client_certificates_and_an_untrusted_one_refused() {
+    if !tools("tls_x509", &["openssl", "qemu-img", "nbdcopy"]) {
+        return;
+    }
+    let keys = tempdir();
+    let (good, rogue) = (keys.path().join("pki"), keys.path().join("rogue"));
+    x509(&good, "strata test CA", &["server", "client"]);
+    x509(&rogue, "someone else", &["client"]);
+    let srv = Server::start_opts(
+        tempdir(),
+        ServerOpts {
+            args: vec![
+                "--tls".into(),
+                "require".into(),
+                "--tls-certificates".into(),
+                good.display().to_string(),
+                "--tls-verify-peer".into(),
+                "vol=mem:16MiB".into(),
+            ],
+            ..Default::default()
+        },
+    );
+    let sock = srv.sock.clone().unwrap();
+    // strata as the client, presenting the CA's client certificate.
+    let origin = format!("nbds+unix:///vol?socket={}&tls-certificates={}", sock.display(), good.display());
+    let b = Server::start(&[&format!("r={origin}")]);
+    let data = random_bytes(SIZE as usize, 4);
+    write_via(&b.uri("r"), b.path(), &data, "w");
+    b.stop();
+    // qemu-img reads it back with tls-creds-x509 (the same directory layout).
+    let out = srv.path().join("qemu.img");
+    let qemu = |dir: &Path, out: &Path| {
+        output(
+            Command::new("qemu-img")
+                .args(["convert", "-O", "raw", "--object"])
+                .arg(format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", dir.display()))
+                .arg("--image-opts")
+                .arg(format!("driver=nbd,path={},export=vol,tls-creds=tls0,tls-hostname=localhost", sock.display()))
+                .arg(out),
+            CMD_TIMEOUT,
+        )
+    };
+    let o = qemu(&good, &out);
+    assert!(o.status.success(), "qemu-img over X.509: {}", String::from_utf8_lossy(&o.stderr));
+    assert_same_bytes(&std::fs::read(&out).unwrap(), &data, "qemu-img over X.509");
+    // A client certificate from another CA is refused (qemu trusts the server through the
+    // right CA file, but presents the rogue certificate).
+    std::fs::copy(good.join("ca-cert.pem"), rogue.join("ca-cert.pem")).unwrap();
+    let o = qemu(&rogue, &srv.path().join("rogue.img"));
+    assert!(!o.status.success(), "a client with an untrusted certificate got in");
+    let rogue_origin = format!("nbds+unix:///vol?socket={}&tls-certificates={}", sock.display(), rogue.display());
+    let o = output(
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["serve", "--unix"])
+            .arg(keys.path().join("x.sock"))
+            .arg(format!("v={rogue_origin}")),
+        CMD_TIMEOUT,
+    );
+    assert!(!o.status.success(), "strata with an untrusted certificate got in");
+    // The server kept serving.
+    let o = qemu(&good, &srv.path().join("again.img"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    srv.stop();
+}
+
+/// The status line of `GET /status` sent with `auth` headers.
+fn admin_status_line(addr: &str, auth: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /status HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp.lines().next().unwrap_or("").to_string()
+}
+
+#[test]
+fn the_admin_endpoint_wants_its_bearer_token() {
+    let dir = tempdir();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let srv = Server::start_opts(
+        dir,
+        ServerOpts {
+            admin: true,
+            args: vec!["--admin-token-file".into(), token.display().to_string(), "vol=mem:1MiB".into()],
+            ..Default::default()
+        },
+    );
+    let addr = srv.admin.clone().unwrap();
+    assert!(admin_status_line(&addr, "").contains("401"));
+    assert!(admin_status_line(&addr, "Authorization: Bearer wrong\r\n").contains("401"));
+    assert!(admin_status_line(&addr, "Authorization: Bearer s3cret-token\r\n").contains("200"));
+    // The admin commands send $STRATA_ADMIN_TOKEN.
+    let status = |token: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
+        c.args(["status", "--admin", &addr]);
+        if let Some(t) = token {
+            c.env("STRATA_ADMIN_TOKEN", t);
+        }
+        output(&mut c, CMD_TIMEOUT)
+    };
+    assert!(!status(None).status.success());
+    let o = status(Some("s3cret-token"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    srv.stop();
+}
