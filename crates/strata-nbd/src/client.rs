@@ -41,7 +41,8 @@ impl Client<UnixStream> {
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     pub async fn handshake(mut stream: S, export: &str) -> Result<Self> {
         greet(&mut stream).await?;
-        let want = Want { export, structured: false, base_allocation: false };
+        // No block sizes asked: this client's tests send any alignment.
+        let want = Want { export, structured: false, base_allocation: false, block_sizes: false };
         let info = choose(&mut stream, &want).await?;
         Ok(Client { stream, size: info.size, flags: info.flags, cookie: 0 })
     }
@@ -116,6 +117,8 @@ pub struct Want<'a> {
     pub structured: bool,
     /// Ask for the `base:allocation` meta context (needs `structured`).
     pub base_allocation: bool,
+    /// Ask for the export's block sizes, promising to honour them.
+    pub block_sizes: bool,
 }
 
 /// What the server agreed to for one export.
@@ -236,8 +239,12 @@ pub async fn choose<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, want: &Wa
         }
     }
     let mut d = name;
-    d.extend_from_slice(&1u16.to_be_bytes());
-    d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    if want.block_sizes {
+        d.extend_from_slice(&1u16.to_be_bytes());
+        d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    } else {
+        d.extend_from_slice(&0u16.to_be_bytes());
+    }
     send_option(stream, OPT_GO, &d).await?;
     let (mut size, mut flags, mut block) = (None, 0, DEFAULT_BLOCK);
     loop {

@@ -497,7 +497,9 @@ async fn connect(spec: &RemoteSpec) -> std::io::Result<(BoxStream, ExportInfo)> 
         };
         s = Box::new(tls.connect(host, s).await?);
     }
-    let info = choose(&mut s, &Want { export: &spec.export, structured: true, base_allocation: true }).await?;
+    let info =
+        choose(&mut s, &Want { export: &spec.export, structured: true, base_allocation: true, block_sizes: true })
+            .await?;
     Ok((s, info))
 }
 
@@ -675,13 +677,27 @@ impl Inner {
     /// Runs one request to its answer, over broken connections and timeouts, until the
     /// outage limit.
     async fn request(&self, kind: u16, flags: u16, offset: u64, len: u32, payload: Option<&[u8]>) -> Result<Done> {
+        self.request_into(kind, flags, offset, len, payload, None).await
+    }
+
+    /// `request`, reading into `buf` (a READ's buffer of `len` bytes) when given.
+    async fn request_into(
+        &self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: Option<&[u8]>,
+        mut buf: Option<Buf>,
+    ) -> Result<Done> {
         let issued = Instant::now();
         let deadline = tokio::time::Instant::now() + self.spec.tuning.outage;
         let what = || format!("{}: {} of {len} bytes at {offset}", self.spec.uri(), command_name(kind));
         loop {
             let conn = self.live_conn(deadline, issued).await;
             let conn = conn.map_err(|e| unavailable(format!("{}: {}", what(), e.context)))?;
-            let buf = (kind == CMD_READ).then(|| Buf::zeroed(len as usize));
+            // A lost attempt loses its buffer: the next one gets a new one.
+            let buf = buf.take().or_else(|| (kind == CMD_READ).then(|| Buf::zeroed(len as usize)));
             let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
             let req = Request { flags, kind, cookie, offset, length: len };
             let gate = self.gate.read().await;
@@ -979,7 +995,8 @@ impl BlockDev for RemoteDev {
                 return Ok(buf);
             }
             let out = if i.aligned(offset, len) && len <= i.max_piece() {
-                i.request(CMD_READ, 0, offset, len as u32, None).await?.buf.expect("a read returns its buffer")
+                let done = i.request_into(CMD_READ, 0, offset, len as u32, None, Some(buf)).await?;
+                done.buf.expect("a read returns its buffer")
             } else {
                 let mut buf = buf;
                 i.read_into(offset, &mut buf).await?;

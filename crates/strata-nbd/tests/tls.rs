@@ -66,7 +66,9 @@ async fn require_answers_nothing_but_starttls_before_tls() {
     start_tls(&mut c).await.unwrap();
     let boxed: BoxStream = Box::new(c);
     let mut t = client_tls(dir.path(), "0123456789abcdef0123456789abcdef").connect("localhost", boxed).await.unwrap();
-    let info = choose(&mut t, &Want { export: "vol", structured: true, base_allocation: true }).await.unwrap();
+    let info = choose(&mut t, &Want { export: "vol", structured: true, base_allocation: true, block_sizes: true })
+        .await
+        .unwrap();
     assert_eq!(info.size, 1 << 20);
     assert!(info.structured && info.base_allocation.is_some());
 
@@ -81,7 +83,9 @@ async fn require_answers_nothing_but_starttls_before_tls() {
     start_tls(&mut c).await.unwrap();
     let mut t =
         client_tls(dir.path(), "0123456789abcdef0123456789abcdef").connect("localhost", Box::new(c)).await.unwrap();
-    choose(&mut t, &Want { export: "vol", structured: false, base_allocation: false }).await.unwrap();
+    choose(&mut t, &Want { export: "vol", structured: false, base_allocation: false, block_sizes: true })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -90,11 +94,11 @@ async fn on_offers_tls_and_still_serves_plain_clients() {
     let s = server(dir.path(), TlsMode::On);
     let mut c = connect(&s);
     greet(&mut c).await.unwrap();
-    choose(&mut c, &Want { export: "vol", structured: true, base_allocation: false }).await.unwrap();
+    choose(&mut c, &Want { export: "vol", structured: true, base_allocation: false, block_sizes: true }).await.unwrap();
     let mut c = connect(&s);
     greet(&mut c).await.unwrap();
     start_tls(&mut c).await.unwrap();
     let mut t =
         client_tls(dir.path(), "0123456789abcdef0123456789abcdef").connect("localhost", Box::new(c)).await.unwrap();
-    choose(&mut t, &Want { export: "vol", structured: true, base_allocation: false }).await.unwrap();
+    choose(&mut t, &Want { export: "vol", structured: true, base_allocation: false, block_sizes: true }).await.unwrap();
 }

@@ -103,7 +103,7 @@ fn a_typo_in_a_prefix_names_the_kinds_but_a_file_of_that_name_opens() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        err.contains("unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:)"),
+        err.contains("unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, nbd://"),
         "{err}"
     );
     assert!(!d.path().join("c.img").exists(), "nothing was created");
