@@ -82,7 +82,7 @@ pub struct ClientTls {
 
 impl ClientTls {
     /// Runs the TLS handshake as a client over `stream` (after STARTTLS was acknowledged).
-    pub async fn connect(&self, host: &str, stream: BoxStream) -> Result<SslStream<BoxStream>> {
+    pub async fn connect(&self, host: &str, stream: BoxStream) -> Result<TlsStream<BoxStream>> {
         let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| ssl_err("TLS setup", e))?;
         protocols(&mut b, self.psk_file.is_some())?;
         if let Some(file) = &self.psk_file {
@@ -128,7 +128,70 @@ impl ClientTls {
     }
 }
 
-async fn handshake<S: Stream>(ssl: Ssl, stream: S, server: bool) -> Result<SslStream<S>> {
+/// A TLS stream whose vectored writes become one TLS record per call: the server writes a
+/// reply's header and payload (and many replies) as one vectored write, and a TLS stream
+/// would otherwise seal each slice as a record of its own (a 16-byte header costing as
+/// much as 4 KiB of data).
+pub struct TlsStream<S>(SslStream<S>, Vec<u8>);
+
+/// Bytes gathered into one record at most.
+const RECORD_GATHER_BYTES: usize = 256 << 10;
+
+impl<S: Stream> tokio::io::AsyncRead for TlsStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: Stream> tokio::io::AsyncWrite for TlsStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<Result<usize>> {
+        let this = self.get_mut();
+        let first = bufs.iter().find(|b| !b.is_empty()).map_or(0, |b| b.len());
+        if first >= RECORD_GATHER_BYTES || bufs.iter().filter(|b| !b.is_empty()).count() < 2 {
+            let slice = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]);
+            return Pin::new(&mut this.0).poll_write(cx, slice);
+        }
+        this.1.clear();
+        for b in bufs {
+            let room = RECORD_GATHER_BYTES - this.1.len();
+            this.1.extend_from_slice(&b[..b.len().min(room)]);
+            if this.1.len() == RECORD_GATHER_BYTES {
+                break;
+            }
+        }
+        Pin::new(&mut this.0).poll_write(cx, &this.1)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+async fn handshake<S: Stream>(ssl: Ssl, stream: S, server: bool) -> Result<TlsStream<S>> {
     let mut s = SslStream::new(ssl, stream).map_err(|e| ssl_err("TLS setup", e))?;
     let done = if server { Pin::new(&mut s).accept().await } else { Pin::new(&mut s).connect().await };
     done.map_err(|e| {
@@ -136,7 +199,7 @@ async fn handshake<S: Stream>(ssl: Ssl, stream: S, server: bool) -> Result<SslSt
         let extra = if verify.as_raw() != 0 { format!(" ({})", verify.error_string()) } else { String::new() };
         Error::new(ErrorKind::PermissionDenied, format!("TLS handshake failed: {e}{extra}"))
     })?;
-    Ok(s)
+    Ok(TlsStream(s, Vec::new()))
 }
 
 /// Whether a server offers TLS, and whether it insists.
@@ -213,7 +276,7 @@ impl ServerTls {
     }
 
     /// Runs the server side of the TLS handshake over `stream`.
-    pub async fn accept<S: Stream>(&self, stream: S) -> Result<SslStream<S>> {
+    pub async fn accept<S: Stream>(&self, stream: S) -> Result<TlsStream<S>> {
         let ssl = Ssl::new(&self.ctx).map_err(|e| ssl_err("TLS setup", e))?;
         handshake(ssl, stream, true).await
     }
