@@ -28,6 +28,10 @@ pub enum ErrorKind {
     NoMemory,
     /// The device is claimed by another open of it (EBUSY).
     Busy,
+    /// The device cannot be reached for now (a remote server away longer than its outage
+    /// limit): the request was not done, nothing acknowledged before is lost, and the same
+    /// request may succeed later. An EIO to clients; a target above need not stop over it.
+    Unavailable,
 }
 
 /// A block IO error: its kind, and a message that says where (device, offset, structure).

@@ -1,6 +1,8 @@
-//! A minimal NBD client: fixed newstyle, OPT_GO, simple replies, one request at a time.
-//! It exists for strata's own tools and tests (crash tests drive a server they kill), not as
-//! a general client: libnbd, qemu and the kernel are the clients users run.
+//! NBD clients: the negotiation every client goes through (`greet`, `start_tls`, `choose`),
+//! and a minimal sequential client on top of it (fixed newstyle, OPT_GO, simple replies, one
+//! request at a time) for strata's own tools and tests (crash tests drive a server they
+//! kill). The remote origin device (`crate::remote`) negotiates through the same functions
+//! and adds structured replies, many requests in flight and reconnection.
 
 use crate::proto::*;
 use std::io::{Error, ErrorKind, Result};
@@ -38,45 +40,11 @@ impl Client<UnixStream> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     pub async fn handshake(mut stream: S, export: &str) -> Result<Self> {
-        if stream.read_u64().await? != NBDMAGIC || stream.read_u64().await? != IHAVEOPT {
-            return Err(Error::new(ErrorKind::InvalidData, "not an NBD server"));
-        }
-        let _hs = stream.read_u16().await?;
-        stream.write_u32(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES).await?;
-        let mut data = (export.len() as u32).to_be_bytes().to_vec();
-        data.extend_from_slice(export.as_bytes());
-        data.extend_from_slice(&0u16.to_be_bytes());
-        let mut opt = IHAVEOPT.to_be_bytes().to_vec();
-        opt.extend_from_slice(&OPT_GO.to_be_bytes());
-        opt.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        opt.extend_from_slice(&data);
-        stream.write_all(&opt).await?;
-        let (mut size, mut flags) = (0, 0);
-        loop {
-            if stream.read_u64().await? != OPT_REPLY_MAGIC {
-                return Err(Error::new(ErrorKind::InvalidData, "bad option reply magic"));
-            }
-            let _opt = stream.read_u32().await?;
-            let kind = stream.read_u32().await?;
-            let len = stream.read_u32().await? as usize;
-            let mut d = vec![0; len];
-            stream.read_exact(&mut d).await?;
-            match kind {
-                REP_ACK => break,
-                REP_INFO if d.len() >= 12 && d[..2] == INFO_EXPORT.to_be_bytes() => {
-                    size = u64::from_be_bytes(d[2..10].try_into().unwrap());
-                    flags = u16::from_be_bytes(d[10..12].try_into().unwrap());
-                }
-                REP_INFO => {}
-                k => {
-                    return Err(Error::other(format!(
-                        "export {export:?} refused ({k:#x}): {}",
-                        String::from_utf8_lossy(&d)
-                    )))
-                }
-            }
-        }
-        Ok(Client { stream, size, flags, cookie: 0 })
+        greet(&mut stream).await?;
+        // No block sizes asked: this client's tests send any alignment.
+        let want = Want { export, structured: false, base_allocation: false, block_sizes: false };
+        let info = choose(&mut stream, &want).await?;
+        Ok(Client { stream, size: info.size, flags: info.flags, cookie: 0 })
     }
 
     pub fn size(&self) -> u64 {
@@ -135,4 +103,165 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         self.stream.write_all(&req.encode()).await?;
         self.stream.shutdown().await
     }
+}
+
+/// Any byte stream a client or server speaks NBD over: TCP, a Unix socket, or TLS over either.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+pub type BoxStream = Box<dyn Stream>;
+
+/// What a client asks for in `choose`.
+pub struct Want<'a> {
+    pub export: &'a str,
+    /// Ask for structured replies (the client must then parse chunks).
+    pub structured: bool,
+    /// Ask for the `base:allocation` meta context (needs `structured`).
+    pub base_allocation: bool,
+    /// Ask for the export's block sizes, promising to honour them.
+    pub block_sizes: bool,
+}
+
+/// What the server agreed to for one export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub size: u64,
+    /// Transmission flags.
+    pub flags: u16,
+    /// Block size constraints: (minimum, preferred, maximum); defaults when not advertised.
+    pub block: (u32, u32, u32),
+    /// Structured replies were negotiated.
+    pub structured: bool,
+    /// The id the server gave `base:allocation`, if selected.
+    pub base_allocation: Option<u32>,
+}
+
+/// Block sizes a client assumes when the server advertises none (proto.md: 1, 4096, 32 MiB).
+pub const DEFAULT_BLOCK: (u32, u32, u32) = (1, 4096, 32 << 20);
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidData, msg.into())
+}
+
+/// Reads the server's greeting and answers with the client flags (fixed newstyle, no zeroes).
+pub async fn greet<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) -> Result<()> {
+    if stream.read_u64().await? != NBDMAGIC || stream.read_u64().await? != IHAVEOPT {
+        return Err(invalid("not an NBD server (or not fixed newstyle)"));
+    }
+    let hs = stream.read_u16().await?;
+    if hs & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(invalid("the server does not speak fixed newstyle"));
+    }
+    stream.write_u32(CLIENT_FIXED_NEWSTYLE | (hs as u32 & CLIENT_NO_ZEROES)).await?;
+    stream.flush().await
+}
+
+async fn send_option<S: AsyncWrite + Unpin>(stream: &mut S, opt: u32, data: &[u8]) -> Result<()> {
+    let mut b = Vec::with_capacity(16 + data.len());
+    b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&opt.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    stream.write_all(&b).await?;
+    stream.flush().await
+}
+
+/// One option reply: (type, data). Replies longer than 16 MiB are refused.
+async fn option_reply<S: AsyncRead + Unpin>(stream: &mut S, opt: u32) -> Result<(u32, Vec<u8>)> {
+    if stream.read_u64().await? != OPT_REPLY_MAGIC {
+        return Err(invalid("bad option reply magic"));
+    }
+    if stream.read_u32().await? != opt {
+        return Err(invalid("option reply for another option"));
+    }
+    let kind = stream.read_u32().await?;
+    let len = stream.read_u32().await?;
+    if len > 16 << 20 {
+        return Err(invalid(format!("option reply of {len} bytes")));
+    }
+    let mut d = vec![0; len as usize];
+    stream.read_exact(&mut d).await?;
+    Ok((kind, d))
+}
+
+fn refused(what: &str, kind: u32, data: &[u8]) -> Error {
+    let why = match kind {
+        REP_ERR_UNSUP => "unsupported",
+        REP_ERR_POLICY => "refused by policy",
+        REP_ERR_INVALID => "invalid",
+        REP_ERR_UNKNOWN => "unknown export",
+        REP_ERR_SHUTDOWN => "server shutting down",
+        REP_ERR_TLS_REQD => "TLS required",
+        _ => "error",
+    };
+    let msg = String::from_utf8_lossy(data);
+    let kind =
+        if kind == REP_ERR_TLS_REQD || kind == REP_ERR_POLICY { ErrorKind::PermissionDenied } else { ErrorKind::Other };
+    Error::new(kind, format!("{what}: {why}{}{msg}", if msg.is_empty() { "" } else { ": " }))
+}
+
+/// Asks for TLS (NBD_OPT_STARTTLS); on success the caller runs the TLS handshake on the
+/// stream and continues negotiating inside it.
+pub async fn start_tls<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) -> Result<()> {
+    send_option(stream, OPT_STARTTLS, &[]).await?;
+    match option_reply(stream, OPT_STARTTLS).await? {
+        (REP_ACK, _) => Ok(()),
+        (kind, data) => Err(refused("STARTTLS", kind, &data)),
+    }
+}
+
+/// Negotiates structured replies and `base:allocation` as `want` asks (each only if the
+/// server agrees), then picks the export with OPT_GO, asking for its block sizes.
+pub async fn choose<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, want: &Want<'_>) -> Result<ExportInfo> {
+    let mut structured = false;
+    let mut base_allocation = None;
+    if want.structured {
+        send_option(stream, OPT_STRUCTURED_REPLY, &[]).await?;
+        structured = option_reply(stream, OPT_STRUCTURED_REPLY).await?.0 == REP_ACK;
+    }
+    let mut name = (want.export.len() as u32).to_be_bytes().to_vec();
+    name.extend_from_slice(want.export.as_bytes());
+    if structured && want.base_allocation {
+        let mut d = name.clone();
+        d.extend_from_slice(&1u32.to_be_bytes());
+        d.extend_from_slice(&(BASE_ALLOCATION.len() as u32).to_be_bytes());
+        d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        send_option(stream, OPT_SET_META_CONTEXT, &d).await?;
+        loop {
+            match option_reply(stream, OPT_SET_META_CONTEXT).await? {
+                (REP_META_CONTEXT, d) if d.len() >= 4 && &d[4..] == BASE_ALLOCATION.as_bytes() => {
+                    base_allocation = Some(u32::from_be_bytes(d[..4].try_into().unwrap()));
+                }
+                (REP_META_CONTEXT, _) => {}
+                (REP_ACK, _) => break,
+                (kind, _) if kind & (1 << 31) != 0 => break,
+                (kind, _) => return Err(invalid(format!("unexpected reply {kind:#x} to SET_META_CONTEXT"))),
+            }
+        }
+    }
+    let mut d = name;
+    if want.block_sizes {
+        d.extend_from_slice(&1u16.to_be_bytes());
+        d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    } else {
+        d.extend_from_slice(&0u16.to_be_bytes());
+    }
+    send_option(stream, OPT_GO, &d).await?;
+    let (mut size, mut flags, mut block) = (None, 0, DEFAULT_BLOCK);
+    loop {
+        match option_reply(stream, OPT_GO).await? {
+            (REP_ACK, _) => break,
+            (REP_INFO, d) if d.len() >= 12 && d[..2] == INFO_EXPORT.to_be_bytes() => {
+                size = Some(u64::from_be_bytes(d[2..10].try_into().unwrap()));
+                flags = u16::from_be_bytes(d[10..12].try_into().unwrap());
+            }
+            (REP_INFO, d) if d.len() >= 14 && d[..2] == INFO_BLOCK_SIZE.to_be_bytes() => {
+                let v = |i: usize| u32::from_be_bytes(d[i..i + 4].try_into().unwrap());
+                block = (v(2).max(1), v(6).max(v(2)).max(1), v(10).max(v(2)).max(1));
+            }
+            (REP_INFO, _) => {}
+            (kind, data) => return Err(refused(&format!("export {:?}", want.export), kind, &data)),
+        }
+    }
+    let size = size.ok_or_else(|| invalid("the server acknowledged GO without saying the export's size"))?;
+    Ok(ExportInfo { size, flags, block, structured, base_allocation })
 }

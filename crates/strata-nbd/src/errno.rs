@@ -11,13 +11,27 @@ use strata_io::ErrorKind;
 pub fn from_kind(kind: ErrorKind) -> u32 {
     match kind {
         // NBD has no EBUSY or checksum error: the client sees an IO error.
-        ErrorKind::Io | ErrorKind::Checksum | ErrorKind::Busy => EIO,
+        ErrorKind::Io | ErrorKind::Checksum | ErrorKind::Busy | ErrorKind::Unavailable => EIO,
         ErrorKind::NoSpace => ENOSPC,
         ErrorKind::OutOfRange | ErrorKind::Invalid => EINVAL,
         ErrorKind::ReadOnly => EPERM,
         ErrorKind::Unsupported => ENOTSUP,
         ErrorKind::Shutdown => ESHUTDOWN,
         ErrorKind::NoMemory => ENOMEM,
+    }
+}
+
+/// What an errno a server answered with means here (the inverse of [`from_kind`]; numbers
+/// with no kind of their own are IO errors).
+pub fn to_kind(errno: u32) -> ErrorKind {
+    match errno {
+        ENOSPC => ErrorKind::NoSpace,
+        EINVAL | EOVERFLOW => ErrorKind::Invalid,
+        EPERM => ErrorKind::ReadOnly,
+        ENOTSUP => ErrorKind::Unsupported,
+        ESHUTDOWN => ErrorKind::Shutdown,
+        ENOMEM => ErrorKind::NoMemory,
+        _ => ErrorKind::Io,
     }
 }
 
@@ -47,6 +61,7 @@ mod tests {
             (ErrorKind::Shutdown, 108),
             (ErrorKind::NoMemory, 12),
             (ErrorKind::Busy, 5),
+            (ErrorKind::Unavailable, 5),
         ];
         for (kind, errno) in table {
             assert_eq!(from_kind(kind), errno, "{kind:?}");
@@ -57,5 +72,10 @@ mod tests {
         assert_eq!(for_command(ErrorKind::OutOfRange, CMD_TRIM), 22);
         assert_eq!(for_command(ErrorKind::ReadOnly, CMD_WRITE), 1);
         assert_eq!(for_command(ErrorKind::Io, CMD_READ), 5);
+        for (kind, errno) in table {
+            if !matches!(kind, ErrorKind::Checksum | ErrorKind::Busy | ErrorKind::Unavailable | ErrorKind::OutOfRange) {
+                assert_eq!(to_kind(errno), kind, "{errno}");
+            }
+        }
     }
 }

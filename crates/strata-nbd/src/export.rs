@@ -3,6 +3,7 @@
 //! ([`Negotiated`]). The server builds these; the handshake and transmission phases read them,
 //! so neither phase depends on the server or on the other.
 
+use crate::tls::ServerTls;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -61,6 +62,8 @@ pub struct Shared {
     /// Woken when `live` drops to zero.
     pub(crate) idle: Notify,
     pub(crate) stopping: AtomicBool,
+    /// STARTTLS, when the server offers it.
+    pub tls: Option<ServerTls>,
 }
 
 impl Shared {
@@ -77,6 +80,7 @@ impl Shared {
             live: AtomicUsize::new(0),
             idle: Notify::new(),
             stopping: AtomicBool::new(false),
+            tls: None,
         }
     }
 

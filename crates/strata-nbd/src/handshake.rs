@@ -2,9 +2,11 @@
 //! EXPORT_NAME). Unknown or malformed options get error replies without losing framing;
 //! only a stream that cannot be framed any more (bad magic, absurd length) is dropped.
 
+use crate::client::BoxStream;
 use crate::export::{block_sizes, Export, Negotiated, Shared};
 use crate::proto::*;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use crate::tls::TlsMode;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 /// Option payloads longer than this are drained and refused with ERR_TOO_BIG.
 const OPTION_MAX_BYTES: u32 = 64 << 10;
@@ -84,19 +86,19 @@ pub fn transmission_flags(export: &Export, structured: bool) -> u16 {
     f
 }
 
-pub async fn negotiate<R, W>(rd: &mut R, wr: &mut W, shared: &Shared) -> Result<Negotiated, HandshakeEnd>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
+/// The connection's stream while negotiating: buffered for reading, replaced by its TLS
+/// stream after STARTTLS.
+pub type Negotiating = BufReader<BoxStream>;
+
+pub async fn negotiate(s: &mut Negotiating, shared: &Shared) -> Result<Negotiated, HandshakeEnd> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(&NBDMAGIC.to_be_bytes());
     out.extend_from_slice(&IHAVEOPT.to_be_bytes());
     out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    wr.write_all(&out).await?;
-    wr.flush().await?;
+    s.write_all(&out).await?;
+    s.flush().await?;
 
-    let client_flags = rd.read_u32().await?;
+    let client_flags = s.read_u32().await?;
     if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
         return Err(HandshakeEnd::Drop(format!("unknown client flags {client_flags:#x}")));
     }
@@ -104,29 +106,38 @@ where
     let mut structured = false;
     // Meta contexts chosen by SET_META_CONTEXT, and for which export name.
     let mut meta: Option<(String, bool)> = None;
+    let tls_mode = shared.tls.as_ref().map_or(TlsMode::Off, |t| t.mode);
+    let mut secure = false;
 
     for _ in 0..OPTIONS_MAX {
-        let magic = rd.read_u64().await?;
+        let magic = s.read_u64().await?;
         if magic != IHAVEOPT {
             return Err(HandshakeEnd::Drop(format!("bad option magic {magic:#x}")));
         }
-        let opt = rd.read_u32().await?;
-        let len = rd.read_u32().await?;
+        let opt = s.read_u32().await?;
+        let len = s.read_u32().await?;
         if len > OPTION_ABSURD_BYTES {
             return Err(HandshakeEnd::Drop(format!("option {opt} with absurd length {len}")));
         }
         if len > OPTION_MAX_BYTES {
-            tokio::io::copy(&mut (&mut *rd).take(len as u64), &mut tokio::io::sink()).await?;
+            tokio::io::copy(&mut (&mut *s).take(len as u64), &mut tokio::io::sink()).await?;
             if opt == OPT_EXPORT_NAME {
                 return Err(HandshakeEnd::Drop("EXPORT_NAME too long".into()));
             }
-            reply_err(wr, opt, REP_ERR_TOO_BIG, "option too long").await?;
+            reply_err(s, opt, REP_ERR_TOO_BIG, "option too long").await?;
             continue;
         }
         let mut data = vec![0u8; len as usize];
-        rd.read_exact(&mut data).await?;
+        s.read_exact(&mut data).await?;
         out.clear();
 
+        if tls_mode == TlsMode::Require && !secure && !matches!(opt, OPT_STARTTLS | OPT_ABORT) {
+            if opt == OPT_EXPORT_NAME {
+                return Err(HandshakeEnd::Drop("EXPORT_NAME before STARTTLS; TLS is required".into()));
+            }
+            reply_err(s, opt, REP_ERR_TLS_REQD, "TLS is required: send STARTTLS first").await?;
+            continue;
+        }
         match opt {
             OPT_EXPORT_NAME => {
                 // No error reply is possible here: an unknown name can only hang up.
@@ -143,20 +154,20 @@ where
                 if !no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
-                wr.write_all(&out).await?;
-                wr.flush().await?;
+                s.write_all(&out).await?;
+                s.flush().await?;
                 let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
                 return Ok(Negotiated { export, retired, structured, base_allocation, block_size_agreed: false });
             }
             OPT_ABORT => {
                 option_reply(&mut out, opt, REP_ACK, &[]);
-                let _ = wr.write_all(&out).await;
-                let _ = wr.flush().await;
+                let _ = s.write_all(&out).await;
+                let _ = s.flush().await;
                 return Err(HandshakeEnd::Closed);
             }
             OPT_LIST => {
                 if len != 0 {
-                    reply_err(wr, opt, REP_ERR_INVALID, "LIST takes no data").await?;
+                    reply_err(s, opt, REP_ERR_INVALID, "LIST takes no data").await?;
                     continue;
                 }
                 for e in &shared.exports() {
@@ -169,7 +180,27 @@ where
                 option_reply(&mut out, opt, REP_ACK, &[]);
             }
             OPT_STARTTLS => {
-                reply_err(wr, opt, REP_ERR_POLICY, "TLS is not offered; use a Unix socket or loopback").await?;
+                let Some(tls) = shared.tls.as_ref().filter(|t| t.mode != TlsMode::Off) else {
+                    reply_err(s, opt, REP_ERR_POLICY, "TLS is not offered; use a Unix socket or loopback").await?;
+                    continue;
+                };
+                if secure || len != 0 {
+                    reply_err(s, opt, REP_ERR_INVALID, "TLS is already on, or STARTTLS with data").await?;
+                    continue;
+                }
+                option_reply(&mut out, opt, REP_ACK, &[]);
+                s.write_all(&out).await?;
+                s.flush().await?;
+                if !s.buffer().is_empty() {
+                    return Err(HandshakeEnd::Drop("data sent after STARTTLS before the TLS handshake".into()));
+                }
+                // Options negotiated in the clear do not carry over (proto.md).
+                (structured, meta) = (false, None);
+                let placeholder: BoxStream = Box::new(tokio::io::join(tokio::io::empty(), tokio::io::sink()));
+                let plain = std::mem::replace(s, BufReader::new(placeholder)).into_inner();
+                let tls = tls.accept(plain).await.map_err(|e| HandshakeEnd::Drop(e.to_string()))?;
+                *s = BufReader::with_capacity(64 << 10, Box::new(tls));
+                secure = true;
                 continue;
             }
             OPT_INFO | OPT_GO => {
@@ -184,15 +215,15 @@ where
                     Some((name, reqs?))
                 })();
                 let Some((name, reqs)) = parsed else {
-                    reply_err(wr, opt, REP_ERR_INVALID, "malformed INFO/GO request").await?;
+                    reply_err(s, opt, REP_ERR_INVALID, "malformed INFO/GO request").await?;
                     continue;
                 };
                 let Some((export, retired)) = shared.attach(&name) else {
-                    reply_err(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
+                    reply_err(s, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
                     continue;
                 };
                 if shared.shutting_down() {
-                    reply_err(wr, opt, REP_ERR_SHUTDOWN, "server is shutting down").await?;
+                    reply_err(s, opt, REP_ERR_SHUTDOWN, "server is shutting down").await?;
                     continue;
                 }
                 let flags = transmission_flags(&export, structured);
@@ -220,8 +251,8 @@ where
                     option_reply(&mut out, opt, REP_INFO, &d);
                 }
                 option_reply(&mut out, opt, REP_ACK, &[]);
-                wr.write_all(&out).await?;
-                wr.flush().await?;
+                s.write_all(&out).await?;
+                s.flush().await?;
                 if opt == OPT_GO {
                     let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
                     let block_size_agreed = reqs.contains(&INFO_BLOCK_SIZE);
@@ -231,7 +262,7 @@ where
             }
             OPT_STRUCTURED_REPLY => {
                 if len != 0 {
-                    reply_err(wr, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data").await?;
+                    reply_err(s, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data").await?;
                     continue;
                 }
                 structured = true;
@@ -239,7 +270,7 @@ where
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 if opt == OPT_SET_META_CONTEXT && !structured {
-                    reply_err(wr, opt, REP_ERR_INVALID, "negotiate structured replies first").await?;
+                    reply_err(s, opt, REP_ERR_INVALID, "negotiate structured replies first").await?;
                     continue;
                 }
                 let mut r = Reader { data: &data };
@@ -253,11 +284,11 @@ where
                     Some((name, queries?))
                 })();
                 let Some((name, queries)) = parsed else {
-                    reply_err(wr, opt, REP_ERR_INVALID, "malformed meta context request").await?;
+                    reply_err(s, opt, REP_ERR_INVALID, "malformed meta context request").await?;
                     continue;
                 };
                 if shared.find(&name).is_none() {
-                    reply_err(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
+                    reply_err(s, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
                     continue;
                 }
                 let wanted = if opt == OPT_LIST_META_CONTEXT {
@@ -276,12 +307,12 @@ where
                 option_reply(&mut out, opt, REP_ACK, &[]);
             }
             _ => {
-                reply_err(wr, opt, REP_ERR_UNSUP, "option not supported").await?;
+                reply_err(s, opt, REP_ERR_UNSUP, "option not supported").await?;
                 continue;
             }
         }
-        wr.write_all(&out).await?;
-        wr.flush().await?;
+        s.write_all(&out).await?;
+        s.flush().await?;
     }
     Err(HandshakeEnd::Drop(format!("more than {OPTIONS_MAX} options without choosing an export")))
 }

@@ -34,6 +34,7 @@ const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
+pub const REP_ERR_TLS_REQD: u32 = REP_ERR | 5;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
@@ -78,8 +79,10 @@ pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const CHUNK_NONE: u16 = 0;
 pub const CHUNK_OFFSET_DATA: u16 = 1;
+pub const CHUNK_OFFSET_HOLE: u16 = 2;
 pub const CHUNK_BLOCK_STATUS: u16 = 5;
 pub const CHUNK_ERROR: u16 = (1 << 15) + 1;
+pub const CHUNK_ERROR_OFFSET: u16 = (1 << 15) + 2;
 
 // base:allocation states.
 pub const STATE_HOLE: u32 = 1 << 0;

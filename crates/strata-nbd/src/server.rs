@@ -2,13 +2,14 @@
 //! handshake and then the transmission phase, and a shutdown that lets in-flight requests
 //! finish before the devices are flushed.
 
+use crate::client::{BoxStream, Stream};
 use crate::export::{stopped, Export, Limits, Removed, Shared};
 use crate::handshake::{negotiate, HandshakeEnd};
+use crate::tls::ServerTls;
 use crate::transmission::transmit;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 
 #[derive(Clone)]
@@ -24,6 +25,12 @@ impl Server {
             server.add(e)?;
         }
         Ok(server)
+    }
+
+    /// Offers (or requires) TLS as `tls` says. Call before serving.
+    pub fn with_tls(mut self, tls: ServerTls) -> Server {
+        Arc::get_mut(&mut self.shared).expect("with_tls before the server is shared").tls = Some(tls);
+        self
     }
 
     pub fn exports(&self) -> Vec<Arc<Export>> {
@@ -47,10 +54,7 @@ impl Server {
             tokio::select! {
                 _ = stopped(&mut stop) => return,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        let (r, w) = stream.into_split();
-                        self.spawn_connection(r, w);
-                    }
+                    Ok((stream, _)) => self.spawn_connection(stream),
                     Err(e) => accept_error(e).await,
                 },
             }
@@ -66,8 +70,7 @@ impl Server {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let _ = stream.set_nodelay(true);
-                        let (r, w) = stream.into_split();
-                        self.spawn_connection(r, w);
+                        self.spawn_connection(stream);
                     }
                     Err(e) => accept_error(e).await,
                 },
@@ -76,11 +79,7 @@ impl Server {
     }
 
     /// Serves one already-connected stream (tests, socket activation).
-    pub fn spawn_connection<R, W>(&self, rd: R, wr: W)
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
+    pub fn spawn_connection<S: Stream>(&self, stream: S) {
         let Ok(permit) = self.shared.connections.clone().try_acquire_owned() else {
             eprintln!(
                 "strata-nbd: connection limit ({}) reached; closing a new connection",
@@ -91,11 +90,15 @@ impl Server {
         let shared = self.shared.clone();
         shared.live.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(async move {
-            let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
-            let mut wr = wr;
+            let mut stream = tokio::io::BufReader::with_capacity(64 << 10, Box::new(stream) as BoxStream);
             let timeout = shared.limits.handshake_timeout;
-            match tokio::time::timeout(timeout, negotiate(&mut rd, &mut wr, &shared)).await {
-                Ok(Ok(neg)) => transmit(rd, wr, neg, shared.clone()).await,
+            match tokio::time::timeout(timeout, negotiate(&mut stream, &shared)).await {
+                Ok(Ok(neg)) => {
+                    // The handshake may have read ahead into the first requests.
+                    let early = stream.buffer().to_vec();
+                    let (rd, wr) = tokio::io::split(stream.into_inner());
+                    transmit(rd, wr, &early, neg, shared.clone()).await
+                }
                 Ok(Err(HandshakeEnd::Closed)) => {}
                 Ok(Err(HandshakeEnd::Drop(why))) => eprintln!("strata-nbd: handshake failed: {why}"),
                 Err(_) => eprintln!("strata-nbd: handshake timed out after {timeout:?}"),

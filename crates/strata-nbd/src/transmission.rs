@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Extent, ZeroFlags};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 /// Write payloads beyond the limit but below this are drained to keep framing and refused;
@@ -161,7 +161,7 @@ struct Session {
     held: usize,
 }
 
-pub async fn transmit<R, W>(rd: BufReader<R>, mut wr: W, neg: Negotiated, shared: Arc<Shared>)
+pub async fn transmit<R, W>(mut rd: R, mut wr: W, early: &[u8], neg: Negotiated, shared: Arc<Shared>)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -186,10 +186,9 @@ where
         out: Outbox::default(),
         held: 0,
     };
-    // The handshake may have read ahead into the first requests.
-    let mut inbox = Inbox { data: vec![0; INPUT_BYTES], lo: 0, hi: rd.buffer().len() };
-    inbox.data[..inbox.hi].copy_from_slice(rd.buffer());
-    let mut rd = rd.into_inner();
+    // `early`: what the handshake read ahead into the first requests.
+    let mut inbox = Inbox { data: vec![0; INPUT_BYTES.max(early.len())], lo: 0, hi: early.len() };
+    inbox.data[..inbox.hi].copy_from_slice(early);
     let mut input = Input::Header;
     let mut stop = shared.shutdown_rx.clone();
     let mut retired = neg.retired;

@@ -132,8 +132,7 @@ async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
 
 fn connect(s: &Server) -> UnixStream {
     let (a, b) = UnixStream::pair().unwrap();
-    let (r, w) = b.into_split();
-    s.spawn_connection(r, w);
+    s.spawn_connection(b);
     a
 }
 

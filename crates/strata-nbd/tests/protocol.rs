@@ -79,8 +79,7 @@ impl Client {
     /// Connects and reads the greeting; `flags` are the client flags to send.
     async fn connect(server: &Server, flags: u32) -> Client {
         let (a, b) = UnixStream::pair().unwrap();
-        let (r, w) = b.into_split();
-        server.spawn_connection(r, w);
+        server.spawn_connection(b);
         let mut c = Client { s: a };
         assert_eq!(c.s.read_u64().await.unwrap(), NBDMAGIC);
         assert_eq!(c.s.read_u64().await.unwrap(), IHAVEOPT);
@@ -546,8 +545,7 @@ async fn connection_limit_closes_extra_connections() {
     let _a = Client::new(&s).await;
     let _b = Client::new(&s).await;
     let (x, y) = UnixStream::pair().unwrap();
-    let (r, w) = y.into_split();
-    s.spawn_connection(r, w);
+    s.spawn_connection(y);
     let mut x = x;
     let mut b = [0u8; 8];
     assert!(matches!(x.read(&mut b).await, Ok(0) | Err(_)), "third connection refused");
@@ -558,8 +556,7 @@ async fn many_connections_opened_and_dropped() {
     let s = server();
     for i in 0..2000 {
         let (a, b) = UnixStream::pair().unwrap();
-        let (r, w) = b.into_split();
-        s.spawn_connection(r, w);
+        s.spawn_connection(b);
         if i % 2 == 0 {
             drop(a); // before the greeting is even read
         } else {

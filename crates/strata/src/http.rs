@@ -36,6 +36,27 @@ pub struct Admin {
     started: Instant,
     server: Server,
     opener: Opener,
+    /// When set, every request must carry `Authorization: Bearer TOKEN`.
+    pub token: Option<String>,
+}
+
+/// The environment variable the admin commands (`strata status`, `cache set`, ...) read a
+/// bearer token from, for a server started with `--admin-token-file`.
+pub const TOKEN_ENV: &str = "STRATA_ADMIN_TOKEN";
+
+/// Compares in time independent of where the first difference is.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Whether the request head carries the bearer token `token`.
+fn authorized(head: &str, token: &str) -> bool {
+    head.lines().any(|l| match l.split_once(':') {
+        Some((k, v)) if k.trim().eq_ignore_ascii_case("authorization") => {
+            v.trim().strip_prefix("Bearer ").is_some_and(|t| same_secret(t.trim().as_bytes(), token.as_bytes()))
+        }
+        _ => false,
+    })
 }
 
 /// The `/status` document.
@@ -63,8 +84,9 @@ pub struct VolumeStatus {
 }
 
 impl Admin {
-    pub fn new(server: Server) -> Admin {
-        Admin { volumes: RwLock::default(), started: Instant::now(), server, opener: Opener::new() }
+    /// The admin side of `server`; with `token`, every request must carry it as a bearer token.
+    pub fn new(server: Server, token: Option<String>) -> Admin {
+        Admin { volumes: RwLock::default(), started: Instant::now(), server, opener: Opener::new(), token }
     }
 
     /// The volumes served now, in the order they were added.
@@ -229,13 +251,17 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
         };
         let admin = admin.clone();
         tokio::spawn(async move {
-            let Ok(Ok((method, path, body))) =
+            let Ok(Ok((head, method, path, body))) =
                 tokio::time::timeout(std::time::Duration::from_secs(5), read_request(&mut stream)).await
             else {
                 return;
             };
             let route = path.split('?').next().unwrap_or("").to_string();
+            let denied = admin.token.as_deref().is_some_and(|t| !authorized(&head, t));
             let (code, ctype, body) = match (method.as_str(), route.as_str()) {
+                _ if denied => {
+                    ("401 Unauthorized", "text/plain", format!("a bearer token is required (set {TOKEN_ENV})\n"))
+                }
                 ("GET", "/status") => ("200 OK", "application/json", admin.status_text()),
                 ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
                 ("POST", r) if r.starts_with("/volumes/") && r.ends_with("/message") => {
@@ -284,8 +310,8 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     }
 }
 
-/// Reads one request: method, path and body (bounded sizes).
-async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(String, String, String)> {
+/// Reads one request: its head, method, path and body (bounded sizes).
+async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(String, String, String, String)> {
     let mut req = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     let head_end = loop {
@@ -319,7 +345,7 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(St
         req.extend_from_slice(&buf[..n]);
     }
     let body = String::from_utf8_lossy(&req[head_end..(head_end + length).min(req.len())]).into_owned();
-    Ok((method, path, body))
+    Ok((head, method, path, body))
 }
 
 /// Fetches `path` from an admin endpoint (for `strata status` and friends).
@@ -352,9 +378,13 @@ async fn request(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Re
     let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| {
         format!("cannot reach the admin endpoint at {addr} (is `strata serve --admin {addr}` running?)")
     })?;
+    let auth = match std::env::var(TOKEN_ENV) {
+        Ok(t) if !t.is_empty() => format!("Authorization: Bearer {t}\r\n"),
+        _ => String::new(),
+    };
     s.write_all(
         format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
         .as_bytes(),

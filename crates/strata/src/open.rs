@@ -28,6 +28,7 @@ use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
 use strata_io::slice::Slice;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
+use strata_nbd::remote::RemoteDev;
 use strata_qos::{Qos, QosOptions};
 use strata_thin::{Pool, PoolOptions, ThinDev};
 use strata_writecache::WritecacheDev;
@@ -118,6 +119,7 @@ async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<
         }
         Spec::Slice { .. } => open_slices(opener, spec, read_only, None).await?,
         Spec::Qos { group, options, inner } => open_qos(opener, group, options, inner, read_only).await?,
+        Spec::Nbd(remote) => Arc::new(RemoteDev::open((**remote).clone()).await?),
     })
 }
 

@@ -39,6 +39,12 @@
 //!   default 100), caps `riops`, `wiops`, `rbps`, `wbps` (`max` lifts one), `burst_ms`,
 //!   `latency_ms`; device options (the same in every spec naming the device): `model`,
 //!   `depth`, `slice_ms`, `idle_ms`, `max_wait_ms`. See docs/QOS.md.
+//! - `nbd://HOST[:PORT]/EXPORT[?opts]`, `nbd+unix:///EXPORT?socket=PATH[&opts]` — an export
+//!   of a remote NBD server (`strata_nbd::remote`); `nbds://` and `nbds+unix://` over TLS.
+//!   Options: `connections=N`, `timeout=30s` (one attempt), `outage=180s` (how long a
+//!   request waits for a server that is away), `replay=64MiB` (unflushed writes kept to
+//!   write again after a reconnect); with TLS `tls-psk-file=PATH`, `tls-username=ID`,
+//!   `tls-certificates=DIR`, `tls-verify=off`.
 //!
 //! A word before the first `:` that names no kind (`foo:bar`) is refused with the list of
 //! kinds, unless a file of that name exists: a typo in a prefix should not read as a missing
@@ -66,8 +72,12 @@ use strata_io::units::{format_size_exact, parse_size};
 use strata_io::{Error, Result};
 use strata_qos::QosOptions;
 
+use strata_nbd::remote::{format_duration, parse_duration, Address, RemoteSpec, Tuning, DEFAULT_PORT};
+use strata_nbd::tls::ClientTls;
+
 /// The kinds of spec, as an error lists them.
-pub const KINDS: &str = "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:";
+pub const KINDS: &str =
+    "file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:, nbd://, nbd+unix://, nbds://, nbds+unix://";
 
 /// A device or a stack of targets, as a spec names it.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,6 +102,8 @@ pub enum Spec {
     Slice { offset: u64, len: u64, overlap: bool, inner: Box<Spec> },
     /// `qos:GROUP[?opts]@SPEC`
     Qos { group: String, options: Box<QosOptions>, inner: Box<Spec> },
+    /// `nbd://`, `nbd+unix://`, `nbds://`, `nbds+unix://`
+    Nbd(Box<RemoteSpec>),
 }
 
 /// A file or block device and the options it opens with.
@@ -282,6 +294,7 @@ impl Spec {
                 opts.finish()?;
                 Ok(Spec::Thin { pool: pool.into(), id, size, skip_zeroing, data })
             }
+            "nbd" | "nbds" | "nbd+unix" | "nbds+unix" => parse_nbd(s, kind, rest),
             _ if looks_like_kind(kind) && !may_exist(Path::new(split_query(s).0)) => {
                 Err(invalid(format!("unknown device kind {kind:?} ({KINDS})")))
             }
@@ -314,7 +327,7 @@ impl Spec {
                     o.for_each_file(each)
                 }
             }
-            Spec::Mem { .. } => {}
+            Spec::Mem { .. } | Spec::Nbd(_) => {}
         }
     }
 
@@ -324,7 +337,7 @@ impl Spec {
             Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => Some(&f.path),
             Spec::Fault { inner, .. } | Spec::Slice { inner, .. } | Spec::Qos { inner, .. } => inner.path(),
             Spec::Cache { path, .. } | Spec::Writecache { path, .. } | Spec::Thin { pool: path, .. } => Some(path),
-            Spec::Mem { .. } => None,
+            Spec::Mem { .. } | Spec::Nbd(_) => None,
         }
     }
 
@@ -349,6 +362,114 @@ fn split_stacked<'a>(s: &str, rest: &'a str, usage: &str) -> Result<(&'a str, &'
         return Err(invalid_spec(s, "no device after '@'"));
     }
     Ok((head, inner))
+}
+
+/// Reads the part of an `nbd[s][+unix]:` spec after the kind.
+fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
+    let invalid = |msg: &str| invalid_spec(s, msg);
+    let unix = kind.ends_with("+unix");
+    let rest = rest.strip_prefix("//").ok_or_else(|| invalid(&format!("expected {kind}://...")))?;
+    let (body, q) = split_query(rest);
+    let mut opts = Options::parse(s, q);
+    let (authority, export) = body.split_once('/').unwrap_or((body, ""));
+    let address = if unix {
+        if !authority.is_empty() {
+            return Err(invalid("a Unix socket URI has no host: nbd+unix:///EXPORT?socket=PATH"));
+        }
+        let socket = opts.take("socket").filter(|p| !p.is_empty());
+        Address::Unix(socket.ok_or_else(|| invalid("no socket=PATH"))?.into())
+    } else {
+        let (host, port) = match authority.strip_prefix('[') {
+            Some(v6) => {
+                let (host, after) = v6.split_once(']').ok_or_else(|| invalid("unclosed '[' in the host"))?;
+                (host, after.strip_prefix(':'))
+            }
+            None => match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            },
+        };
+        if host.is_empty() {
+            return Err(invalid("no host"));
+        }
+        let port = match port {
+            None => DEFAULT_PORT,
+            Some(p) => p.parse().map_err(|_| invalid(&format!("bad port {p:?}")))?,
+        };
+        Address::Tcp { host: host.to_string(), port }
+    };
+    let d = Tuning::default();
+    let duration = |opts: &mut Options, key: &str, default| match opts.take(key) {
+        None => Ok(default),
+        Some(v) => parse_duration(&v).map_err(|e| invalid_spec(s, format!("{key}: {e}"))),
+    };
+    let connections = match opts.take_parsed::<usize>("connections")? {
+        Some(0) => return Err(invalid("connections must be at least 1")),
+        n => n,
+    };
+    let tuning = Tuning {
+        connections,
+        timeout: duration(&mut opts, "timeout", d.timeout)?,
+        outage: duration(&mut opts, "outage", d.outage)?,
+        replay_bytes: opts.take_size("replay")?.unwrap_or(d.replay_bytes),
+    };
+    let tls = ClientTls {
+        psk_file: opts.take("tls-psk-file").map(PathBuf::from),
+        username: opts.take("tls-username"),
+        certificates: opts.take("tls-certificates").map(PathBuf::from),
+        verify: opts.take_bool("tls-verify")?.unwrap_or(true),
+    };
+    let secure = kind.starts_with("nbds");
+    if !secure && tls != (ClientTls { verify: true, ..ClientTls::default() }) {
+        return Err(invalid("tls-* options need TLS: nbds:// or nbds+unix://"));
+    }
+    if tls.psk_file.is_some() && tls.certificates.is_some() {
+        return Err(invalid("give tls-psk-file or tls-certificates, not both"));
+    }
+    opts.finish()?;
+    let spec = RemoteSpec { address, export: export.to_string(), tls: secure.then_some(tls), tuning };
+    Ok(Spec::Nbd(Box::new(spec)))
+}
+
+/// Writes an `nbd[s][+unix]:` spec back.
+fn write_nbd(f: &mut fmt::Formatter<'_>, r: &RemoteSpec) -> fmt::Result {
+    let s = if r.tls.is_some() { "s" } else { "" };
+    let mut w = Written::default();
+    match &r.address {
+        Address::Tcp { host, port } => {
+            let host = if host.contains(':') { format!("[{host}]") } else { host.clone() };
+            let port = if *port == DEFAULT_PORT { String::new() } else { format!(":{port}") };
+            write!(f, "nbd{s}://{host}{port}/{}", r.export)?;
+        }
+        Address::Unix(p) => {
+            write!(f, "nbd{s}+unix:///{}", r.export)?;
+            w.pair("socket", p.display());
+        }
+    }
+    let (t, d) = (&r.tuning, Tuning::default());
+    if let Some(n) = t.connections {
+        w.pair("connections", n);
+    }
+    w.unless_default("timeout", format_duration(t.timeout), format_duration(d.timeout));
+    w.unless_default("outage", format_duration(t.outage), format_duration(d.outage));
+    if t.replay_bytes != d.replay_bytes {
+        w.pair("replay", format_size_exact(t.replay_bytes));
+    }
+    if let Some(tls) = &r.tls {
+        if let Some(p) = &tls.psk_file {
+            w.pair("tls-psk-file", p.display());
+        }
+        if let Some(u) = &tls.username {
+            w.pair("tls-username", u);
+        }
+        if let Some(p) = &tls.certificates {
+            w.pair("tls-certificates", p.display());
+        }
+        if !tls.verify {
+            w.pair("tls-verify", "off");
+        }
+    }
+    write!(f, "{w}")
 }
 
 /// Splits a target's options into those before `key` (`origin=`, `data=`) and the nested
@@ -441,6 +562,7 @@ impl fmt::Display for Spec {
                 options.write(&mut w);
                 write!(f, "qos:{group}{w}@{inner}")
             }
+            Spec::Nbd(r) => write_nbd(f, r),
         }
     }
 }
@@ -520,6 +642,22 @@ mod tests {
             (
                 "qos:b-1.x?latency_ms=20&depth=4&model=1,2,3,4,5,6&slice_ms=0@mem:1GiB",
                 "qos:b-1.x?latency_ms=20&model=1,2,3,4,5,6&depth=4&slice_ms=0@mem:1GiB",
+            ),
+            ("nbd://example.com/vol", "nbd://example.com/vol"),
+            ("nbd://example.com:10809/vol", "nbd://example.com/vol"),
+            ("nbd://10.0.0.1:7000/", "nbd://10.0.0.1:7000/"),
+            ("nbd://host", "nbd://host/"),
+            ("nbd://[::1]:7000/a/b", "nbd://[::1]:7000/a/b"),
+            ("nbd://h/v?timeout=5&outage=2m&connections=2", "nbd://h/v?connections=2&timeout=5s&outage=120s"),
+            ("nbd://h/v?timeout=1500ms&replay=1GiB", "nbd://h/v?timeout=1500ms&replay=1GiB"),
+            ("nbd+unix:///vol?socket=/run/s.sock", "nbd+unix:///vol?socket=/run/s.sock"),
+            ("nbd+unix:///?socket=/s&outage=10s", "nbd+unix:///?socket=/s&outage=10s"),
+            ("nbds://h/v?tls-psk-file=/k.psk&tls-username=bob", "nbds://h/v?tls-psk-file=/k.psk&tls-username=bob"),
+            ("nbds+unix:///v?tls-certificates=/pki&socket=/s", "nbds+unix:///v?socket=/s&tls-certificates=/pki"),
+            ("nbds://h/v?tls-verify=off", "nbds://h/v?tls-verify=off"),
+            (
+                "cache:/c.img?origin=nbd+unix:///v?socket=/s&timeout=2s",
+                "cache:/c.img?origin=nbd+unix:///v?socket=/s&timeout=2s",
             ),
         ] {
             let spec = parse(text);
@@ -608,9 +746,20 @@ mod tests {
             ("qos:db?colour=red@mem:1MiB", "unknown option(s): colour"),
             (
                 "foo:bar",
-                "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:)",
+                "unknown device kind \"foo\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:, nbd://",
             ),
-            ("nbd+unix:///vol?socket=/s", "unknown device kind \"nbd+unix\""),
+            ("nbd+unix:///vol", "no socket=PATH"),
+            ("nbd+unix://host/vol?socket=/s", "has no host"),
+            ("nbd:host/vol", "expected nbd://"),
+            ("nbd:///vol", "no host"),
+            ("nbd://h:port/v", "bad port"),
+            ("nbd://[::1/v", "unclosed"),
+            ("nbd://h/v?timeout=soon", "timeout: expected a duration"),
+            ("nbd://h/v?outage=0", "must be positive"),
+            ("nbd://h/v?connections=0", "at least 1"),
+            ("nbd://h/v?tls-psk-file=/k", "need TLS"),
+            ("nbds://h/v?tls-psk-file=/k&tls-certificates=/d", "not both"),
+            ("nbd://h/v?bogus", "unknown option(s): bogus"),
         ] {
             let e = refused(text);
             assert!(e.contains(why), "{text:?}: {e}");
@@ -723,8 +872,34 @@ mod tests {
         )
     }
 
+    fn remote() -> impl Strategy<Value = RemoteSpec> {
+        let address = prop_oneof![
+            ("[a-z][a-z0-9.-]{0,10}", any::<u16>()).prop_map(|(host, port)| Address::Tcp { host, port }),
+            (Just("::1".to_string()), any::<u16>()).prop_map(|(host, port)| Address::Tcp { host, port }),
+            path().prop_map(Address::Unix),
+        ];
+        let d = Tuning::default();
+        let secs = |d: Duration| prop_oneof![Just(d), (1..100_000u64).prop_map(Duration::from_millis)];
+        let tuning = (proptest::option::of(1..16usize), secs(d.timeout), secs(d.outage), size()).prop_map(
+            |(connections, timeout, outage, replay_bytes)| Tuning { connections, timeout, outage, replay_bytes },
+        );
+        let tls = proptest::option::of(
+            (proptest::option::of(path()), proptest::option::of("[a-z]{1,6}"), any::<bool>(), any::<bool>()).prop_map(
+                |(file, username, x509, verify)| ClientTls {
+                    certificates: if x509 { file.clone() } else { None },
+                    psk_file: if x509 { None } else { file },
+                    username,
+                    verify,
+                },
+            ),
+        );
+        (address, "([a-z0-9._-]{1,8}(/[a-z0-9]{1,4})?)?", tls, tuning)
+            .prop_map(|(address, export, tls, tuning)| RemoteSpec { address, export, tls, tuning })
+    }
+
     fn spec() -> impl Strategy<Value = Spec> {
         let leaf = prop_oneof![
+            remote().prop_map(|r| Spec::Nbd(Box::new(r))),
             file().prop_map(Spec::File),
             size().prop_map(|bytes| Spec::Mem { bytes }),
             (file(), hdd()).prop_map(|(file, params)| Spec::Hdd { file, params }),

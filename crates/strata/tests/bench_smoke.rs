@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// The whole suite at this scale takes well under a minute on 2 cores.
 const SCALE: &str = "0.01";
-const TIMEOUT: Duration = Duration::from_secs(170);
+const TIMEOUT: Duration = Duration::from_secs(200);
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -125,7 +125,15 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     let exps = &summary["experiments"];
     let mut got = names(exps);
     got.sort();
-    assert_eq!(got, ["git", "mixed", "overhead", "qos", "small-cache", "warmup", "writeback"]);
+    assert_eq!(got, ["git", "mixed", "overhead", "qos", "remote", "small-cache", "warmup", "writeback", "writelog"]);
+
+    // writelog: the books' memory within budget, every other figure a positive number.
+    let w = &exps["writelog"];
+    assert!(w["memory"]["target_memory_bytes_per_block"].as_f64().is_some_and(|b| b > 0.0 && b <= 40.0), "{w}");
+    for (part, key) in [("commit", "ratio"), ("recovery", "seconds"), ("drain", "ratio"), ("stream", "rate_ratio")] {
+        assert!(w[part][key].as_f64().is_some_and(|x| x > 0.0), "writelog: {part}.{key}: {w}");
+    }
+    assert_eq!(w["recovery"]["dirty_blocks"], w["recovery"]["recovered_dirty_blocks"], "{w}");
 
     // Every experiment: status, and every file it lists exists and is well formed.
     let git_skip = git_unavailable();
@@ -249,6 +257,14 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     let tables = std::fs::read_to_string(out.join("qos/tables.txt")).unwrap();
     assert!(tables.contains("nr Max-bandw Min-bandw Agg-bandw Max-latency nr Agg-bandw Max-latency"), "{tables}");
     assert!(exps["qos"]["results"]["1"]["targets"]["strata qos"].as_array().is_some());
+
+    // remote: every ratio of the figures, each a positive number.
+    let r = &exps["remote"];
+    assert_eq!(r["status"], "ok", "remote: {r}");
+    assert_eq!(names(&r["ratios"]).len(), 5, "remote: {r}");
+    for (k, v) in r["ratios"].as_object().unwrap() {
+        assert!(v.as_f64().is_some_and(|x| x > 0.0), "remote: {k} = {v}");
+    }
 
     // Nothing left behind: the scratch folder is gone.
     let scratch = summary["scratch"].as_str().expect("summary.json names its scratch folder");

@@ -104,7 +104,7 @@ fn a_typo_in_a_prefix_names_the_kinds_but_a_file_of_that_name_opens() {
     assert!(!o.status.success());
     assert!(
         err.contains(
-            "unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:)"
+            "unknown device kind \"hdx\" (file path, mem:, hdd:, ssd:, fault:, cache:, writecache:, thin:, slice:, qos:, nbd://"
         ),
         "{err}"
     );

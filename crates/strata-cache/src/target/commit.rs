@@ -3,7 +3,7 @@
 
 use super::{during, futures_join, Inner};
 use crate::meter::Counters;
-use strata_io::{Buf, Error, Result};
+use strata_io::{Buf, Error, ErrorKind, Result};
 
 impl Inner {
     /// Makes every completed write durable: origin flush, cache data flush, then the
@@ -97,7 +97,10 @@ impl Inner {
         }
         st.debug_check();
         result.map_err(|(e, cache_device)| {
-            st.fail(format!("{e}"), cache_device);
+            // An origin away for now lost nothing: this commit failed, a later one may not.
+            if cache_device || e.kind != ErrorKind::Unavailable {
+                st.fail(format!("{e}"), cache_device);
+            }
             e
         })
     }

@@ -264,12 +264,20 @@ impl BlockDev for CacheDev {
         })
     }
 
+    /// The cache's state, and its origin's under `origin` when it has one (a remote origin:
+    /// up or away, reconnects).
     fn status(&self) -> Option<serde_json::Value> {
-        Some(self.inner.status().to_json())
+        let mut v = self.inner.status().to_json();
+        if let Some(o) = self.inner.origin.status() {
+            v["origin"] = o;
+        }
+        Some(v)
     }
 
     fn metrics(&self) -> Vec<strata_io::metrics::Sample> {
-        self.inner.status().samples()
+        let mut m = self.inner.status().samples();
+        m.extend(self.inner.origin.metrics());
+        m
     }
 
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {

@@ -7,7 +7,7 @@ use crate::format::Mode;
 use crate::meter::{Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-use strata_io::Buf;
+use strata_io::{Buf, ErrorKind};
 
 /// Most blocks one write-back batch takes (one origin flush per batch).
 const WRITEBACK_BATCH_MAX: usize = 256;
@@ -170,8 +170,12 @@ impl Inner {
             self.origin.flush().await
         };
         let mut st = self.state.lock();
-        if let Err(e) = &flushed {
-            st.fail(format!("origin flush after write-back: {e}"), false);
+        match &flushed {
+            // An origin away for now lost nothing: the blocks stay dirty and go again later.
+            // (The origin's own status says it is away.)
+            Err(e) if e.kind == ErrorKind::Unavailable => {}
+            Err(e) => st.fail(format!("origin flush after write-back: {e}"), false),
+            Ok(()) => {}
         }
         drop(commit_guard);
         let mut cleaned = 0;

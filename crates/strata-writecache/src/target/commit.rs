@@ -8,7 +8,7 @@ use super::state::SlotState;
 use super::{relaxed, Inner};
 use crate::format::{Entry, ENTRIES_PER_PAGE, ENTRY_BYTES, ENTRY_PAGE_BYTES};
 use std::sync::atomic::Ordering::Relaxed;
-use strata_io::{Buf, Result};
+use strata_io::{Buf, ErrorKind, Result};
 
 impl Inner {
     /// Returns once every change up to generation `generation` is durable.
@@ -129,7 +129,10 @@ impl Inner {
         self.state.lock().check_running()?;
         let upto = self.origin_writes.load(Relaxed);
         if let Err(e) = self.origin.flush().await {
-            self.state.lock().stop(format!("origin flush: {e}"), false);
+            // An origin away for now lost nothing: this flush failed, a later one may not.
+            if e.kind != ErrorKind::Unavailable {
+                self.state.lock().stop(format!("origin flush: {e}"), false);
+            }
             return Err(e);
         }
         *durable = upto;

@@ -190,12 +190,19 @@ impl BlockDev for WritecacheDev {
         Box::pin(self.inner.write_zeroes(offset, len, flags))
     }
 
+    /// The log's state, and its origin's under `origin` when it has one.
     fn status(&self) -> Option<serde_json::Value> {
-        serde_json::to_value(self.inner.status()).ok()
+        let mut v = serde_json::to_value(self.inner.status()).ok()?;
+        if let Some(o) = self.inner.origin.status() {
+            v["origin"] = o;
+        }
+        Some(v)
     }
 
     fn metrics(&self) -> Vec<strata_io::metrics::Sample> {
-        self.inner.status().samples()
+        let mut m = self.inner.status().samples();
+        m.extend(self.inner.origin.metrics());
+        m
     }
 
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {

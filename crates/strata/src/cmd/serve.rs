@@ -9,6 +9,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 use strata_io::BlockDev;
+use strata_nbd::tls::{ServerTls, TlsMode};
 use strata_nbd::{Limits, Server};
 
 #[derive(Args, Debug)]
@@ -33,6 +34,13 @@ Volume specs:
                        thin volume N of the pool whose metadata device is POOL (made by
                        `strata thin pool create`; size= and data= for pools made by other
                        tools, data= last); volumes of one pool share it (docs/THIN.md)
+  nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH
+                       an export of another NBD server (nbdkit, qemu-nbd, strata), e.g. as
+                       a cache's origin; options connections=N, timeout=30s (one attempt),
+                       outage=180s (how long requests wait for a server that is away)
+  nbds://..., nbds+unix://...
+                       the same over TLS: tls-psk-file=FILE[&tls-username=ID] or
+                       tls-certificates=DIR (ca-cert.pem[, client-cert.pem, client-key.pem])
   fault:RULE[,RULE]...@SPEC
                        SPEC behind injected faults (tests and drills): each RULE is
                        OPS:EFFECT[:FIELD]..., OPS read|write|flush|discard|zero|any joined
@@ -59,7 +67,9 @@ Examples:
   strata serve --tcp 127.0.0.1:10809 --admin 127.0.0.1:9810 fast=mem:1GiB slow=hdd:/data/o.img
   strata serve --config /etc/strata/strata.toml
   strata serve --unix /tmp/s.sock 'flaky=fault:write:eio:0-4KiB:once,any:delay=5ms:p=0.01@mem:64MiB'
-  nbdinfo 'nbd+unix:///vol0?socket=/tmp/strata.sock'")]
+  nbdinfo 'nbd+unix:///vol0?socket=/tmp/strata.sock'
+  strata serve --tcp 0.0.0.0:10809 --tls require --tls-psk /etc/strata/keys.psk vol0=/var/tmp/vol0.img
+  nbdinfo 'nbds://alice@HOST/vol0?tls-psk-file=/etc/strata/keys.psk'")]
 pub struct ServeArgs {
     /// Listen on this Unix socket.
     #[arg(long, value_name = "PATH")]
@@ -82,6 +92,24 @@ pub struct ServeArgs {
     /// Most requests in flight per connection.
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<usize>,
+    /// TLS (NBD STARTTLS): off, on (offered), or require (nothing but STARTTLS and ABORT is
+    /// answered before it). Needs --tls-certificates and/or --tls-psk.
+    #[arg(long, value_name = "MODE", default_value = "off")]
+    pub tls: TlsMode,
+    /// X.509 credentials: a directory with server-cert.pem, server-key.pem and, for
+    /// --tls-verify-peer, ca-cert.pem (the layout nbdkit and qemu use).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys: a file in psktool's format (identity:hexkey per line).
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Ask clients for a certificate signed by the directory's ca-cert.pem (X.509 only).
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+    /// Require `Authorization: Bearer TOKEN` on the admin endpoint, TOKEN being this file's
+    /// first line (the admin commands send $STRATA_ADMIN_TOKEN).
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Volumes to export, as NAME=SPEC. The first is also the default export.
     #[arg(value_name = "NAME=SPEC", value_parser = parse_named)]
     pub volumes: Vec<(String, Spec)>,
@@ -129,6 +157,27 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if unix.is_none() && tcp.is_none() {
         bail!("nowhere to listen: give --unix PATH and/or --tcp HOST:PORT");
     }
+    let tls = match args.tls {
+        TlsMode::Off if args.tls_certificates.is_some() || args.tls_psk.is_some() || args.tls_verify_peer => {
+            bail!("--tls-certificates, --tls-psk and --tls-verify-peer need --tls on or --tls require")
+        }
+        TlsMode::Off => None,
+        mode => Some(
+            ServerTls::new(mode, args.tls_certificates.as_deref(), args.tls_psk.as_deref(), args.tls_verify_peer)
+                .context("setting up TLS")?,
+        ),
+    };
+    let token = match &args.admin_token_file {
+        None => None,
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let t = text.lines().next().unwrap_or("").trim().to_string();
+            if t.is_empty() {
+                bail!("{}: the admin token is empty", p.display());
+            }
+            Some(t)
+        }
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata").build()?;
     runtime.block_on(async move {
@@ -140,8 +189,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if let Some(n) = args.max_inflight.or(cfg.max_inflight) {
             limits.max_inflight_per_connection = n.max(1);
         }
-        let server = Server::new(Vec::new(), limits).map_err(anyhow::Error::msg)?;
-        let admin = Arc::new(Admin::new(server.clone()));
+        let mut server = Server::new(Vec::new(), limits).map_err(anyhow::Error::msg)?;
+        if let Some(tls) = tls {
+            server = server.with_tls(tls);
+        }
+        let admin = Arc::new(Admin::new(server.clone(), token));
         for (name, spec, ro) in wanted {
             if let Err(e) = admin.add(&name, &spec, ro).await {
                 // Close what was opened cleanly: a cache left open would be marked unclean.
@@ -174,6 +226,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         if let Some(addr) = &admin_addr {
             let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin {addr}"))?;
+            let loopback = l.local_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
+            if !loopback && admin.token.is_none() {
+                eprintln!("strata: warning: the admin endpoint {addr} is reachable beyond this host without a token (--admin-token-file)");
+            }
             tokio::spawn(http::serve(l, admin.clone()));
             eprintln!("strata: admin endpoint on http://{addr}/status and /metrics");
         }

@@ -1,0 +1,197 @@
+"""remote: strata's NBD client device and TLS (issue 18's figures). fio --ioengine=nbd
+against nbdkit exports with and without strata in front, in one run:
+
+- warm cache: 4 KiB randread zipf:1.2 at iodepth 32 on a strata `cache` (a local file as
+  the fast device) in front of nbdkit's file plugin behind its delay filter (2 ms per
+  request), against the same local file served by strata directly, and the delayed export
+  read by fio directly;
+- the client device's own cost: strata serving the delayed export with no cache, against
+  fio reading it directly at the same iodepth;
+- TLS: 4 KiB randread on a `mem:` volume, --tls require with a PSK against --tls off, with
+  the server's CPU per request (strata is the TLS client: fio's libnbd takes no key file
+  from a URI);
+- sequential 1 MiB reads of an nbdkit export through strata against reading it directly;
+- nbdcopy of a whole export 10% allocated against a dense one, through strata (BLOCK_STATUS
+  passed through lets nbdcopy skip the holes);
+- recovery: randread through strata while nbdkit is killed and started again 2 s later;
+  the time from the restart until the rate is back to 90% of what it was.
+
+Scale 1: a 1 GiB origin, 8 GiB sparse/dense exports, 10 s runs (about 6 minutes).
+"""
+
+import subprocess
+import threading
+import time
+
+import benchlib as b
+
+NAME = "remote"
+TITLE = "Remote origins over NBD: client device, cache in front of a 2 ms export, TLS"
+
+
+def params(scale):
+    size_mib = max(64, int(1024 * scale))
+    sparse_mib = max(128, int(8192 * scale))
+    runtime = max(0.5, round(10 * scale, 1))
+    return size_mib, sparse_mib, runtime, 32
+
+
+def expected_seconds(scale):
+    size_mib, sparse_mib, runtime, _ = params(scale)
+    return 14 * (runtime + 1) + sparse_mib / 150 + size_mib / 200 + 10
+
+
+def run(ctx):
+    size_mib, sparse_mib, runtime, iodepth = params(ctx.scale)
+    out = ctx.dir(NAME)
+    work = ctx.work(NAME)
+    p = ctx.progress
+    log = ctx.scratch / "remote-servers.log"
+    origin = work / "origin.img"
+    local = work / "local.img"
+    p.set(step="writing the origin and the local file")
+    b.fill_random(origin, size_mib * b.MIB)
+    b.fill_random(local, size_mib * b.MIB)
+    results = {}
+
+    def fio(name, uri, extra, server=None):
+        p.set(step=name)
+        before = server.cpu() if server else None
+        rep = b.fio(["--name=job", "--ioengine=nbd", f"--uri={uri}", f"--runtime={int(runtime * 1000)}ms",
+                     "--time_based", f"--size={size_mib}M", *extra])
+        side = rep["jobs"][0]["read"]
+        r = {"iops": side["iops"], "mib_s": side["bw"] / 1024}
+        if server is not None and side["total_ios"]:
+            r["server_us_per_req"] = (server.cpu() - before) / side["total_ios"] * 1e6
+        results[name] = r
+        return r
+
+    zipf = ["--bs=4k", f"--iodepth={iodepth}", "--rw=randread", "--random_distribution=zipf:1.2", "--norandommap"]
+    delay = ("delay",)
+    with b.nbdkit(work / "k.sock", "file", str(origin), "rdelay=2ms", "wdelay=2ms", filters=delay, log=log) as k:
+        fio("nbdkit file, 2 ms delay, read directly", k.uri(), zipf)
+        remote = f"nbd+unix:///?socket={k.sock}"
+        with b.Strata(ctx, work / "s.sock", f"r={remote}", admin=False) as s:
+            fio("strata remote (no cache) over the 2 ms export", s.uri("r"), zipf, s)
+        cache = work / "c.img"
+        b.cache_create(ctx, remote, f"{cache}?size={b.cache_file_bytes(size_mib * b.MIB, 65536)}",
+                       block_size="64KiB", mode="writethrough")
+        with b.Strata(ctx, work / "s.sock", f"c=cache:{cache}") as s:
+            for i in range(3 if ctx.scale >= 0.1 else 1):
+                fio(f"warming the cache ({i + 1})", s.uri("c"), zipf)
+            fio("strata cache over the 2 ms export, warm", s.uri("c"), zipf, s)
+            results["strata cache over the 2 ms export, warm"]["hit_ratio"] = _hit_ratio(s.target("c"))
+    with b.Strata(ctx, work / "s.sock", f"l={local}", admin=False) as s:
+        fio("strata serving the local file", s.uri("l"), zipf, s)
+
+    # TLS on a mem: volume. fio's libnbd refuses key files named in URIs, so strata is the
+    # TLS client: fio -> strata B (plain, Unix socket) -> strata A's mem: volume, with and
+    # without TLS between B and A.
+    keys = work / "keys.psk"
+    b.run(["psktool", "-u", "bench", "-p", str(keys)])
+    mem = ["--bs=4k", f"--iodepth={iodepth}", "--rw=randread", "--norandommap"]
+    fill = ["--name=fill", "--ioengine=nbd", "--rw=write", "--bs=1M", f"--size={size_mib}M"]
+    for label, extra, scheme, opts in [("no TLS", (), "nbd", ""),
+                                       ("TLS-PSK", ("--tls", "require", "--tls-psk", str(keys)), "nbds",
+                                        f"&tls-psk-file={keys}")]:
+        with b.Strata(ctx, work / "a.sock", f"m=mem:{size_mib}MiB", admin=False, extra=extra) as a:
+            with b.Strata(ctx, work / "s.sock", f"r={scheme}+unix:///m?socket={a.sock}{opts}", admin=False) as s:
+                b.fio(fill + [f"--uri={s.uri('r')}"])
+                fio(f"strata mem, {label}", s.uri("r"), mem, a)
+
+    # Sequential 1 MiB reads, direct and through strata (no delay).
+    seq = ["--bs=1M", "--iodepth=8", "--rw=read"]
+    with b.nbdkit(work / "k.sock", "file", str(origin), log=log) as k:
+        fio("sequential 1 MiB, nbdkit read directly", k.uri(), seq)
+        with b.Strata(ctx, work / "s.sock", f"r=nbd+unix:///?socket={k.sock}", admin=False) as s:
+            fio("sequential 1 MiB, through strata", s.uri("r"), seq, s)
+
+    # Recovery after a restart of the remote server.
+    k = b.nbdkit(work / "k.sock", "file", str(origin), log=log)
+    with b.Strata(ctx, work / "s.sock", f"r=nbd+unix:///?socket={k.sock}", admin=False) as s:
+        recovery, k2 = _recovery(ctx, work, s, k, origin, runtime, log)
+    k2.stop()
+
+    # Whole-export copies: 10% allocated against dense.
+    sparse, dense = work / "sparse.img", work / "dense.img"
+    p.set(step="writing the sparse and the dense export")
+    with open(sparse, "wb") as f:
+        f.truncate(sparse_mib * b.MIB)
+        chunk = open("/dev/urandom", "rb").read(b.MIB)
+        for i in range(0, sparse_mib, 10):
+            f.seek(i * b.MIB)
+            f.write(chunk)
+    b.fill_random(dense, sparse_mib * b.MIB)
+    copies = {}
+    for name, path in [("10% allocated", sparse), ("dense", dense)]:
+        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # both in the page cache
+        with b.nbdkit(work / "k.sock", "file", str(path), log=log) as k:
+            with b.Strata(ctx, work / "s.sock", f"r=nbd+unix:///?socket={k.sock}", admin=False) as s:
+                p.set(step=f"nbdcopy of the {name} export through strata")
+                t = time.time()
+                b.run(["nbdcopy", s.uri("r"), "null:"])
+                copies[name] = time.time() - t
+
+    ratios = {
+        "warm cache / local file (IOPS)": _ratio(results, "strata cache over the 2 ms export, warm",
+                                                 "strata serving the local file"),
+        "strata remote, no cache / fio on the export (IOPS)": _ratio(
+            results, "strata remote (no cache) over the 2 ms export", "nbdkit file, 2 ms delay, read directly"),
+        "TLS / no TLS on mem: (IOPS)": _ratio(results, "strata mem, TLS-PSK", "strata mem, no TLS"),
+        "sequential 1 MiB through strata / direct (MiB/s)": (
+            results["sequential 1 MiB, through strata"]["mib_s"]
+            / results["sequential 1 MiB, nbdkit read directly"]["mib_s"]),
+        "copy time 10% allocated / dense": copies["10% allocated"] / copies["dense"],
+    }
+    rows = [{"series": k, **v} for k, v in results.items()]
+    fields = ["series", "iops", "mib_s", "server_us_per_req", "hit_ratio"]
+    b.write_csv(out / "remote.csv", rows, fields)
+    b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    return {
+        "setup": {"size_mib": size_mib, "sparse_mib": sparse_mib, "runtime_s": runtime, "iodepth": iodepth},
+        "results": results,
+        "copies_s": copies,
+        "recovery": recovery,
+        "ratios": ratios,
+        "files": ["remote.csv", "ratios.csv"],
+    }
+
+
+def _ratio(results, a, b_):
+    return results[a]["iops"] / results[b_]["iops"]
+
+
+def _hit_ratio(target):
+    hits, misses = target.get("read_hits", 0), target.get("read_misses", 0)
+    return hits / (hits + misses) if hits + misses else None
+
+
+def _recovery(ctx, work, s, k, origin, runtime, log):
+    """Randread through strata; nbdkit killed after `runtime` s and started again 2 s later.
+    Returns the rate before, and the seconds from the restart until a 0.5 s moving average
+    is back to 90% of it."""
+    ctx.progress.set(step="recovery after a restart of the remote server")
+    prefix = work / "recovery"
+    total = 3 * runtime + 2
+    args = ["--name=job", "--ioengine=nbd", f"--uri={s.uri('r')}", "--bs=4k", "--iodepth=32", "--rw=randread",
+            "--norandommap", f"--runtime={int(total * 1000)}ms", "--time_based", "--size=64M",
+            f"--write_iops_log={prefix}", "--log_avg_msec=100"]
+    t = threading.Thread(target=lambda: b.fio(args, timeout=total + 300))
+    t.start()
+    time.sleep(runtime)
+    k.p.stop(sig=9)
+    killed = runtime
+    time.sleep(2)
+    k2 = b.nbdkit(k.sock, "file", str(origin), log=log)
+    restarted = killed + 2
+    t.join()
+    series = b.read_iops_logs(prefix, 1, bucket_ms=100)
+    before = b.mean([v for (u, v) in series if 1 <= u < killed])
+    back = None
+    for u, _ in series:
+        w = [v for (x, v) in series if u - 0.5 < x <= u]
+        if u >= restarted + 0.5 and b.mean(w) >= 0.9 * before:
+            back = u - restarted  # the end of the first 0.5 s window at 90%
+            break
+    return {"iops_before": before, "killed_at_s": killed, "restarted_at_s": restarted,
+            "seconds_to_90pct_after_restart": back}, k2

@@ -1,0 +1,167 @@
+//! The remote device against strata's own server: model tests (random IO compared with an
+//! in-memory reference, aligned and not, split to a small maximum), and network faults: a
+//! server that goes away and comes back, one that loses unflushed writes when it restarts,
+//! one that stops answering, and one that never comes back.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_io::fault::{FaultDev, Ops, Rule};
+use strata_io::mem::MemDev;
+use strata_io::testing::{check_all_blocks_at_once, check_model, pattern, random_ops, Workload};
+use strata_io::{BlockDev, Buf, ErrorKind, ZeroFlags};
+use strata_nbd::remote::{Address, RemoteDev, RemoteSpec, Tuning};
+use strata_nbd::{Export, Limits, Server};
+
+const SIZE: u64 = 4 << 20;
+
+fn serve(dev: Arc<dyn BlockDev>, sock: &Path, limits: Limits) -> Server {
+    let _ = std::fs::remove_file(sock);
+    let export = Export { name: "vol".into(), description: String::new(), dev, read_only: false };
+    let server = Server::new(vec![export], limits).unwrap();
+    let listener = tokio::net::UnixListener::bind(sock).unwrap();
+    let s = server.clone();
+    tokio::spawn(async move { s.serve_unix(listener).await });
+    server
+}
+
+async fn stop(server: Server) {
+    server.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), server.wait_idle()).await.expect("server stops");
+}
+
+fn spec(sock: &Path, tuning: Tuning) -> RemoteSpec {
+    RemoteSpec { address: Address::Unix(sock.to_path_buf()), export: "vol".into(), tls: None, tuning }
+}
+
+fn socket(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("nbd.sock")
+}
+
+#[tokio::test]
+async fn random_io_matches_the_reference_aligned_unaligned_and_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    // A 64 KiB maximum, so the larger requests are split.
+    let limits = Limits { max_request_bytes: 64 << 10, ..Limits::default() };
+    let server = serve(Arc::new(MemDev::new(SIZE)), &sock, limits);
+    let dev = RemoteDev::open(spec(&sock, Tuning { connections: Some(3), ..Tuning::default() })).await.unwrap();
+    assert_eq!(dev.size(), SIZE);
+    assert_eq!(dev.info().block.2, 64 << 10);
+    assert!(dev.info().structured && dev.info().base_allocation.is_some());
+    for (seed, granularity) in [(1, 4096), (2, 512), (3, 100)] {
+        let w = Workload { granularity, max_granules: 80, span: SIZE };
+        check_model(&dev, &random_ops(seed, 400, SIZE, &w)).await.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+    check_all_blocks_at_once(&dev).await.unwrap();
+    // Holes come through BLOCK_STATUS.
+    dev.write_zeroes(0, SIZE, ZeroFlags { may_unmap: true, fast_only: false }).await.unwrap();
+    let ext = dev.block_status(4096, 8192).await.unwrap();
+    assert!(ext[0].zero && ext[0].hole, "{ext:?}");
+    dev.write(SIZE - 4096, pattern(3, SIZE - 4096, 4096), false).await.unwrap();
+    let ext = dev.block_status(SIZE - 8192, 8192).await.unwrap();
+    assert!(!ext.last().unwrap().zero, "{ext:?}");
+    stop(server).await;
+}
+
+#[tokio::test]
+async fn requests_wait_for_a_server_that_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    let mem: Arc<dyn BlockDev> = Arc::new(MemDev::new(SIZE));
+    let server = serve(mem.clone(), &sock, Limits::default());
+    let dev = Arc::new(RemoteDev::open(spec(&sock, Tuning::default())).await.unwrap());
+    dev.write(0, pattern(7, 0, 8192), false).await.unwrap();
+    dev.flush().await.unwrap();
+    stop(server).await;
+    // Issued while the server is away; answered once it is back.
+    let d = dev.clone();
+    let waiting = tokio::spawn(async move {
+        let w = d.write(65536, pattern(8, 65536, 4096), false).await.map(|_| ());
+        w.and(d.read(0, Buf::zeroed(8192)).await)
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let status = dev.status().unwrap();
+    assert_eq!(status["state"], "down", "{status}");
+    assert!(!waiting.is_finished());
+    let server = serve(mem.clone(), &sock, Limits::default());
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("answered").unwrap().unwrap();
+    assert_eq!(got[..], pattern(7, 0, 8192)[..]);
+    let status = dev.status().unwrap();
+    assert_eq!(status["state"], "up", "{status}");
+    assert!(status["reconnects"].as_u64().unwrap() >= 1, "{status}");
+    assert!(status["seconds_away"].as_f64().unwrap() > 0.5, "{status}");
+    let mut back = vec![0u8; 4096];
+    mem.read(65536, Buf::zeroed(4096)).await.map(|b| back.copy_from_slice(&b)).unwrap();
+    assert_eq!(back[..], pattern(8, 65536, 4096)[..]);
+    stop(server).await;
+}
+
+#[tokio::test]
+async fn a_server_that_lost_unflushed_writes_gets_them_again_before_the_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    let first = Arc::new(MemDev::new(SIZE));
+    let server = serve(first.clone(), &sock, Limits::default());
+    let dev = RemoteDev::open(spec(&sock, Tuning::default())).await.unwrap();
+    dev.write(0, pattern(1, 0, 4096), false).await.unwrap();
+    dev.flush().await.unwrap();
+    dev.write(4096, pattern(2, 4096, 4096), false).await.unwrap();
+    dev.write_zeroes(0, 512, ZeroFlags::default()).await.unwrap();
+    assert_eq!(dev.status().unwrap()["unflushed_bytes"], 4096);
+    stop(server).await;
+    // The restarted server holds only what was flushed.
+    let durable = Arc::new(MemDev::new(SIZE));
+    durable.write_from(0, &pattern(1, 0, 4096)).unwrap();
+    let server = serve(durable.clone(), &sock, Limits::default());
+    dev.flush().await.unwrap();
+    let mut want = pattern(1, 0, 8192);
+    want[4096..].copy_from_slice(&pattern(2, 4096, 4096));
+    want[..512].fill(0);
+    let mut got = vec![0u8; 8192];
+    durable.read_into(0, &mut got).unwrap();
+    assert!(got == want[..], "the replayed writes are on the new server");
+    assert_eq!(dev.status().unwrap()["unflushed_bytes"], 0);
+    stop(server).await;
+}
+
+#[tokio::test]
+async fn past_the_outage_limit_requests_fail_with_eio() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    let server = serve(Arc::new(MemDev::new(SIZE)), &sock, Limits::default());
+    let tuning = Tuning { outage: Duration::from_millis(800), ..Tuning::default() };
+    let dev = RemoteDev::open(spec(&sock, tuning)).await.unwrap();
+    stop(server).await;
+    let t = std::time::Instant::now();
+    let e = dev.read(0, Buf::zeroed(4096)).await.expect_err("no server");
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e}"); // EIO on the wire
+    assert!(e.context.contains("unreachable"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert_eq!(dev.status().unwrap()["state"], "down");
+}
+
+#[tokio::test]
+async fn a_server_that_stops_answering_turns_into_timeouts_then_eio() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    let limits = Limits { handshake_timeout: Duration::from_secs(2), ..Limits::default() };
+    // Reads that take ten minutes: a server that stops answering them.
+    let (silent, faults) = FaultDev::new(MemDev::new(SIZE));
+    faults.add(Rule::delay(Ops::READ, Duration::from_secs(600)).always());
+    let server = serve(Arc::new(silent), &sock, limits);
+    let tuning =
+        Tuning { timeout: Duration::from_millis(300), outage: Duration::from_millis(1200), ..Tuning::default() };
+    let dev = RemoteDev::open(spec(&sock, tuning)).await.unwrap();
+    dev.write(0, pattern(1, 0, 4096), false).await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), dev.read(0, Buf::zeroed(4096)))
+        .await
+        .expect("no hang")
+        .expect_err("no answer");
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e}"); // EIO on the wire
+    let status = dev.status().unwrap();
+    assert!(status["timeouts"].as_u64().unwrap() >= 2, "{status}");
+    // Writes still work: only the stuck requests failed.
+    dev.write(4096, pattern(2, 4096, 4096), false).await.unwrap();
+    server.shutdown();
+}
