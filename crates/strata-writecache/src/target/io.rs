@@ -201,45 +201,34 @@ impl Inner {
         Ok(Some(generation))
     }
 
-    /// A request of several blocks the log has no room for goes to the origin as one write.
-    /// First the logged copies of its blocks are written back and cleared (`go_around`, each
-    /// under that block's locks); then, holding the range's origin-write locks, it checks
-    /// that none got logged meanwhile (else it starts over) and writes. A logged write racing
-    /// with it is concurrent with it, and the origin-write locks make that copy's write-back
-    /// land after this write, so the log and the origin agree on it. No block lock is held
-    /// across the origin write, so writes of one stream overlap. A large request marks the
-    /// origin as streaming, which pauses write-back until a second has passed without one
-    /// (see `writeback.rs`).
+    /// A request of several blocks the log has no room for goes to the origin as one write,
+    /// after the logged copies of its blocks are written back and cleared (`go_around`), all
+    /// its blocks' locks held (block locks, then origin-write locks, each in ascending order,
+    /// as every path takes them). A large one marks the origin as streaming, which pauses
+    /// write-back while it lasts (see `writeback.rs`).
     async fn write_around(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         let (first, last) = (offset / self.block, (offset + buf.len() as u64 - 1) / self.block);
         let mut stripes: Vec<usize> = (first..=last).map(|b| self.stripe(b)).collect();
         stripes.sort_unstable();
         stripes.dedup();
-        let _origin = loop {
-            for b in first..=last {
-                if self.state.lock().logged_anywhere(b) {
-                    let _lock = self.stripes[self.stripe(b)].lock().await;
-                    let _origin = self.origin_locks[self.stripe(b)].lock().await;
-                    self.state.lock().check_running()?;
-                    if self.state.lock().logged_anywhere(b) {
-                        self.go_around(b).await?;
-                    }
-                }
+        let mut guards = Vec::with_capacity(stripes.len());
+        for &i in &stripes {
+            guards.push(self.stripes[i].lock().await);
+        }
+        let mut origin_guards = Vec::with_capacity(stripes.len());
+        for &i in &stripes {
+            origin_guards.push(self.origin_locks[i].lock().await);
+        }
+        self.state.lock().check_running()?;
+        for b in first..=last {
+            if self.state.lock().logged_anywhere(b) {
+                self.go_around(b).await?;
             }
-            let mut guards = Vec::with_capacity(stripes.len());
-            for &i in &stripes {
-                guards.push(self.origin_locks[i].lock().await);
-            }
-            let st = self.state.lock();
-            st.check_running()?;
-            if !(first..=last).any(|b| st.logged_anywhere(b)) {
-                break guards;
-            }
-        };
+        }
         let blocks = last - first + 1;
         self.counters.writes_around.fetch_add(blocks, Relaxed);
         if blocks >= STREAM_BLOCKS {
-            *self.last_stream.lock() = Some(std::time::Instant::now());
+            self.streaming.store(true, Relaxed);
         }
         self.kick.notify_one();
         let r = self.origin.write(offset, buf, fua).await;

@@ -33,8 +33,6 @@ use tokio::sync::Notify;
 /// Block locks: an origin block hashes to one of these; writes and write-arounds of a block
 /// hold its lock, write-backs and write-arounds its origin-write lock.
 const STRIPES: usize = 1024;
-/// Adjacent blocks that share a lock.
-const STRIPE_BLOCKS: u64 = 64;
 
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -74,8 +72,8 @@ pub(crate) struct Inner {
     kick: Notify,
     /// The write-back controller's rate (f64 bits, blocks per second; infinite: flat out).
     writeback_rate: AtomicU64,
-    /// When a large write last went around the log (see `Inner::streaming`).
-    last_stream: Mutex<Option<std::time::Instant>>,
+    /// A large write went around the log since the background task last looked.
+    streaming: std::sync::atomic::AtomicBool,
     /// The last fault (write-back or commit), for status.
     pub(crate) last_error: Mutex<Option<String>>,
 }
@@ -86,19 +84,9 @@ pub struct WritecacheDev {
     describe: String,
 }
 
-/// How long write-back stays paused after a large write went around the log.
-const STREAM_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl Inner {
-    /// A stream is going around the log: a large write went around it within `STREAM_HOLD`.
-    fn streaming(&self) -> bool {
-        self.last_stream.lock().is_some_and(|t| t.elapsed() < STREAM_HOLD)
-    }
-
-    /// The lock of block `b`: blocks go by runs of `STRIPE_BLOCKS`, so a large request takes
-    /// few locks and the requests of a stream take different ones.
     fn stripe(&self, b: u64) -> usize {
-        ((b / STRIPE_BLOCKS).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % STRIPES
+        (b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % STRIPES
     }
 
     fn slot_offset(&self, s: u32) -> u64 {

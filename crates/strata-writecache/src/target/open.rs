@@ -60,7 +60,7 @@ impl WritecacheDev {
             tunables: Mutex::new(o.tunables),
             kick: Notify::new(),
             writeback_rate: AtomicU64::new(0),
-            last_stream: Mutex::new(None),
+            streaming: Default::default(),
             last_error: Mutex::new(None),
             sb,
         });

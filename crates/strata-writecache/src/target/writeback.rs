@@ -61,10 +61,8 @@ pub(super) struct Sweep(VecDeque<u32>);
 
 impl Inner {
     /// Writes back up to `max` of the oldest dirty blocks, or with `sweep` the next ones in
-    /// origin-address order; returns how many became clean. Without a sweep it stops early
-    /// when a stream starts going around the log (see `copy_out`).
+    /// origin-address order; returns how many became clean.
     pub(super) async fn writeback_batch(&self, max: usize, sweep: Option<&mut Sweep>) -> Result<usize> {
-        let yield_to_streams = sweep.is_none();
         {
             let st = self.state.lock();
             st.check_running()?;
@@ -105,23 +103,27 @@ impl Inner {
             return Ok(0);
         }
         picks.sort_unstable_by_key(|p| p.block);
-        let result = self.copy_out(&picks, yield_to_streams).await;
+        let mut stripes: Vec<usize> = picks.iter().map(|p| self.stripe(p.block)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for i in stripes {
+            guards.push(self.origin_locks[i].lock().await);
+        }
+        let result = self.copy_out(&picks).await;
+        drop(guards);
         let mut st = self.state.lock();
         let mut cleaned = 0;
         for p in &picks {
             st.writing_back.remove(&p.slot);
             st.unpin(p.slot);
-        }
-        if let Ok(written) = &result {
-            for &k in written {
-                if st.mark_clean(picks[k].slot, picks[k].seq) {
-                    cleaned += 1;
-                }
+            if result.is_ok() && st.mark_clean(p.slot, p.seq) {
+                cleaned += 1;
             }
         }
         drop(st);
         match result {
-            Ok(_) => {
+            Ok(()) => {
                 self.counters.writebacks.fetch_add(cleaned as u64, Relaxed);
                 Ok(cleaned)
             }
@@ -133,47 +135,31 @@ impl Inner {
         }
     }
 
-    /// Copies the picked slots (sorted by block, pinned) to the origin, adjacent blocks as one
-    /// write, then flushes the origin; returns the picks written. Each run is written under
-    /// its blocks' origin-write locks and only if every slot of it still holds its block's
-    /// newest copy: a write around the log takes those locks and retires the slot first, so
-    /// an older copy never lands after it. A slot superseded by a logged write is skipped (the
-    /// newer copy goes back later). With `yield_to_streams` it stops between runs once a
-    /// stream goes around the log (the rest stays dirty).
-    async fn copy_out(&self, picks: &[Pick], yield_to_streams: bool) -> Result<Vec<usize>> {
-        let mut written = Vec::with_capacity(picks.len());
+    /// Copies the picked slots (sorted by block, pinned, their origin-write locks held) to the
+    /// origin, adjacent blocks as one write, then flushes the origin. A slot superseded by a
+    /// newer copy after this starts still holds the data it was picked with (it is pinned):
+    /// the newer copy goes to the origin later, and no write around the log can come between.
+    async fn copy_out(&self, picks: &[Pick]) -> Result<()> {
+        // Skip what changed since it was picked (superseded copies are not written back).
+        let current: Vec<&Pick> = {
+            let st = self.state.lock();
+            picks
+                .iter()
+                .filter(|p| st.state(p.slot) == (SlotState::Live { dirty: true }) && st.slot(p.slot).seq == p.seq)
+                .collect()
+        };
         let mut i = 0;
-        while i < picks.len() {
-            if yield_to_streams && self.streaming() {
-                break;
-            }
-            let (b0, zero) = (picks[i].block, picks[i].zero);
+        while i < current.len() {
+            let (b0, zero) = (current[i].block, current[i].zero);
             let mut j = i + 1;
-            while j < picks.len()
-                && picks[j].block == picks[j - 1].block + 1
-                && picks[j].zero == zero
+            while j < current.len()
+                && current[j].block == current[j - 1].block + 1
+                && current[j].zero == zero
                 && (j - i) < BATCH_MAX
             {
                 j += 1;
             }
-            let run = &picks[i..j];
-            let (from, to) = (i, j);
-            i = j;
-            let mut stripes: Vec<usize> = run.iter().map(|p| self.stripe(p.block)).collect();
-            stripes.sort_unstable();
-            stripes.dedup();
-            let mut guards = Vec::with_capacity(stripes.len());
-            for k in stripes {
-                guards.push(self.origin_locks[k].lock().await);
-            }
-            let current = {
-                let st = self.state.lock();
-                run.iter()
-                    .all(|p| st.state(p.slot) == (SlotState::Live { dirty: true }) && st.slot(p.slot).seq == p.seq)
-            };
-            if !current {
-                continue;
-            }
+            let run = &current[i..j];
             let at = b0 * self.block;
             let len: u64 = run.iter().map(|p| self.block_len(p.block)).sum();
             if zero {
@@ -193,10 +179,9 @@ impl Inner {
                 self.origin.write(at, buf, false).await?;
             }
             self.origin_writes.fetch_add(1, Relaxed);
-            written.extend(from..to);
+            i = j;
         }
-        self.origin_flush().await?;
-        Ok(written)
+        self.origin_flush().await
     }
 
     /// Writes back until nothing is dirty (`flush` message, shutdown checks), in
@@ -256,7 +241,7 @@ impl Inner {
         let full = free * 100 < slots * (100 - t.high_watermark as u64).max(1);
         // A stream going around a full log has the origin to itself (dm-writecache's pause):
         // write-back's seeks would cost it more than the slots they free are worth.
-        let streaming = self.streaming();
+        let streaming = self.streaming.swap(false, Relaxed);
         let flat_out = t.cleaner || idle || (full && !streaming);
         let rate = if t.pause_writeback || (streaming && !t.cleaner) {
             r.pacer.update(0.0, 0.0, dt, false, 0.0)
