@@ -24,6 +24,7 @@ import threading
 import time
 
 import benchlib as b
+import plots
 
 NAME = "remote"
 TITLE = "Remote origins over NBD: client device, cache in front of a 2 ms export, TLS"
@@ -69,7 +70,7 @@ def run(ctx):
     zipf = ["--bs=4k", f"--iodepth={iodepth}", "--rw=randread", "--random_distribution=zipf:1.2", "--norandommap"]
     delay = ("delay",)
     with b.nbdkit(work / "k.sock", "file", str(origin), "rdelay=2ms", "wdelay=2ms", filters=delay, log=log) as k:
-        fio("nbdkit file, 2 ms delay, read directly", k.uri(), zipf)
+        fio("nbdkit file with 2 ms delay read directly", k.uri(), zipf)
         remote = f"nbd+unix:///?socket={k.sock}"
         with b.Strata(ctx, work / "s.sock", f"r={remote}", admin=False) as s:
             fio("strata remote (no cache) over the 2 ms export", s.uri("r"), zipf, s)
@@ -79,8 +80,8 @@ def run(ctx):
         with b.Strata(ctx, work / "s.sock", f"c=cache:{cache}") as s:
             for i in range(3 if ctx.scale >= 0.1 else 1):
                 fio(f"warming the cache ({i + 1})", s.uri("c"), zipf)
-            fio("strata cache over the 2 ms export, warm", s.uri("c"), zipf, s)
-            results["strata cache over the 2 ms export, warm"]["hit_ratio"] = _hit_ratio(s.target("c"))
+            fio("strata cache over the 2 ms export (warm)", s.uri("c"), zipf, s)
+            results["strata cache over the 2 ms export (warm)"]["hit_ratio"] = _hit_ratio(s.target("c"))
     with b.Strata(ctx, work / "s.sock", f"l={local}", admin=False) as s:
         fio("strata serving the local file", s.uri("l"), zipf, s)
 
@@ -97,14 +98,14 @@ def run(ctx):
         with b.Strata(ctx, work / "a.sock", f"m=mem:{size_mib}MiB", admin=False, extra=extra) as a:
             with b.Strata(ctx, work / "s.sock", f"r={scheme}+unix:///m?socket={a.sock}{opts}", admin=False) as s:
                 b.fio(fill + [f"--uri={s.uri('r')}"])
-                fio(f"strata mem, {label}", s.uri("r"), mem, a)
+                fio(f"strata mem ({label})", s.uri("r"), mem, a)
 
     # Sequential 1 MiB reads, direct and through strata (no delay).
     seq = ["--bs=1M", "--iodepth=8", "--rw=read"]
     with b.nbdkit(work / "k.sock", "file", str(origin), log=log) as k:
-        fio("sequential 1 MiB, nbdkit read directly", k.uri(), seq)
+        fio("sequential 1 MiB nbdkit read directly", k.uri(), seq)
         with b.Strata(ctx, work / "s.sock", f"r=nbd+unix:///?socket={k.sock}", admin=False) as s:
-            fio("sequential 1 MiB, through strata", s.uri("r"), seq, s)
+            fio("sequential 1 MiB through strata", s.uri("r"), seq, s)
 
     # Recovery after a restart of the remote server.
     k = b.nbdkit(work / "k.sock", "file", str(origin), log=log)
@@ -133,27 +134,31 @@ def run(ctx):
                 copies[name] = time.time() - t
 
     ratios = {
-        "warm cache / local file (IOPS)": _ratio(results, "strata cache over the 2 ms export, warm",
+        "warm cache / local file (IOPS)": _ratio(results, "strata cache over the 2 ms export (warm)",
                                                  "strata serving the local file"),
-        "strata remote, no cache / fio on the export (IOPS)": _ratio(
-            results, "strata remote (no cache) over the 2 ms export", "nbdkit file, 2 ms delay, read directly"),
-        "TLS / no TLS on mem: (IOPS)": _ratio(results, "strata mem, TLS-PSK", "strata mem, no TLS"),
+        "strata remote without cache / fio on the export (IOPS)": _ratio(
+            results, "strata remote (no cache) over the 2 ms export", "nbdkit file with 2 ms delay read directly"),
+        "TLS / no TLS on mem: (IOPS)": _ratio(results, "strata mem (TLS-PSK)", "strata mem (no TLS)"),
         "sequential 1 MiB through strata / direct (MiB/s)": (
-            results["sequential 1 MiB, through strata"]["mib_s"]
-            / results["sequential 1 MiB, nbdkit read directly"]["mib_s"]),
+            results["sequential 1 MiB through strata"]["mib_s"]
+            / results["sequential 1 MiB nbdkit read directly"]["mib_s"]),
         "copy time 10% allocated / dense": copies["10% allocated"] / copies["dense"],
     }
     rows = [{"series": k, **v} for k, v in results.items()]
     fields = ["series", "iops", "mib_s", "server_us_per_req", "hit_ratio"]
     b.write_csv(out / "remote.csv", rows, fields)
     b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    plots.bar_chart(out / "ratios.png",
+                    f"Remote origins: each figure against its peer in the same run ({size_mib} MiB origin, "
+                    f"{runtime} s runs, scale {ctx.scale:g}); targets 0.9, 0.95, 0.85, 0.9 and at most 0.15",
+                    list(ratios), list(ratios.values()), "ratio", "figure")
     return {
         "setup": {"size_mib": size_mib, "sparse_mib": sparse_mib, "runtime_s": runtime, "iodepth": iodepth},
         "results": results,
         "copies_s": copies,
         "recovery": recovery,
         "ratios": ratios,
-        "files": ["remote.csv", "ratios.csv"],
+        "files": ["remote.csv", "ratios.csv", "ratios.png"],
     }
 
 

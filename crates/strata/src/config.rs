@@ -5,6 +5,11 @@
 //! tcp = "127.0.0.1:10809"
 //! admin = "127.0.0.1:9810"
 //! read_only = false
+//! # tls = "require"                      # off, on or require, as --tls
+//! # tls_psk = "/etc/strata/keys.psk"     # as --tls-psk
+//! # tls_certificates = "/etc/strata/pki" # as --tls-certificates
+//! # tls_verify_peer = true
+//! # admin_token_file = "/etc/strata/admin.token"
 //!
 //! [[volume]]
 //! name = "vol0"
@@ -50,6 +55,12 @@ pub struct Config {
     pub read_only: bool,
     pub max_connections: Option<usize>,
     pub max_inflight: Option<usize>,
+    pub tls: Option<String>,
+    pub tls_psk: Option<PathBuf>,
+    pub tls_certificates: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_verify_peer: bool,
+    pub admin_token_file: Option<PathBuf>,
     #[serde(default, rename = "volume")]
     pub volumes: Vec<VolumeConfig>,
     /// qos groups' options, by group name.
@@ -158,5 +169,18 @@ mod tests {
             let e = cfg.spec(&cfg.volumes[0]).unwrap_err();
             assert!(format!("{e:#}").contains(why), "{table}: {e:#}");
         }
+    }
+
+    #[test]
+    fn tls_settings_read_like_the_flags() {
+        let c: Config = toml::from_str(
+            "tls = \"require\"\ntls_psk = \"/k.psk\"\ntls_verify_peer = true\nadmin_token_file = \"/t\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.tls.as_deref(), Some("require"));
+        assert_eq!(c.tls_psk, Some(PathBuf::from("/k.psk")));
+        assert!(c.tls_verify_peer && c.tls_certificates.is_none());
+        assert_eq!(c.admin_token_file, Some(PathBuf::from("/t")));
+        assert!(toml::from_str::<Config>("tls_key = 1").is_err());
     }
 }

@@ -93,9 +93,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<usize>,
     /// TLS (NBD STARTTLS): off, on (offered), or require (nothing but STARTTLS and ABORT is
-    /// answered before it). Needs --tls-certificates and/or --tls-psk.
-    #[arg(long, value_name = "MODE", default_value = "off")]
-    pub tls: TlsMode,
+    /// answered before it); off when not given. Needs --tls-certificates and/or --tls-psk.
+    #[arg(long, value_name = "MODE")]
+    pub tls: Option<TlsMode>,
     /// X.509 credentials: a directory with server-cert.pem, server-key.pem and, for
     /// --tls-verify-peer, ca-cert.pem (the layout nbdkit and qemu use).
     #[arg(long, value_name = "DIR")]
@@ -157,17 +157,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if unix.is_none() && tcp.is_none() {
         bail!("nowhere to listen: give --unix PATH and/or --tcp HOST:PORT");
     }
-    let tls = match args.tls {
-        TlsMode::Off if args.tls_certificates.is_some() || args.tls_psk.is_some() || args.tls_verify_peer => {
+    let tls_mode = match (args.tls, &cfg.tls) {
+        (Some(m), _) => m,
+        (None, Some(m)) => m.parse().map_err(anyhow::Error::msg).context("tls in the config file")?,
+        (None, None) => TlsMode::Off,
+    };
+    let tls_certificates = args.tls_certificates.clone().or(cfg.tls_certificates.clone());
+    let tls_psk = args.tls_psk.clone().or(cfg.tls_psk.clone());
+    let tls_verify_peer = args.tls_verify_peer || cfg.tls_verify_peer;
+    let tls = match tls_mode {
+        TlsMode::Off if tls_certificates.is_some() || tls_psk.is_some() || tls_verify_peer => {
             bail!("--tls-certificates, --tls-psk and --tls-verify-peer need --tls on or --tls require")
         }
         TlsMode::Off => None,
         mode => Some(
-            ServerTls::new(mode, args.tls_certificates.as_deref(), args.tls_psk.as_deref(), args.tls_verify_peer)
+            ServerTls::new(mode, tls_certificates.as_deref(), tls_psk.as_deref(), tls_verify_peer)
                 .context("setting up TLS")?,
         ),
     };
-    let token = match &args.admin_token_file {
+    let token = match args.admin_token_file.as_ref().or(cfg.admin_token_file.as_ref()) {
         None => None,
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
