@@ -30,6 +30,8 @@ Volume specs:
   cache:PATH           a cache made by `strata cache create` (its superblock names the
                        origin; cache:PATH?origin=SPEC overrides it, and everything after
                        origin= is that spec, e.g. cache:PATH?origin=hdd:O.img?rpm=5400&seed=2)
+  writecache:PATH      a write log made by `strata writecache create`, in front of the origin
+                       its superblock names (writecache:PATH?origin=SPEC overrides it)
   thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]
                        thin volume N of the pool whose metadata device is POOL (made by
                        `strata thin pool create`; size= and data= for pools made by other
