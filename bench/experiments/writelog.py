@@ -20,6 +20,7 @@ Scale 1: LOG 1 GiB.
 import time
 
 import benchlib as b
+import plots
 
 NAME = "writelog"
 TITLE = "write log: memory, commit cost, recovery, drain in address order, streaming past a full log"
@@ -158,5 +159,15 @@ def run(ctx):
                      "writes_around": t["writes_around"]}
 
     b.write_csv(out / "writelog.csv", [{"figure": k, **v} for k, v in res.items() if isinstance(v, dict)])
+    # Each figure against its peer, and the bound for it.
+    labels = ["commit: log / raw file", "drain: time / ideal", "stream: rate / origin's"]
+    measured = [res["commit"]["ratio"], res["drain"]["ratio"], res["stream"]["rate_ratio"]]
+    bounds = [1.3, 1.25, 0.9]
+    plots.bar_chart(out / "ratios.png",
+                    f"Write log of {log // b.MIB} MiB over an hdd: origin: each figure over its peer in the same "
+                    f"run (measured) and the bound it must meet (scale {ctx.scale:g})",
+                    [x for l in labels for x in (l, l + " (bound)")],
+                    [x for pair in zip(measured, bounds) for x in pair], "ratio", "figure",
+                    kinds=["measured", "bound"] * len(labels))
     return {"setup": {"log_bytes": log, "origin_bytes": origin_bytes, "block_bytes": BLOCK, "origin": "hdd:"},
-            **res, "files": ["writelog.csv"]}
+            **res, "files": ["writelog.csv", "ratios.png"]}
