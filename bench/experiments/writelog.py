@@ -158,7 +158,13 @@ def run(ctx):
     res["stream"] = {"seconds": stream, "origin_alone_seconds": stream_origin, "rate_ratio": stream_origin / stream,
                      "writes_around": t["writes_around"]}
 
-    b.write_csv(out / "writelog.csv", [{"figure": k, **v} for k, v in res.items() if isinstance(v, dict)])
+    rows = []
+    for figure, v in res.items():
+        for key, value in v.items():
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for sub, x in items:
+                rows.append({"figure": figure, "measure": f"{key} {sub}" if sub else key, "value": x})
+    b.write_csv(out / "writelog.csv", rows, ["figure", "measure", "value"])
     # Each figure against its peer, and the bound for it.
     labels = ["commit: log / raw file", "drain: time / ideal", "stream: rate / origin's"]
     measured = [res["commit"]["ratio"], res["drain"]["ratio"], res["stream"]["rate_ratio"]]
