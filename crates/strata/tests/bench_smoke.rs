@@ -133,7 +133,10 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     for (part, key) in [("commit", "ratio"), ("recovery", "seconds"), ("drain", "ratio"), ("stream", "rate_ratio")] {
         assert!(w[part][key].as_f64().is_some_and(|x| x > 0.0), "writelog: {part}.{key}: {w}");
     }
-    assert_eq!(w["recovery"]["dirty_blocks"], w["recovery"]["recovered_dirty_blocks"], "{w}");
+    // Recovery found the dirty blocks (some may be written back before the count is read,
+    // and one batch may be between the two counters).
+    let (before, found) = (w["recovery"]["dirty_blocks"].as_f64(), w["recovery"]["recovered_dirty_blocks"].as_f64());
+    assert!(before.zip(found).is_some_and(|(b, f)| f >= b - 256.0 && f <= b), "writelog recovery: {w}");
 
     // Every experiment: status, and every file it lists exists and is well formed.
     let git_skip = git_unavailable();
