@@ -208,6 +208,11 @@ impl Inner {
     /// write-back while it lasts (see `writeback.rs`).
     async fn write_around(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         let (first, last) = (offset / self.block, (offset + buf.len() as u64 - 1) / self.block);
+        let blocks = last - first + 1;
+        if blocks >= STREAM_BLOCKS {
+            // Before waiting for the locks: a write-back batch holding some stops at its next run.
+            self.streaming.store(true, Relaxed);
+        }
         let mut stripes: Vec<usize> = (first..=last).map(|b| self.stripe(b)).collect();
         stripes.sort_unstable();
         stripes.dedup();
@@ -225,11 +230,7 @@ impl Inner {
                 self.go_around(b).await?;
             }
         }
-        let blocks = last - first + 1;
         self.counters.writes_around.fetch_add(blocks, Relaxed);
-        if blocks >= STREAM_BLOCKS {
-            self.streaming.store(true, Relaxed);
-        }
         self.kick.notify_one();
         let r = self.origin.write(offset, buf, fua).await;
         self.origin_writes.fetch_add(1, Relaxed);

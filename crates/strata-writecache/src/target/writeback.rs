@@ -61,8 +61,10 @@ pub(super) struct Sweep(VecDeque<u32>);
 
 impl Inner {
     /// Writes back up to `max` of the oldest dirty blocks, or with `sweep` the next ones in
-    /// origin-address order; returns how many became clean.
+    /// origin-address order; returns how many became clean. Without a sweep it stops early
+    /// when a stream is waiting to go around the log (see `copy_out`).
     pub(super) async fn writeback_batch(&self, max: usize, sweep: Option<&mut Sweep>) -> Result<usize> {
+        let yield_to_streams = sweep.is_none();
         {
             let st = self.state.lock();
             st.check_running()?;
@@ -110,20 +112,24 @@ impl Inner {
         for i in stripes {
             guards.push(self.origin_locks[i].lock().await);
         }
-        let result = self.copy_out(&picks).await;
+        let result = self.copy_out(&picks, yield_to_streams).await;
         drop(guards);
         let mut st = self.state.lock();
         let mut cleaned = 0;
         for p in &picks {
             st.writing_back.remove(&p.slot);
             st.unpin(p.slot);
-            if result.is_ok() && st.mark_clean(p.slot, p.seq) {
-                cleaned += 1;
+        }
+        if let Ok(written) = &result {
+            for &(s, seq) in written {
+                if st.mark_clean(s, seq) {
+                    cleaned += 1;
+                }
             }
         }
         drop(st);
         match result {
-            Ok(()) => {
+            Ok(_) => {
                 self.counters.writebacks.fetch_add(cleaned as u64, Relaxed);
                 Ok(cleaned)
             }
@@ -136,10 +142,13 @@ impl Inner {
     }
 
     /// Copies the picked slots (sorted by block, pinned, their origin-write locks held) to the
-    /// origin, adjacent blocks as one write, then flushes the origin. A slot superseded by a
-    /// newer copy after this starts still holds the data it was picked with (it is pinned):
-    /// the newer copy goes to the origin later, and no write around the log can come between.
-    async fn copy_out(&self, picks: &[Pick]) -> Result<()> {
+    /// origin, adjacent blocks as one write, then flushes the origin; returns the (slot,
+    /// sequence) of those written. A slot superseded by a newer copy after this starts still
+    /// holds the data it was picked with (it is pinned): the newer copy goes to the origin
+    /// later, and no write around the log can come between. With `yield_to_streams` it stops
+    /// between runs once a large write waits to go around the log (the rest stays dirty and
+    /// the locks are released when this returns).
+    async fn copy_out(&self, picks: &[Pick], yield_to_streams: bool) -> Result<Vec<(u32, u64)>> {
         // Skip what changed since it was picked (superseded copies are not written back).
         let current: Vec<&Pick> = {
             let st = self.state.lock();
@@ -148,8 +157,12 @@ impl Inner {
                 .filter(|p| st.state(p.slot) == (SlotState::Live { dirty: true }) && st.slot(p.slot).seq == p.seq)
                 .collect()
         };
+        let mut written = Vec::with_capacity(current.len());
         let mut i = 0;
         while i < current.len() {
+            if yield_to_streams && self.streaming.load(Relaxed) {
+                break;
+            }
             let (b0, zero) = (current[i].block, current[i].zero);
             let mut j = i + 1;
             while j < current.len()
@@ -179,9 +192,11 @@ impl Inner {
                 self.origin.write(at, buf, false).await?;
             }
             self.origin_writes.fetch_add(1, Relaxed);
+            written.extend(run.iter().map(|p| (p.slot, p.seq)));
             i = j;
         }
-        self.origin_flush().await
+        self.origin_flush().await?;
+        Ok(written)
     }
 
     /// Writes back until nothing is dirty (`flush` message, shutdown checks), in
