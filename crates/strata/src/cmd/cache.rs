@@ -30,6 +30,9 @@ pub enum CacheCommand {
     /// Format a cache device in front of an origin.
     Create(CreateArgs),
     /// Change a running cache: mode=, policy=, migration-budget=, sequential-cutoff=, readahead=, writeback-percent=.
+    #[command(
+        after_help = "Example:\n  strata cache set --admin 127.0.0.1:9810 vol mode=writethrough migration-budget=64MiB/s"
+    )]
     Set(SetArgs),
     /// Write back every dirty block of a running cache and wait, with progress.
     Flush(ControlArgs),
@@ -127,10 +130,8 @@ impl fmt::Display for Rate {
     }
 }
 
+/// `set` of a running cache or write log (`strata cache set`, `strata writecache set`).
 #[derive(Args, Debug)]
-#[command(
-    after_help = "Example:\n  strata cache set --admin 127.0.0.1:9810 vol mode=writethrough migration-budget=64MiB/s"
-)]
 pub struct SetArgs {
     /// The server's admin endpoint.
     #[arg(long, value_name = "HOST:PORT")]

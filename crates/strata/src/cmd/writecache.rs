@@ -1,7 +1,7 @@
 //! `strata writecache`: create a write log in front of an origin, tune a running one, write
 //! back its dirty blocks, detach it, and check or dump its entries offline.
 
-use crate::cmd::cache::{send_settings, Bytes};
+use crate::cmd::cache::{send_settings, Bytes, SetArgs};
 use crate::http;
 use crate::open::{cache_device, open, open_file};
 use crate::spec::Spec;
@@ -25,6 +25,9 @@ pub enum WritecacheCommand {
     Create(CreateArgs),
     /// Change a running log: high_watermark=, low_watermark=, writeback_jobs=, autocommit_blocks=,
     /// autocommit_time= (ms), max_age= (ms), pause_writeback=on|off, cleaner=on|off.
+    #[command(
+        after_help = "Example:\n  strata writecache set --admin 127.0.0.1:9810 vol low_watermark=10 pause_writeback=on"
+    )]
     Set(SetArgs),
     /// Write back every dirty block of a running log and wait.
     Flush(ControlArgs),
@@ -57,21 +60,6 @@ pub struct CreateArgs {
     /// Format even if the device holds data.
     #[arg(long)]
     pub force: bool,
-}
-
-#[derive(Args, Debug)]
-#[command(
-    after_help = "Example:\n  strata writecache set --admin 127.0.0.1:9810 vol low_watermark=10 pause_writeback=on"
-)]
-pub struct SetArgs {
-    /// The server's admin endpoint.
-    #[arg(long, value_name = "HOST:PORT")]
-    pub admin: String,
-    /// Volume name.
-    pub name: String,
-    /// Settings as KEY=VALUE.
-    #[arg(required = true)]
-    pub settings: Vec<String>,
 }
 
 #[derive(Args, Debug)]
