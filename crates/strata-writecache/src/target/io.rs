@@ -119,18 +119,21 @@ impl Inner {
     pub(super) async fn write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         check_range("writecache write", offset, buf.len() as u64, self.size)?;
         self.state.lock().check_running()?;
-        let all: Vec<Piece> = pieces(offset, buf.len() as u64, self.block).collect();
+        let total = pieces(offset, buf.len() as u64, self.block).count() as u64;
         let mut generation = 0;
-        for (k, p) in all.iter().enumerate() {
+        for (k, p) in pieces(offset, buf.len() as u64, self.block).enumerate() {
             // What the log has no room for goes around it as one write.
-            let left = (all.len() - k) as u64;
+            let left = total - k as u64;
             if left > 1 && self.state.lock().counts().0 < left {
+                if k == 0 {
+                    return self.write_around(offset, buf, fua).await;
+                }
                 let rest = Buf::from_slice(&buf[p.at as usize..]);
                 self.write_around(offset + p.at, rest, fua).await?;
                 break;
             }
             let data = &buf[p.at as usize..(p.at + p.len) as usize];
-            if let Some(g) = self.write_piece(*p, Some(data), fua).await? {
+            if let Some(g) = self.write_piece(p, Some(data), fua).await? {
                 generation = generation.max(g);
             }
         }
