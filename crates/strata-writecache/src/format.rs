@@ -30,8 +30,9 @@ pub const BLOCK_BYTES_DEFAULT: u32 = 4096;
 /// Entry flag: the slot holds zeroes (no data was written; the data CRC is not checked).
 pub const FLAG_ZERO: u32 = 1;
 
-/// What the superblock records. It is written once, by `create`; everything that changes
-/// lives in the entries.
+/// What the superblock records. It is written by `create`, and again only when a tunable is
+/// set live (`settings`, alone in the last 512-byte sector, so a torn rewrite leaves every
+/// other field as it was); everything else that changes lives in the entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
     pub block_bytes: u32,
@@ -42,10 +43,17 @@ pub struct Superblock {
     pub origin_spec: String,
     /// What identifies the origin device (opaque here; empty: not checked).
     pub origin_id: String,
+    /// The tunables last set live (opaque here; empty: the defaults). Checked by a checksum
+    /// of its own: a torn or corrupt one reads as empty.
+    pub settings: String,
 }
 
 /// Longest `origin_spec` plus `origin_id` the superblock holds.
 pub const ORIGIN_TEXT_BYTES_MAX: usize = 3072;
+/// Where `settings` lives: the superblock's last sector (length, checksum, then the text).
+const SETTINGS_AT: usize = SUPERBLOCK_BYTES as usize - 512;
+/// Longest `settings` the superblock holds.
+pub const SETTINGS_BYTES_MAX: usize = 512 - 8;
 
 impl Superblock {
     /// The layout for a fast device of `cache_bytes` with blocks of `block_bytes`.
@@ -59,8 +67,14 @@ impl Superblock {
         let b = block_bytes as u64;
         // Largest n with layout(n) inside the device.
         let mut n = cache_bytes.saturating_sub(SUPERBLOCK_BYTES + ENTRY_PAGE_BYTES) / (b + ENTRY_BYTES);
-        let mut sb =
-            Superblock { block_bytes, slots: n, origin_bytes, origin_spec: String::new(), origin_id: String::new() };
+        let mut sb = Superblock {
+            block_bytes,
+            slots: n,
+            origin_bytes,
+            origin_spec: String::new(),
+            origin_id: String::new(),
+            settings: String::new(),
+        };
         while n > 0 && sb.end() > cache_bytes {
             n -= 1;
             sb.slots = n;
@@ -110,7 +124,30 @@ impl Superblock {
         b[64 + spec.len()..64 + spec.len() + id.len()].copy_from_slice(id);
         let crc = crc32c::crc32c(&b[..64 + ORIGIN_TEXT_BYTES_MAX]);
         b[32..36].copy_from_slice(&crc.to_le_bytes());
+        let settings = self.settings.as_bytes();
+        assert!(settings.len() <= SETTINGS_BYTES_MAX, "settings checked by the caller");
+        if !settings.is_empty() {
+            let s = &mut b[SETTINGS_AT..];
+            s[0..2].copy_from_slice(&(settings.len() as u16).to_le_bytes());
+            s[4..8].copy_from_slice(&crc32c::crc32c(settings).to_le_bytes());
+            s[8..8 + settings.len()].copy_from_slice(settings);
+        }
         b
+    }
+
+    /// The settings text of a superblock's last sector; empty when none was written or it
+    /// fails its checksum.
+    fn decode_settings(b: &[u8]) -> String {
+        let s = &b[SETTINGS_AT..SUPERBLOCK_BYTES as usize];
+        let len = u16::from_le_bytes([s[0], s[1]]) as usize;
+        if len == 0 || len > SETTINGS_BYTES_MAX {
+            return String::new();
+        }
+        let text = &s[8..8 + len];
+        if crc32c::crc32c(text).to_le_bytes() != s[4..8] {
+            return String::new();
+        }
+        String::from_utf8(text.to_vec()).unwrap_or_default()
     }
 
     /// The checksummed bytes with the checksum field zeroed.
@@ -140,6 +177,7 @@ impl Superblock {
             origin_bytes: u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
             origin_spec: String::new(),
             origin_id: String::new(),
+            settings: Superblock::decode_settings(b),
         };
         let spec_len = u16::from_le_bytes(b[36..38].try_into().expect("2 bytes")) as usize;
         let id_len = u16::from_le_bytes(b[38..40].try_into().expect("2 bytes")) as usize;
@@ -236,6 +274,23 @@ mod tests {
         }
         assert!(Superblock::plan(1 << 20, 3000, 1 << 30).is_err());
         assert!(Superblock::plan(8192, 4096, 1 << 30).is_err());
+    }
+
+    #[test]
+    fn settings_round_trip_and_a_torn_copy_reads_as_none_without_touching_the_rest() {
+        let mut sb = Superblock::plan(1 << 20, 4096, 1 << 30).unwrap();
+        sb.origin_spec = "/var/tmp/o.img".into();
+        assert_eq!(Superblock::decode(&sb.encode(), 1 << 20).unwrap().settings, "", "none written");
+        sb.settings = r#"{"low_watermark":10}"#.into();
+        let b = sb.encode();
+        assert_eq!(Superblock::decode(&b, 1 << 20).unwrap(), sb);
+        // Only the last sector differs from a superblock without settings.
+        let plain = Superblock { settings: String::new(), ..sb.clone() }.encode();
+        assert!(b[..SETTINGS_AT] == plain[..SETTINGS_AT]);
+        let mut torn = b.clone();
+        torn[SETTINGS_AT + 9] ^= 1;
+        let again = Superblock::decode(&torn, 1 << 20).unwrap();
+        assert_eq!((again.settings.as_str(), again.origin_spec.as_str()), ("", "/var/tmp/o.img"));
     }
 
     #[test]

@@ -6,8 +6,10 @@ use serde::{Deserialize, Serialize};
 use strata_io::metrics::{MetricKind, Sample};
 use strata_io::{Error, ErrorKind, Result};
 
-/// Settings that change while serving (`message "NAME VALUE"`).
+/// Settings that change while serving (`message "NAME VALUE"`); what is set live is kept in
+/// the superblock and taken again at the next open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Tunables {
     /// Percent of slots in use above which clean blocks are evicted to keep the rest free.
     pub high_watermark: u32,
@@ -22,8 +24,12 @@ pub struct Tunables {
     pub writeback_jobs: u32,
     /// A block dirty longer than this is written back whatever the dirty share (0: no limit).
     pub max_age_ms: u64,
-    /// No background write-back (writes still go around a full log).
-    pub pause_writeback: bool,
+    /// Background write-back on (bcache's `writeback_running`); off, nothing is written back
+    /// but by `flush` or the cleaner, and writes still go around a full log.
+    pub writeback_running: bool,
+    /// How long write-back pauses after a large write went around a full log (a stream then
+    /// has the origin to itself), as dm-writecache's `pause_writeback`; 0: no pause.
+    pub pause_writeback_ms: u64,
     /// Write back everything dirty (before a detach).
     pub cleaner: bool,
 }
@@ -37,7 +43,8 @@ impl Default for Tunables {
             autocommit_blocks: 65536,
             writeback_jobs: 0,
             max_age_ms: 0,
-            pause_writeback: false,
+            writeback_running: true,
+            pause_writeback_ms: 3000,
             cleaner: false,
         }
     }
@@ -62,15 +69,31 @@ impl Tunables {
             "autocommit_blocks" => t.autocommit_blocks = num()?.max(1),
             "writeback_jobs" => t.writeback_jobs = num()?.min(u32::MAX as u64) as u32,
             "max_age" => t.max_age_ms = num()?,
-            "pause_writeback" => t.pause_writeback = flag()?,
+            "writeback_running" => t.writeback_running = flag()?,
+            "pause_writeback" => t.pause_writeback_ms = num()?,
             "cleaner" => t.cleaner = flag()?,
             _ => return Err(bad("unknown setting".into())),
         }
-        if t.high_watermark > 100 || t.low_watermark > t.high_watermark {
+        if !t.valid() {
             return Err(bad("needs low_watermark <= high_watermark <= 100".into()));
         }
         *self = t;
         Ok(())
+    }
+
+    fn valid(&self) -> bool {
+        self.high_watermark <= 100 && self.low_watermark <= self.high_watermark
+    }
+
+    /// The tunables as the superblock keeps them.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("plain fields")
+    }
+
+    /// Tunables kept in a superblock: fields missing from an older text take their defaults;
+    /// an empty, unreadable or inconsistent text gives the defaults.
+    pub fn decode(text: &str) -> Tunables {
+        serde_json::from_str::<Tunables>(text).ok().filter(Tunables::valid).unwrap_or_default()
     }
 }
 
@@ -97,6 +120,9 @@ pub struct WritecacheStatus {
     /// bcache's proportional-integral rate above it, `null` for flat out (flushing,
     /// cleaning, a full log, an idle origin, or blocks past `max_age`).
     pub writeback_rate: Option<f64>,
+    /// Why background write-back is held now, if it is: `writeback_running` off, or a stream
+    /// that went around the full log less than `pause_writeback` ago.
+    pub writeback_held: Option<String>,
     pub writeback_errors: u64,
     pub evictions: u64,
     pub commits: u64,

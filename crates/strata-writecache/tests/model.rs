@@ -17,7 +17,7 @@ use strata_writecache::{OpenOptions, Tunables, WritecacheDev, WritecacheStatus};
 const ORIGIN: u64 = 4 << 20;
 
 async fn open(cache: &Arc<MemDev>, origin: &Arc<MemDev>, t: Tunables) -> Arc<WritecacheDev> {
-    let o = OpenOptions { tunables: t, no_background: false };
+    let o = OpenOptions { tunables: Some(t), no_background: false };
     Arc::new(WritecacheDev::open(cache.clone(), origin.clone(), o).await.unwrap())
 }
 
@@ -49,7 +49,7 @@ async fn exercise(cache_bytes: u64, block: u32, t: Tunables, seed: u64) -> Write
                 let msg = match rng.gen_range(0..9) {
                     0 => "flush".to_string(),
                     1 => "commit".to_string(),
-                    2 => format!("pause_writeback {}", rng.gen_bool(0.5) as u8),
+                    2 => format!("writeback_running {}", rng.gen_bool(0.5) as u8),
                     3 => format!("cleaner {}", rng.gen_bool(0.3) as u8),
                     4 => format!("low_watermark {}", rng.gen_range(0..=40)),
                     5 => format!("writeback_jobs {}", rng.gen_range(0..8)),

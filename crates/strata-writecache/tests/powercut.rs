@@ -59,9 +59,10 @@ async fn run(seed: u64, ops: usize, cache_bytes: u64, t: Tunables) -> Run {
     create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
         .await
         .unwrap();
-    let dev = WritecacheDev::open(cache.clone(), origin.clone(), OpenOptions { tunables: t, no_background: false })
-        .await
-        .unwrap();
+    let dev =
+        WritecacheDev::open(cache.clone(), origin.clone(), OpenOptions { tunables: Some(t), no_background: false })
+            .await
+            .unwrap();
     let start = clock.now();
     let mut history = vec![Vec::new(); BLOCKS as usize];
     let mut flushes = Vec::new();
@@ -180,7 +181,7 @@ async fn power_cuts_lose_nothing_acknowledged_with_a_small_log() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_lose_nothing_with_write_back_paused() {
-    let t = Tunables { pause_writeback: true, ..Tunables::default() };
+    let t = Tunables { writeback_running: false, ..Tunables::default() };
     let mut n = 0;
     for seed in 11..=13 {
         n += cuts(seed, 96 << 10, t, 150).await;

@@ -1413,7 +1413,7 @@ impl WritecacheTarget {
         Ok(match mode {
             "default" => d,
             "eager" => strata_writecache::Tunables { high_watermark: 100, low_watermark: 0, ..d },
-            "paused" => strata_writecache::Tunables { pause_writeback: true, ..d },
+            "paused" => strata_writecache::Tunables { writeback_running: false, ..d },
             other => anyhow::bail!("writecache: no crashtest mode {other:?} (default, eager, paused)"),
         })
     }
@@ -1436,7 +1436,7 @@ impl CrashTarget for WritecacheTarget {
         use strata_writecache::offline::{create, CreateOptions};
         let tunables = Self::tunables(mode)?;
         create(&*cache, &*origin, &CreateOptions { block_bytes: 4096, ..CreateOptions::default() }).await?;
-        let o = strata_writecache::OpenOptions { tunables, no_background: false };
+        let o = strata_writecache::OpenOptions { tunables: Some(tunables), no_background: false };
         Ok(strata_writecache::WritecacheDev::open(cache, origin, o).await?)
     }
 
@@ -1446,7 +1446,7 @@ impl CrashTarget for WritecacheTarget {
             vec![],
             s(&["flush"]),
             s(&["commit", "flush"]),
-            s(&["pause_writeback on", "pause_writeback off"]),
+            s(&["writeback_running off", "writeback_running on"]),
             s(&["cleaner on", "cleaner off"]),
             s(&["low_watermark 0", "high_watermark 90"]),
             s(&["autocommit_time 0", "flush"]),

@@ -1,5 +1,6 @@
 //! A device that records the offset and length of every read and write it passes on, in
-//! order: tests of the order and size of the IO a target sends its origin.
+//! order: tests of the order and size of the IO a target sends its origin. Writes can be
+//! held (recorded when issued, passed on when released), to catch a target between two.
 
 use crate::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
 use parking_lot::Mutex;
@@ -11,11 +12,23 @@ pub struct Recording<D> {
     pub inner: D,
     reads: Mutex<Log>,
     writes: Mutex<Log>,
+    held: tokio::sync::watch::Sender<bool>,
 }
 
 impl<D: BlockDev> Recording<D> {
     pub fn new(inner: D) -> Recording<D> {
-        Recording { inner, reads: Mutex::new(Vec::new()), writes: Mutex::new(Vec::new()) }
+        let (held, _) = tokio::sync::watch::channel(false);
+        Recording { inner, reads: Mutex::new(Vec::new()), writes: Mutex::new(Vec::new()), held }
+    }
+
+    /// While held, writes are recorded when issued but wait before they go on.
+    pub fn hold_writes(&self, on: bool) {
+        self.held.send_replace(on);
+    }
+
+    /// The writes recorded since the last `take`, without taking them.
+    pub fn writes(&self) -> Log {
+        self.writes.lock().clone()
     }
 
     /// The reads and writes recorded since the last call.
@@ -40,7 +53,11 @@ impl<D: BlockDev> BlockDev for Recording<D> {
 
     fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
         self.writes.lock().push((offset, buf.len() as u64));
-        self.inner.write(offset, buf, fua)
+        let mut held = self.held.subscribe();
+        Box::pin(async move {
+            let _ = held.wait_for(|h| !h).await;
+            self.inner.write(offset, buf, fua).await
+        })
     }
 
     fn flush(&self) -> BoxFut<'_, Result<()>> {

@@ -30,7 +30,8 @@ impl Inner {
         self.commit_locked().await
     }
 
-    async fn commit_locked(&self) -> Result<()> {
+    /// A commit, `commit_lock` held by the caller.
+    pub(super) async fn commit_locked(&self) -> Result<()> {
         self.state.lock().check_running()?;
         let (pages, clearing, garbage, live, generation) = {
             let mut st = self.state.lock();

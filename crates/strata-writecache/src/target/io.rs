@@ -208,13 +208,13 @@ impl Inner {
     /// after the logged copies of its blocks are written back and cleared (`go_around`), all
     /// its blocks' locks held (block locks, then origin-write locks, each in ascending order,
     /// as every path takes them). A large one marks the origin as streaming, which pauses
-    /// write-back while it lasts (see `writeback.rs`).
+    /// write-back until `pause_writeback` after its end (see `writeback.rs`).
     async fn write_around(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         let (first, last) = (offset / self.block, (offset + buf.len() as u64 - 1) / self.block);
         let blocks = last - first + 1;
         if blocks >= STREAM_BLOCKS {
             // Before waiting for the locks: a write-back batch holding some stops at its next run.
-            self.streaming.store(true, Relaxed);
+            self.last_stream.store(self.now_ns(), Relaxed);
         }
         let mut stripes: Vec<usize> = (first..=last).map(|b| self.stripe(b)).collect();
         stripes.sort_unstable();
@@ -237,6 +237,9 @@ impl Inner {
         self.kick.notify_one();
         let r = self.origin.write(offset, buf, fua).await;
         self.origin_writes.fetch_add(1, Relaxed);
+        if blocks >= STREAM_BLOCKS {
+            self.last_stream.store(self.now_ns(), Relaxed);
+        }
         r
     }
 

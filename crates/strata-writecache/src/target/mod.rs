@@ -72,8 +72,11 @@ pub(crate) struct Inner {
     kick: Notify,
     /// The write-back controller's rate (f64 bits, blocks per second; infinite: flat out).
     writeback_rate: AtomicU64,
-    /// A large write went around the log since the background task last looked.
-    streaming: std::sync::atomic::AtomicBool,
+    /// When a large write last went around the log (nanoseconds since `epoch`, 0: never):
+    /// write-back pauses for `pause_writeback` after it, and a batch stops at its next run
+    /// when one starts.
+    last_stream: AtomicU64,
+    epoch: std::time::Instant,
     /// The last fault (write-back or commit), for status.
     pub(crate) last_error: Mutex<Option<String>>,
 }
@@ -91,6 +94,17 @@ impl Inner {
 
     fn slot_offset(&self, s: u32) -> u64 {
         self.sb.slot_offset(s as u64)
+    }
+
+    /// Nanoseconds since `epoch` (never 0).
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// Whether a large write went around the log within the last `ms` milliseconds.
+    fn streamed_within(&self, ms: u64) -> bool {
+        let last = self.last_stream.load(std::sync::atomic::Ordering::Relaxed);
+        last != 0 && self.now_ns() - last < ms.saturating_mul(1_000_000)
     }
 
     /// Bytes of block `b` inside the volume (the last block may be short).

@@ -20,7 +20,9 @@ use tokio::sync::Notify;
 /// How a writecache is opened.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
-    pub tunables: Tunables,
+    /// The tunables to start with; `None`: those last set live (kept in the superblock), or
+    /// the defaults.
+    pub tunables: Option<Tunables>,
     /// No background task (tests drive write-back and commits themselves).
     pub no_background: bool,
 }
@@ -29,6 +31,7 @@ impl WritecacheDev {
     /// Opens the write log on `cache` in front of `origin`, recovering its entries.
     pub async fn open(cache: Arc<dyn BlockDev>, origin: Arc<dyn BlockDev>, o: OpenOptions) -> Result<WritecacheDev> {
         let sb = superblock(&*cache, Some(&*origin)).await?;
+        let tunables = o.tunables.unwrap_or_else(|| Tunables::decode(&sb.settings));
         let found = scan(&*cache, &sb).await?;
         let mut st = State::new(sb.slots);
         let mut newest: Vec<(u32, Entry)> = found.newest.values().copied().collect();
@@ -57,10 +60,11 @@ impl WritecacheDev {
             origin_writes: AtomicU64::new(0),
             origin_durable: tokio::sync::Mutex::new(0),
             counters: Counters::default(),
-            tunables: Mutex::new(o.tunables),
+            tunables: Mutex::new(tunables),
             kick: Notify::new(),
             writeback_rate: AtomicU64::new(0),
-            streaming: Default::default(),
+            last_stream: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             last_error: Mutex::new(None),
             sb,
         });

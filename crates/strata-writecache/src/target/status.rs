@@ -1,9 +1,9 @@
 //! The target's status and the messages it takes while serving.
 
 use super::Inner;
-use crate::status::WritecacheStatus;
+use crate::status::{Tunables, WritecacheStatus};
 use std::sync::atomic::Ordering::Relaxed;
-use strata_io::{Error, ErrorKind, Result};
+use strata_io::{Buf, Error, ErrorKind, Result};
 
 impl Inner {
     pub(crate) fn status(&self) -> WritecacheStatus {
@@ -13,6 +13,7 @@ impl Inner {
             (free, dirty, st.writing_back.len() as u64, st.stopped.clone(), st.heap_bytes() as u64)
         };
         let c = &self.counters;
+        let tunables = *self.tunables.lock();
         WritecacheStatus {
             target: "writecache".into(),
             block_bytes: self.sb.block_bytes,
@@ -30,11 +31,20 @@ impl Inner {
             writeback_errors: c.writeback_errors.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
             commits: c.commits.load(Relaxed),
-            tunables: *self.tunables.lock(),
+            writeback_held: self.held_reason(&tunables),
+            tunables,
             memory_bytes: memory,
             last_error: self.last_error.lock().clone(),
             stopped,
         }
+    }
+
+    /// Writes `t` into the superblock (its last sector: a torn write leaves the rest as it
+    /// was) and commits (`commit_lock` held), so the next open takes them again.
+    async fn keep_tunables(&self, t: &Tunables) -> Result<()> {
+        let sb = crate::format::Superblock { settings: t.encode(), ..self.sb.clone() };
+        self.cache.write(0, Buf::from_slice(&sb.encode()), false).await?;
+        self.commit_locked().await
     }
 
     /// `flush` (write back everything now), `commit`, or `NAME VALUE` for a tunable.
@@ -50,8 +60,14 @@ impl Inner {
                 Ok("committed".into())
             }
             [name, value] => {
-                self.tunables.lock().set(name, value)?;
+                let _one = self.commit_lock.lock().await;
+                let t = {
+                    let mut t = self.tunables.lock();
+                    t.set(name, value)?;
+                    *t
+                };
                 self.kick.notify_one();
+                self.keep_tunables(&t).await?;
                 Ok(format!("{name} = {value}"))
             }
             _ => Err(Error::new(

@@ -12,6 +12,7 @@
 
 use super::state::SlotState;
 use super::{relaxed, Inner};
+use crate::status::Tunables;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Weak;
@@ -158,9 +159,10 @@ impl Inner {
                 .collect()
         };
         let mut written = Vec::with_capacity(current.len());
+        let started = self.now_ns();
         let mut i = 0;
         while i < current.len() {
-            if yield_to_streams && self.streaming.load(Relaxed) {
+            if yield_to_streams && self.last_stream.load(Relaxed) > started {
                 break;
             }
             let (b0, zero) = (current[i].block, current[i].zero);
@@ -254,17 +256,15 @@ impl Inner {
         };
         let target = if t.cleaner { 0 } else { slots * t.low_watermark as u64 / 100 };
         let full = free * 100 < slots * (100 - t.high_watermark as u64).max(1);
-        // A stream going around a full log has the origin to itself (dm-writecache's pause):
-        // write-back's seeks would cost it more than the slots they free are worth.
-        let streaming = self.streaming.swap(false, Relaxed);
-        let flat_out = t.cleaner || idle || (full && !streaming);
-        let rate = if t.pause_writeback || (streaming && !t.cleaner) {
+        let flat_out = t.cleaner || idle || full;
+        let held = self.held(&t);
+        let rate = if held {
             r.pacer.update(0.0, 0.0, dt, false, 0.0)
         } else {
             r.pacer.update(dirty as f64, target as f64, dt, flat_out, f64::INFINITY)
         };
-        self.writeback_rate.store(if overdue > 0 { f64::INFINITY } else { rate }.to_bits(), Relaxed);
-        if !t.pause_writeback {
+        self.writeback_rate.store(if overdue > 0 && !held { f64::INFINITY } else { rate }.to_bits(), Relaxed);
+        if !held {
             let jobs = if t.writeback_jobs == 0 { BATCH_MAX } else { (t.writeback_jobs as usize).min(BATCH_MAX) };
             let paced = r.pacer.earn(dt, jobs);
             let n = paced.max(overdue.min(jobs));
@@ -295,10 +295,32 @@ impl Inner {
         ok
     }
 
+    /// Whether background write-back is held: switched off, or paused after a stream went
+    /// around a full log (dm-writecache's pause: the stream has the origin to itself, as
+    /// write-back's seeks would cost it more than the slots they free are worth). The cleaner
+    /// is never paused by a stream.
+    fn held(&self, t: &Tunables) -> bool {
+        self.held_reason(t).is_some()
+    }
+
+    /// Why background write-back is held, if it is (see `held`).
+    pub(super) fn held_reason(&self, t: &Tunables) -> Option<String> {
+        if !t.writeback_running {
+            return Some("writeback_running is off".into());
+        }
+        if !t.cleaner && t.pause_writeback_ms > 0 && self.streamed_within(t.pause_writeback_ms) {
+            return Some(format!(
+                "a stream went around the full log less than pause_writeback ({} ms) ago",
+                t.pause_writeback_ms
+            ));
+        }
+        None
+    }
+
     /// Whether the background task has write-back to do at once (no tick's wait).
     fn behind(&self, r: &Rounds) -> bool {
         let t = *self.tunables.lock();
-        if t.pause_writeback {
+        if self.held(&t) {
             return false;
         }
         let st = self.state.lock();

@@ -23,10 +23,11 @@ pub struct WritecacheArgs {
 pub enum WritecacheCommand {
     /// Format a fast device as a write log in front of an origin.
     Create(CreateArgs),
-    /// Change a running log: high_watermark=, low_watermark=, writeback_jobs=, autocommit_blocks=,
-    /// autocommit_time= (ms), max_age= (ms), pause_writeback=on|off, cleaner=on|off.
+    /// Change a running log (kept for its next start): high_watermark=, low_watermark=, writeback_jobs=,
+    /// autocommit_blocks=, autocommit_time= (ms), max_age= (ms), pause_writeback= (ms), writeback_running=on|off,
+    /// cleaner=on|off.
     #[command(
-        after_help = "Example:\n  strata writecache set --admin 127.0.0.1:9810 vol low_watermark=10 pause_writeback=on"
+        after_help = "Example:\n  strata writecache set --admin 127.0.0.1:9810 vol low_watermark=10 writeback_running=off"
     )]
     Set(SetArgs),
     /// Write back every dirty block of a running log and wait.
