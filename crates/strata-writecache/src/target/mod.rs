@@ -33,6 +33,8 @@ use tokio::sync::Notify;
 /// Block locks: an origin block hashes to one of these; writes and write-arounds of a block
 /// hold its lock, write-backs and write-arounds its origin-write lock.
 const STRIPES: usize = 1024;
+/// Bytes of the volume under one lock stripe.
+const STRIPE_BYTES: u64 = 1 << 20;
 
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -88,8 +90,12 @@ pub struct WritecacheDev {
 }
 
 impl Inner {
+    /// The lock stripe of block `b`: blocks of one aligned `STRIPE_BYTES` range share one,
+    /// so a large request takes one or two locks and requests of a stream in flight together
+    /// do not queue behind each other on shared stripes.
     fn stripe(&self, b: u64) -> usize {
-        (b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % STRIPES
+        let range = b / (STRIPE_BYTES / self.block).max(1);
+        (range.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % STRIPES
     }
 
     fn slot_offset(&self, s: u32) -> u64 {

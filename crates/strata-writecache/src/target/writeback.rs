@@ -1,6 +1,7 @@
 //! Write-back: copying dirty slots to the origin, a batch at a time: the oldest dirty blocks
 //! are taken, sorted by origin address, runs of adjacent blocks merged into one origin write
-//! each, and the origin flushed once per batch before the blocks count as clean. The
+//! each (a few in flight at once, in address order), and the origin flushed once per batch
+//! before the blocks count as clean. The
 //! background task writes back continuously at the pace of bcache's controller
 //! (`strata_policy::pacing`) while the dirty share is above `low_watermark`: flat out when
 //! the origin is idle (no read missed the log and no write went around since the last
@@ -13,6 +14,7 @@
 use super::state::SlotState;
 use super::{relaxed, Inner};
 use crate::status::Tunables;
+use futures::StreamExt;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Weak;
@@ -24,9 +26,11 @@ use strata_policy::pacing::Pacer;
 /// merged into one origin write.
 pub(crate) const BATCH_MAX: usize = 256;
 /// Most blocks one batch of a sweep in address order takes: the cleaner and `flush` drain
-/// with one origin flush per this many blocks (32 MiB of 4 KiB blocks), so the origin's
-/// flushes do not bound the drain's rate.
-const SWEEP_BATCH: usize = 8192;
+/// with one origin flush per this many blocks (128 MiB of 4 KiB blocks), so the origin's
+/// flushes, and the queue emptying before each, do not bound the drain's rate.
+const SWEEP_BATCH: usize = 32768;
+/// Runs of one batch written to the origin at once.
+const RUNS_IN_FLIGHT: usize = 4;
 /// How often the background task looks when nothing wakes it.
 const TICK: Duration = Duration::from_millis(20);
 
@@ -160,45 +164,57 @@ impl Inner {
         };
         let mut written = Vec::with_capacity(current.len());
         let started = self.now_ns();
-        let mut i = 0;
-        while i < current.len() {
-            if yield_to_streams && self.last_stream.load(Relaxed) > started {
-                break;
-            }
-            let (b0, zero) = (current[i].block, current[i].zero);
-            let mut j = i + 1;
-            while j < current.len()
-                && current[j].block == current[j - 1].block + 1
-                && current[j].zero == zero
-                && (j - i) < BATCH_MAX
-            {
-                j += 1;
-            }
-            let run = &current[i..j];
-            let at = b0 * self.block;
-            let len: u64 = run.iter().map(|p| self.block_len(p.block)).sum();
-            if zero {
-                self.origin.write_zeroes(at, len, ZeroFlags::default()).await?;
-            } else {
-                let reads = run
-                    .iter()
-                    .map(|p| self.cache.read(self.slot_offset(p.slot), Buf::zeroed(self.block_len(p.block) as usize)));
-                let mut buf = Buf::zeroed(len as usize);
-                let mut pos = 0usize;
-                for (p, r) in run.iter().zip(futures::future::join_all(reads).await) {
-                    let d = r?;
-                    verify_slot(p.block, p.slot, p.crc, &d)?;
-                    buf[pos..pos + d.len()].copy_from_slice(&d);
-                    pos += d.len();
+        let mut runs =
+            current.chunk_by(|a, b| b.block == a.block + 1 && b.zero == a.zero).flat_map(|r| r.chunks(BATCH_MAX));
+        // Up to RUNS_IN_FLIGHT runs at once, started in address order, so the origin sees a
+        // queue of sequential writes rather than one write at a time with gaps between.
+        let mut in_flight = futures::stream::FuturesOrdered::new();
+        let mut failed = None;
+        loop {
+            while in_flight.len() < RUNS_IN_FLIGHT && failed.is_none() {
+                if yield_to_streams && self.last_stream.load(Relaxed) > started {
+                    break;
                 }
-                self.origin.write(at, buf, false).await?;
+                let Some(run) = runs.next() else { break };
+                in_flight.push_back(async move { self.copy_run(run).await.map(|()| run) });
             }
-            self.origin_writes.fetch_add(1, Relaxed);
-            written.extend(run.iter().map(|p| (p.slot, p.seq)));
-            i = j;
+            // After a failure the runs in flight are still awaited: none may land after the
+            // origin-write locks are released.
+            match in_flight.next().await {
+                None => break,
+                Some(Ok(run)) => written.extend(run.iter().map(|p| (p.slot, p.seq))),
+                Some(Err(e)) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         self.origin_flush().await?;
         Ok(written)
+    }
+
+    /// Copies one run of adjacent picked blocks to the origin as one write.
+    async fn copy_run(&self, run: &[&Pick]) -> Result<()> {
+        let at = run[0].block * self.block;
+        let len: u64 = run.iter().map(|p| self.block_len(p.block)).sum();
+        if run[0].zero {
+            self.origin.write_zeroes(at, len, ZeroFlags::default()).await?;
+        } else {
+            let reads = run
+                .iter()
+                .map(|p| self.cache.read(self.slot_offset(p.slot), Buf::zeroed(self.block_len(p.block) as usize)));
+            let mut buf = Buf::zeroed(len as usize);
+            let mut pos = 0usize;
+            for (p, r) in run.iter().zip(futures::future::join_all(reads).await) {
+                let d = r?;
+                verify_slot(p.block, p.slot, p.crc, &d)?;
+                buf[pos..pos + d.len()].copy_from_slice(&d);
+                pos += d.len();
+            }
+            self.origin.write(at, buf, false).await?;
+        }
+        self.origin_writes.fetch_add(1, Relaxed);
+        Ok(())
     }
 
     /// Writes back until nothing is dirty (`flush` message, shutdown checks), in
