@@ -374,6 +374,39 @@ impl Metadata {
         Ok(())
     }
 
+    /// Grows the data space to `blocks` data blocks (the caller has checked the data device
+    /// holds them). dm-thin's data space map grows in place: new bitmaps, a longer index.
+    pub fn extend_data(&mut self, blocks: u64) -> Result<()> {
+        let now = self.tm.data.nr_blocks();
+        if blocks < now {
+            return Err(invalid(format!("the pool has {now} data blocks; it cannot shrink to {blocks}")));
+        }
+        if blocks >= 1 << 40 {
+            return Err(invalid(format!("{blocks} data blocks are more than dm-thin's mappings can address")));
+        }
+        if blocks > now {
+            self.tm.data.grow(blocks);
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Grows the metadata space to `blocks` blocks of 4 KiB (at most dm-thin's 255 bitmaps'
+    /// worth, 15.9 GiB; a larger device is used up to that).
+    pub fn extend_metadata(&mut self, blocks: u64) -> Result<()> {
+        let blocks = blocks.min(MAX_METADATA_BLOCKS);
+        let now = self.tm.md.nr_blocks();
+        if blocks < now {
+            return Err(invalid(format!("the pool has {now} metadata blocks; it cannot shrink to {blocks}")));
+        }
+        if blocks > now {
+            self.tm.md.grow(blocks);
+            self.sb.metadata_nr_blocks = blocks;
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
     fn check_new_id(&self, id: DevId) -> Result<()> {
         if id > MAX_DEV_ID {
             return Err(invalid(format!("device id {id} out of range (0 to {MAX_DEV_ID})")));

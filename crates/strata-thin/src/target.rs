@@ -50,6 +50,7 @@ impl ThinDev {
                 format!("no size is recorded for thin volume {id} (a pool made by other tools?): give size="),
             )
         })?;
+        pool.open_volume(id);
         Ok(ThinDev { pool, id, size })
     }
 
@@ -203,6 +204,12 @@ impl ThinDev {
     }
 }
 
+impl Drop for ThinDev {
+    fn drop(&mut self) {
+        self.pool.close_volume(self.id);
+    }
+}
+
 impl BlockDev for ThinDev {
     fn size(&self) -> u64 {
         self.size
@@ -311,6 +318,12 @@ impl BlockDev for ThinDev {
         serde_json::to_value(self.thin_status()).ok()
     }
 
+    /// The pool's live operations (see `Pool::message`), through any of its volumes.
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        let msg = msg.to_string();
+        Box::pin(async move { self.pool.message(&msg).await })
+    }
+
     fn metrics(&self) -> Vec<Sample> {
         let s = self.thin_status();
         let gauge = |name, help, value: u64| Sample {
@@ -338,6 +351,18 @@ impl BlockDev for ThinDev {
             gauge("strata_thin_pool_data_used_bytes", "Data space in use.", p.data_used_blocks * p.block_bytes),
             gauge("strata_thin_pool_metadata_bytes", "Size of the pool's metadata space.", p.metadata_blocks * 4096),
             gauge("strata_thin_pool_metadata_used_bytes", "Metadata space in use.", p.metadata_used_blocks * 4096),
+            gauge("strata_thin_pool_data_free_blocks", "Free data blocks.", p.data_free_blocks),
+            gauge("strata_thin_pool_metadata_free_blocks", "Free metadata blocks.", p.metadata_free_blocks),
+            gauge(
+                "strata_thin_pool_low_water_blocks",
+                "The low-water mark, in free data blocks (0: none).",
+                p.low_water_blocks,
+            ),
+            gauge(
+                "strata_thin_pool_below_low_water",
+                "1 while the free data blocks are at or below the low-water mark.",
+                p.below_low_water as u64,
+            ),
             gauge(
                 "strata_thin_pool_ok",
                 "1 while the pool provisions new blocks; 0 when out of space or failed.",
