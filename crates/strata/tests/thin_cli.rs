@@ -240,10 +240,7 @@ fn a_live_snapshot_of_a_volume_being_written_holds_a_prefix_of_its_writes() {
     let data = format!("{}?size=64MiB", d.path().join("pool.data").display());
     strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=8MiB"), "--data", &data]);
     strata_ok(&["thin", "create", m, "1", "--size", "16MiB"]);
-    let srv = Server::start_opts(
-        tempdir(),
-        ServerOpts { admin: true, unix: true, args: vec![format!("vol=thin:{m}?id=1")], ..Default::default() },
-    );
+    let srv = serve_unix(&[format!("vol=thin:{m}?id=1")]);
     let admin = srv.admin.clone().unwrap();
     let sock = srv.sock.clone().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -334,4 +331,76 @@ fn a_live_snapshot_of_a_volume_being_written_holds_a_prefix_of_its_writes() {
     if tools(&["thin_check"]) {
         thin_check_ok(&meta);
     }
+}
+
+#[test]
+fn a_full_pool_is_extended_live_and_offline_with_its_low_water_mark_reported() {
+    let d = tempdir();
+    let meta = d.path().join("pool.meta");
+    let m = meta.to_str().unwrap();
+    let data_file = d.path().join("pool.data");
+    // 16 data blocks of 64 KiB; volume 1 of 4 MiB.
+    let data = format!("{}?size=1MiB", data_file.display());
+    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=1MiB"), "--data", &data]);
+    strata_ok(&["thin", "create", m, "1", "--size", "4MiB"]);
+    let srv = serve_unix(&[format!("vol=thin:{m}?id=1&low_water_blocks=4")]);
+    let admin = srv.admin.clone().unwrap();
+    let sock = srv.sock.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let block = |b: u64| pattern(b, 0);
+    let mut c = rt.block_on(Client::connect_unix(&sock, "vol")).unwrap();
+    rt.block_on(async {
+        for b in 0..16 {
+            c.write(b * REGION, &block(b), false).await.unwrap();
+        }
+        assert!(c.write(16 * REGION, &block(16), false).await.is_err(), "a 17th block in a pool of 16");
+        // Mapped blocks still take writes.
+        c.write(3 * REGION, &block(33), true).await.unwrap();
+    });
+    let pool = srv.status()["volumes"][0]["target"]["pool"].clone();
+    assert_eq!(pool["mode"], "out_of_data_space", "{pool}");
+    assert_eq!((pool["data_free_blocks"].as_u64(), pool["below_low_water"].as_bool()), (Some(0), Some(true)));
+    let metrics = srv.admin_get("/metrics");
+    assert!(metrics.contains("strata_thin_pool_below_low_water{volume=\"vol\"} 1"), "{metrics}");
+    assert!(metrics.contains("strata_thin_pool_data_free_blocks{volume=\"vol\"} 0"), "{metrics}");
+    assert!(srv.stderr().contains("low-water mark of 4"), "{}", srv.stderr());
+
+    // Live: the data file grows, the pool's data space with it, and the refused write goes in.
+    strata_ok(&["thin", "extend", m, "--data", "2MiB", "--admin", &admin]);
+    assert_eq!(std::fs::metadata(&data_file).unwrap().len(), 2 << 20);
+    rt.block_on(async {
+        c.write(16 * REGION, &block(16), false).await.unwrap();
+        c.flush().await.unwrap();
+    });
+    let pool = srv.status()["volumes"][0]["target"]["pool"].clone();
+    assert_eq!((pool["mode"].as_str(), pool["data_blocks"].as_u64()), (Some("ok"), Some(32)), "{pool}");
+    assert_eq!(pool["below_low_water"], false, "{pool}");
+    strata_ok(&["thin", "set", m, "--admin", &admin, "--low-water-blocks", "20", "--commit-period", "500ms"]);
+    let pool = srv.status()["volumes"][0]["target"]["pool"].clone();
+    assert_eq!((pool["below_low_water"].as_bool(), pool["commit_period_ms"].as_u64()), (Some(true), Some(500)));
+    let why = strata_err(&["thin", "extend", m, "--data", "1MiB", "--admin", &admin]);
+    assert!(why.contains("cannot shrink"), "{why}");
+    drop(c);
+    drop(srv);
+
+    // Offline: metadata and data grown, everything written before intact.
+    strata_ok(&["thin", "extend", m, "--data", "4MiB", "--metadata", "2MiB"]);
+    let list = strata_ok(&["thin", "list", m]);
+    assert!(list.contains("of 64 data blocks") || list.contains("of 64 blocks"), "{list}");
+    if tools(&["thin_check"]) {
+        thin_check_ok(&meta);
+    }
+    strata_ok(&["thin", "check", m]);
+    let srv = serve_unix(&[format!("vol=thin:{m}?id=1")]);
+    rt.block_on(async {
+        let mut c = Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+        for b in 0..17 {
+            let want = block(if b == 3 { 33 } else { b });
+            assert_eq!(c.read(b * REGION, 4096).await.unwrap(), want, "block {b}");
+        }
+    });
+}
+
+fn serve_unix(volumes: &[String]) -> Server {
+    Server::start_opts(tempdir(), ServerOpts { admin: true, unix: true, args: volumes.to_vec(), ..Default::default() })
 }
