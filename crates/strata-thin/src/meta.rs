@@ -8,7 +8,7 @@
 //! not reused until the commit that frees them is durable, so a crash at any point leaves
 //! the previous commit whole.
 
-use crate::btree::{build_shape, build_tree, corrupt, Blocks, Node, Refs, Tm};
+use crate::btree::{build_shape, build_tree, corrupt, Blocks, Refs, Tm};
 use crate::format::*;
 use crate::sm::{nr_bitmaps, SpaceMap};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -196,11 +196,14 @@ impl Metadata {
         data.begin_commit();
         md.durable();
         data.durable();
-        // The mapping and details trees, every node read and checked.
-        let mut blocks = FxHashMap::default();
+        // The mapping and details trees, every node read and checked: the blocks the
+        // metadata space map counts in use are read first, in device order and in large
+        // reads; the trees are then walked over them (a block referenced but counted free is
+        // read alone, and found damaged or short of references as before).
+        let mut blocks = read_in_use(dev, &md).await?;
         let limits = (md_blocks, data_blocks);
-        load_nodes(dev, &[(sb.data_mapping_root, Level::Top)], limits, &mut blocks).await?;
-        load_nodes(dev, &[(sb.device_details_root, Level::Details)], limits, &mut blocks).await?;
+        let roots = [(sb.data_mapping_root, Level::Top), (sb.device_details_root, Level::Details)];
+        blocks = load_nodes(dev, &roots, limits, blocks).await?;
         let tm = Tm { blocks, shadowed: FxHashSet::default(), md, data };
         let mut details = BTreeMap::new();
         let mut bad = None;
@@ -739,8 +742,7 @@ async fn read_tree(
     blocks: &mut Vec<u64>,
 ) -> Result<Vec<(u64, Vec<u8>)>> {
     let level = if vs == 4 { Level::Counts } else { Level::Index };
-    let mut nodes = FxHashMap::default();
-    load_nodes(dev, &[(root, level)], (md_blocks, 0), &mut nodes).await?;
+    let nodes = load_nodes(dev, &[(root, level)], (md_blocks, 0), FxHashMap::default()).await?;
     blocks.extend(nodes.keys().copied());
     let tm = Tm { blocks: nodes, shadowed: FxHashSet::default(), md: SpaceMap::new(1), data: SpaceMap::new(1) };
     let mut out = Vec::new();
@@ -748,35 +750,65 @@ async fn read_tree(
     Ok(out)
 }
 
+/// Blocks read at once by `read_in_use` (16 MiB).
+const RUN: u64 = 4096;
+
+/// Every block the metadata space map counts in use, read in device order, `RUN` blocks at
+/// a time (runs holding none are skipped).
+async fn read_in_use(dev: &dyn BlockDev, md: &SpaceMap) -> Result<FxHashMap<u64, Box<[u8]>>> {
+    let mut out = FxHashMap::default();
+    out.reserve(md.allocated() as usize);
+    let mut start = 0;
+    while start < md.nr_blocks() {
+        let end = (start + RUN).min(md.nr_blocks());
+        let used: Vec<u64> = (start..end).filter(|&b| b != SUPERBLOCK && md.count(b) > 0).collect();
+        if let (Some(&first), Some(&last)) = (used.first(), used.last()) {
+            let buf = dev.read(first * BLOCK as u64, Buf::zeroed((last + 1 - first) as usize * BLOCK)).await?;
+            for b in used {
+                let at = (b - first) as usize * BLOCK;
+                out.insert(b, Box::from(&buf[at..at + BLOCK]));
+            }
+        }
+        start = end;
+    }
+    Ok(out)
+}
+
 /// Reads every node of the trees rooted at `roots`, breadth first, each checked as
-/// thin_check checks it (a shared node is read once). Subtree roots found in the top-level
-/// mapping tree's leaves are followed. `limits`: the metadata and data blocks there are (a
-/// mapping to a data block past the end is damage).
+/// thin_check checks it (a shared node is read and checked once), and returns them. Nodes
+/// found in `pre` (blocks read ahead) are taken from there, others read from `dev`. Subtree
+/// roots found in the top-level mapping tree's leaves are followed. `limits`: the metadata
+/// and data blocks there are (a mapping to a data block past the end is damage).
 pub async fn load_nodes(
     dev: &dyn BlockDev,
     roots: &[(u64, Level)],
     limits: (u64, u64),
-    out: &mut FxHashMap<u64, Box<[u8]>>,
-) -> Result<()> {
+    mut pre: FxHashMap<u64, Box<[u8]>>,
+) -> Result<FxHashMap<u64, Box<[u8]>>> {
     let (md_blocks, data_blocks) = limits;
+    let mut out = FxHashMap::default();
+    out.reserve(pre.len());
     // (block, level, is root, lowest key allowed)
     let mut frontier: Vec<(u64, Level, bool, Option<u64>)> = roots.iter().map(|&(b, l)| (b, l, true, None)).collect();
     let mut queued: FxHashSet<u64> = frontier.iter().map(|f| f.0).collect();
     while !frontier.is_empty() {
         let mut next = Vec::new();
         for chunk in frontier.chunks(128) {
-            let reads = chunk.iter().map(|&(b, ..)| async move {
-                if b == SUPERBLOCK || b >= md_blocks {
-                    return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+            let reads = chunk.iter().map(|&(b, ..)| {
+                let ahead = pre.remove(&b);
+                async move {
+                    if b == SUPERBLOCK || b >= md_blocks {
+                        return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+                    }
+                    match ahead {
+                        Some(bytes) => Ok(bytes),
+                        None => Ok(Box::from(&read_block(dev, b).await?[..])),
+                    }
                 }
-                read_block(dev, b).await
             });
             let got = futures::future::join_all(reads).await;
             for (&(b, level, root, lo), bytes) in chunk.iter().zip(got) {
                 let bytes = bytes?;
-                if out.contains_key(&b) {
-                    continue;
-                }
                 let h = check_node(&bytes, b, level.value_size(), root).map_err(corrupt)?;
                 if let Some(lo) = lo.filter(|_| h.nr_entries > 0) {
                     let k = le64(&bytes, NODE_HEADER);
@@ -784,8 +816,8 @@ pub async fn load_nodes(
                         return Err(corrupt(format!("block {b}: lowest key {k} below its parent's key {lo}")));
                     }
                 }
+                let v0 = NODE_HEADER + 8 * h.max_entries as usize;
                 if level == Level::Bottom && h.flags == LEAF_NODE {
-                    let v0 = NODE_HEADER + 8 * h.max_entries as usize;
                     for i in 0..h.nr_entries as usize {
                         let (d, _) = unpack_mapping(le64(&bytes, v0 + 8 * i));
                         if d >= data_blocks {
@@ -796,30 +828,26 @@ pub async fn load_nodes(
                     }
                 }
                 // Leaves of a device's mappings refer to no other node.
-                let n = if h.flags == INTERNAL_NODE || level == Level::Top {
-                    Node::decode(&bytes, b)?
-                } else {
-                    Node::empty(true, 8)
-                };
-                for i in 0..n.len() {
-                    let child = if h.flags == INTERNAL_NODE {
-                        (n.val64(i), level, false, Some(n.keys[i]))
-                    } else if level == Level::Top {
-                        (n.val64(i), Level::Bottom, true, None)
-                    } else {
-                        continue;
-                    };
-                    // A node shared by snapshots is read once.
-                    if queued.insert(child.0) {
-                        next.push(child);
+                if h.flags == INTERNAL_NODE || level == Level::Top {
+                    for i in 0..h.nr_entries as usize {
+                        let child = le64(&bytes, v0 + 8 * i);
+                        let child = if h.flags == INTERNAL_NODE {
+                            (child, level, false, Some(le64(&bytes, NODE_HEADER + 8 * i)))
+                        } else {
+                            (child, Level::Bottom, true, None)
+                        };
+                        // A node shared by snapshots is read once.
+                        if queued.insert(child.0) {
+                            next.push(child);
+                        }
                     }
                 }
-                out.insert(b, bytes.to_vec().into_boxed_slice());
+                out.insert(b, bytes);
             }
         }
         frontier = next;
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Reads and checks the superblock alone (for strata's record of the data device).
