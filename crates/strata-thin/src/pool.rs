@@ -150,22 +150,17 @@ fn metadata_reserve(m: &Metadata) -> u64 {
 
 impl Pool {
     /// Opens the pool on `md` with data on `data` (opened from `data_spec`), checking the
-    /// metadata as it is read and its reference counts against the trees.
+    /// metadata as it is read: the superblock, space maps and the trees down to the nodes
+    /// above the devices' leaves, which are read (and checked) when first needed.
     pub async fn open(
         md: Arc<dyn BlockDev>,
         data: Arc<dyn BlockDev>,
         data_spec: &str,
         opts: PoolOptions,
     ) -> Result<Arc<Pool>> {
-        let meta = Metadata::open(&*md).await?;
-        // A count below its references would hand out a block still in use: refuse.
-        let report = crate::check::check_counts(&meta);
-        if !report.clean() {
-            return Err(Error::new(
-                ErrorKind::Checksum,
-                format!("{}: the pool's metadata is damaged: {}", md.describe(), report.errors.join("; ")),
-            ));
-        }
+        // The devices' leaves are read when first needed; the counts are not compared with
+        // the trees here (strata thin check and thin_check do that, as before dm-thin's).
+        let meta = Metadata::open_lazy(&*md).await?;
         let block_bytes = meta.data_block_bytes();
         let need = meta.tm.data.nr_blocks() * block_bytes;
         if data.size() < need {
@@ -311,7 +306,18 @@ impl Pool {
                 format!("thin volume {id} is open (served): remove its export first (strata export remove)"),
             ));
         }
-        self.change(|m| m.delete(id)).await
+        self.check_writable()?;
+        // The nodes it held alone are read first; the delete runs with them in memory.
+        self.with_loaded(
+            |m| m.missing_for_delete(id),
+            |st| {
+                let r = st.meta.delete(id);
+                self.watch_low_water(st);
+                r
+            },
+        )
+        .await??;
+        self.commit().await
     }
 
     /// Grows the data space to `data_bytes` and the metadata space to `md_bytes`, growing
@@ -405,6 +411,30 @@ impl Pool {
     /// Runs `f` on the metadata.
     pub fn with_meta<T>(&self, f: impl FnOnce(&mut Metadata) -> T) -> T {
         f(&mut self.state.lock().meta)
+    }
+
+    /// Runs `f` on the pool's state once the nodes `need` names are in memory (they are
+    /// read from the metadata device first, lock released, until `need` names none).
+    pub(crate) async fn with_loaded<T>(
+        &self,
+        need: impl Fn(&Metadata) -> Result<Vec<(u64, u64)>>,
+        f: impl FnOnce(&mut State) -> T,
+    ) -> Result<T> {
+        loop {
+            let missing = {
+                let mut st = self.state.lock();
+                let missing = need(&st.meta)?;
+                if missing.is_empty() {
+                    return Ok(f(&mut st));
+                }
+                missing
+            };
+            let limits = self.state.lock().meta.limits();
+            let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
+            let got = futures::future::try_join_all(reads).await?;
+            let nodes = missing.into_iter().zip(got).map(|((b, lo), bytes)| (b, lo, bytes)).collect();
+            self.state.lock().meta.load(nodes)?;
+        }
     }
 
     pub(crate) fn check_writable(&self) -> Result<()> {

@@ -73,16 +73,22 @@ impl ThinDev {
     }
 
     /// The data block of `vblock` and whether it is shared with a snapshot.
-    fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
-        self.pool.with_meta(|m| match m.lookup(self.id, vblock)? {
-            Some((b, t)) => Ok(Some((b, m.shared(self.id, t)?))),
-            None => Ok(None),
-        })
+    async fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
+        let id = self.id;
+        self.pool
+            .with_loaded(
+                |m| m.missing(id, vblock, false),
+                |st| match st.meta.lookup(id, vblock)? {
+                    Some((b, t)) => Ok(Some((b, st.meta.shared(id, t)?))),
+                    None => Ok(None),
+                },
+            )
+            .await?
     }
 
     async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {
         let _held = self.pool.stripe(self.id, p.vblock).read().await;
-        match self.lookup(p.vblock)? {
+        match self.lookup(p.vblock).await? {
             Some((b, _)) => self.pool.data.read(b * self.pool.block_bytes + p.at, buf).await,
             None => {
                 let mut buf = buf;
@@ -96,12 +102,12 @@ impl ThinDev {
         let bs = self.pool.block_bytes;
         {
             let _held = self.pool.stripe(self.id, p.vblock).read().await;
-            if let Some((b, false)) = self.lookup(p.vblock)? {
+            if let Some((b, false)) = self.lookup(p.vblock).await? {
                 return self.write_mapped(p, b, buf, fua).await;
             }
         }
         let _held = self.pool.stripe(self.id, p.vblock).write().await;
-        let old = match self.lookup(p.vblock)? {
+        let old = match self.lookup(p.vblock).await? {
             Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
             Some((b, true)) => Some(b),
             None => None,
@@ -132,13 +138,28 @@ impl ThinDev {
                 return Err(e);
             }
         };
-        {
-            let mut st = self.pool.state.lock();
-            if let Err(e) = st.meta.insert(self.id, p.vblock, new) {
-                drop(st);
-                return Err(self.pool.fail(format!("updating the mapping failed: {}", e.context)));
+        let id = self.id;
+        let inserted = self
+            .pool
+            .with_loaded(
+                |m| m.missing(id, p.vblock, true),
+                |st| {
+                    let r = st.meta.insert(id, p.vblock, new);
+                    if r.is_ok() {
+                        st.uncommitted.insert((id, p.vblock));
+                    }
+                    r
+                },
+            )
+            .await;
+        match inserted {
+            Ok(Ok(())) => {}
+            // A node that could not be read: nothing changed.
+            Err(e) => {
+                let _ = self.pool.with_meta(|m| m.release_data(new));
+                return Err(e);
             }
-            st.uncommitted.insert((self.id, p.vblock));
+            Ok(Err(e)) => return Err(self.pool.fail(format!("updating the mapping failed: {}", e.context))),
         }
         let c = if old.is_some() { &self.pool.counters.copied } else { &self.pool.counters.provisioned };
         c.fetch_add(1, Relaxed);
@@ -168,12 +189,17 @@ impl ThinDev {
                 continue;
             }
             let _held = self.pool.stripe(self.id, p.vblock).write().await;
-            let freed = {
-                let mut st = self.pool.state.lock();
-                let r = st.meta.remove(self.id, p.vblock);
-                st.uncommitted.remove(&(self.id, p.vblock));
-                r
-            };
+            let id = self.id;
+            let freed = self
+                .pool
+                .with_loaded(
+                    |m| m.missing(id, p.vblock, true),
+                    |st| {
+                        st.uncommitted.remove(&(id, p.vblock));
+                        st.meta.remove(id, p.vblock)
+                    },
+                )
+                .await?;
             match freed {
                 Ok(Some((b, free))) => {
                     self.pool.counters.unmapped.fetch_add(1, Relaxed);
@@ -280,7 +306,7 @@ impl BlockDev for ThinDev {
             self.pool.check_writable()?;
             let bs = self.pool.block_bytes;
             for p in self.pieces(offset, len) {
-                let mapped = self.lookup(p.vblock)?.is_some();
+                let mapped = self.lookup(p.vblock).await?.is_some();
                 if p.len == bs && (flags.may_unmap || !mapped) {
                     // An unmapped block reads as zeroes.
                     self.unmap(p.vblock * bs, bs).await?;
@@ -304,7 +330,7 @@ impl BlockDev for ThinDev {
             let len = len.min(16384 * bs - offset % bs);
             let mut out: Vec<Extent> = Vec::new();
             for p in self.pieces(offset, len) {
-                let e = if self.lookup(p.vblock)?.is_some() { Extent::data(p.len) } else { Extent::hole(p.len) };
+                let e = if self.lookup(p.vblock).await?.is_some() { Extent::data(p.len) } else { Extent::hole(p.len) };
                 match out.last_mut() {
                     Some(last) if last.hole == e.hole => last.len += e.len,
                     _ => out.push(e),
