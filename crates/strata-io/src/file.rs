@@ -15,6 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::RwLock;
 
@@ -47,7 +48,8 @@ pub enum Claim {
 pub struct FileDev {
     file: Arc<File>,
     path: PathBuf,
-    size: u64,
+    /// Grows (`grow`) while open.
+    size: AtomicU64,
     direct: bool,
     block_device: bool,
     rotational: bool,
@@ -158,7 +160,7 @@ impl FileDev {
         Ok(FileDev {
             file: Arc::new(file),
             path: path.to_owned(),
-            size,
+            size: AtomicU64::new(size),
             direct,
             block_device,
             rotational,
@@ -246,11 +248,11 @@ impl FileDev {
     fn covering(&self, offset: u64, len: u64) -> (u64, u64) {
         let start = offset / self.align * self.align;
         let end = (offset + len).div_ceil(self.align) * self.align;
-        (start, end.min(self.size.div_ceil(self.align) * self.align) - start)
+        (start, end.min(self.size().div_ceil(self.align) * self.align) - start)
     }
 
     async fn do_read(&self, offset: u64, mut buf: Buf) -> Result<Buf> {
-        check_range("read", offset, buf.len() as u64, self.size)?;
+        check_range("read", offset, buf.len() as u64, self.size())?;
         if self.aligned(offset, buf.len() as u64) {
             return self.raw_read(offset, buf).await;
         }
@@ -272,7 +274,7 @@ impl FileDev {
     }
 
     async fn write_checked(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
-        check_range("write", offset, buf.len() as u64, self.size)
+        check_range("write", offset, buf.len() as u64, self.size())
             .map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
         if self.aligned(offset, buf.len() as u64) {
             let _shared = self.rmw.read().await;
@@ -310,7 +312,7 @@ impl FileDev {
 
     async fn do_discard(&self, offset: u64, len: u64) -> Result<()> {
         self.writable("discard")?;
-        check_range("discard", offset, len, self.size)?;
+        check_range("discard", offset, len, self.size())?;
         let res = if self.block_device {
             // Only whole sectors can be discarded; the rest keeps its contents.
             let start = offset.div_ceil(self.align.max(512)) * self.align.max(512);
@@ -332,7 +334,7 @@ impl FileDev {
 
     async fn do_write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         self.writable("write_zeroes")?;
-        check_range("write_zeroes", offset, len, self.size).map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
+        check_range("write_zeroes", offset, len, self.size()).map_err(|e| Error::new(ErrorKind::NoSpace, e.context))?;
         if len == 0 {
             return Ok(());
         }
@@ -382,7 +384,7 @@ impl FileDev {
     }
 
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range("block_status", offset, len, self.size)?;
+        check_range("block_status", offset, len, self.size())?;
         if self.block_device || len == 0 {
             return Ok(vec![Extent::data(len)]);
         }
@@ -594,7 +596,34 @@ fn sysfs_rotational(meta: &std::fs::Metadata) -> bool {
 
 impl BlockDev for FileDev {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn grow(&self, bytes: u64) -> BoxFut<'_, Result<u64>> {
+        Box::pin(async move {
+            let ctx = |what: &str| format!("{}: {what}", self.path.display());
+            if self.size() >= bytes {
+                return Ok(self.size());
+            }
+            let size = if self.block_device {
+                let mut size: u64 = 0;
+                // SAFETY: an ioctl that fills the given integer.
+                if unsafe { libc::ioctl(self.file.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
+                    return Err(Error::from_os(std::io::Error::last_os_error(), ctx("BLKGETSIZE64")));
+                }
+                size
+            } else if self.read_only {
+                return Err(Error::new(ErrorKind::ReadOnly, ctx("opened read-only, cannot grow")));
+            } else {
+                self.file.set_len(bytes).map_err(|e| Error::from_os(e, ctx("cannot lengthen")))?;
+                bytes
+            };
+            if size < bytes {
+                return Err(Error::new(ErrorKind::Invalid, ctx(&format!("holds {size} bytes, fewer than {bytes}"))));
+            }
+            self.size.fetch_max(size, Ordering::AcqRel);
+            Ok(self.size())
+        })
     }
 
     fn geometry(&self) -> Geometry {

@@ -141,6 +141,10 @@ impl<D: BlockDev> BlockDev for LatencyDev<D> {
         self.inner.size()
     }
 
+    fn grow(&self, bytes: u64) -> BoxFut<'_, Result<u64>> {
+        self.inner.grow(bytes)
+    }
+
     fn geometry(&self) -> Geometry {
         let rotational = matches!(self.model, Model::Hdd { .. });
         Geometry { rotational, ..self.inner.geometry() }

@@ -161,6 +161,21 @@ pub trait BlockDev: Send + Sync + 'static {
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         self.flush()
     }
+
+    /// Grows the device to hold at least `bytes` while open (a file is lengthened, a block
+    /// device's size read again, as after `lvextend`) and returns its size. The default only
+    /// says whether it already holds them.
+    fn grow(&self, bytes: u64) -> BoxFut<'_, Result<u64>> {
+        Box::pin(async move {
+            match self.size() {
+                size if size >= bytes => Ok(size),
+                size => Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!("{}: holds {size} bytes, cannot grow to {bytes}", self.describe()),
+                )),
+            }
+        })
+    }
 }
 
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
@@ -221,5 +236,8 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         (**self).shutdown()
+    }
+    fn grow(&self, bytes: u64) -> BoxFut<'_, Result<u64>> {
+        (**self).grow(bytes)
     }
 }

@@ -1,20 +1,29 @@
 //! Pool-scale figures: a volume with N mapped blocks, S snapshots each overwriting a share of
-//! it, then the time to open and check the pool, a snapshot's creation time, and metadata
-//! bytes per mapped block. `cargo run --release -p strata-thin --example scale -- 1000000 100 10`
+//! it, then the time to open and check the pool, a snapshot's creation time, metadata bytes
+//! per mapped block, and the time a deleted snapshot's own 1 GiB takes to show free.
+//! `cargo run --release -p strata-thin --example scale -- 1000000 100 10 [PATH]`: with PATH,
+//! the metadata is also written there (a sparse file) and opened and checked from it too.
 
 use std::time::Instant;
+use strata_io::file::{FileDev, FileOptions};
 use strata_io::mem::MemDev;
+use strata_io::BlockDev;
 use strata_thin::meta::Metadata;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let args: Vec<u64> = std::env::args().skip(1).map(|a| a.parse().expect("numbers")).collect();
+    if std::env::args().nth(1).as_deref() == Some("open") {
+        let path = std::env::args().nth(2).expect("scale open PATH");
+        return open_file(std::path::Path::new(&path)).await;
+    }
+    let args: Vec<u64> = std::env::args().skip(1).take(3).map(|a| a.parse().expect("numbers")).collect();
     let (n, snaps, churn) = (
         args.first().copied().unwrap_or(1_000_000),
         args.get(1).copied().unwrap_or(100),
         args.get(2).copied().unwrap_or(10),
     );
-    let data_blocks = n + snaps * n * churn / 100 + 1000;
+    let own = (1u64 << 30) / 65536;
+    let data_blocks = n + snaps * n * churn / 100 + own + 1000;
     let md = MemDev::new(4 << 30);
     let mut m = Metadata::format(&md, data_blocks * 65536, 65536, "", false).await.unwrap();
     m.create_thin(0).unwrap();
@@ -43,9 +52,64 @@ async fn main() {
         m.commit(&md).await.unwrap();
     }
     println!("metadata with {snaps} snapshots at {churn}% churn: {} blocks", m.tm.md.allocated());
+    // A snapshot with 1 GiB of its own data, deleted: how long until the space shows free
+    // (the delete and its commit).
+    let del = snaps as u32 + 1;
+    m.create_snapshot(del, 0).unwrap();
+    for v in 0..own.min(n) {
+        let b = m.alloc_data().unwrap();
+        m.insert(del, v, b).unwrap();
+    }
+    m.commit(&md).await.unwrap();
+    let free = m.tm.data.free();
     let t = Instant::now();
-    let m2 = Metadata::open(&md).await.unwrap();
+    m.delete(del).unwrap();
+    m.commit(&md).await.unwrap();
+    println!(
+        "delete of a snapshot with {} own blocks: {:?} until {} blocks show free",
+        own.min(n),
+        t.elapsed(),
+        m.tm.data.free() - free
+    );
+    drop(m);
+    open_and_check(&md, "in RAM").await;
+    if let Some(path) = std::env::args().nth(4) {
+        let path = std::path::Path::new(&path);
+        let f = std::fs::File::create(path).unwrap();
+        f.set_len(md.size()).unwrap();
+        let mut chunk = vec![0u8; 16 << 20];
+        for at in (0..md.size()).step_by(chunk.len()) {
+            md.read_into(at, &mut chunk).unwrap();
+            if chunk.iter().any(|&b| b != 0) {
+                std::os::unix::fs::FileExt::write_all_at(&f, &chunk, at).unwrap();
+            }
+        }
+        drop((f, md));
+        open_file(path).await;
+    }
+}
+
+/// Opens and checks the metadata in the file at `path` (`scale open PATH` alone, for a
+/// profile of it).
+async fn open_file(path: &std::path::Path) {
+    let opts = FileOptions { direct: false, ..FileOptions::default() };
+    let dev = FileDev::open(path, &opts).unwrap();
+    open_and_check(&dev, &format!("from {} (page cache)", path.display())).await;
+}
+
+/// Times opening the pool for serving (`Metadata::open_lazy`, what `Pool::open` does) and
+/// `strata thin check`'s work (every node read and checked, counts compared).
+async fn open_and_check(dev: &dyn BlockDev, what: &str) {
+    let t = Instant::now();
+    let m = Metadata::open_lazy(dev).await.unwrap();
     let opened = t.elapsed();
-    let r = strata_thin::check::check_counts(&m2);
-    println!("open {opened:?}, open + check {:?}, clean: {}", t.elapsed(), r.clean());
+    let nodes = m.tm.blocks.len();
+    drop(m);
+    let t = Instant::now();
+    let r = strata_thin::check::check(dev).await;
+    println!(
+        "{what}: open for serving {opened:?} ({nodes} nodes read), check {:?} (clean: {})",
+        t.elapsed(),
+        r.clean()
+    );
 }

@@ -133,6 +133,27 @@ impl Node {
     }
 }
 
+/// A node read in place, without decoding it (for walks over many nodes).
+pub struct View<'a> {
+    pub leaf: bool,
+    pub len: usize,
+    bytes: &'a [u8],
+    v0: usize,
+    vs: usize,
+}
+
+impl View<'_> {
+    pub fn key(&self, i: usize) -> u64 {
+        le64(self.bytes, NODE_HEADER + 8 * i)
+    }
+    pub fn val(&self, i: usize) -> &[u8] {
+        &self.bytes[self.v0 + i * self.vs..][..self.vs]
+    }
+    pub fn val64(&self, i: usize) -> u64 {
+        le64(self.bytes, self.v0 + i * self.vs)
+    }
+}
+
 enum Ins {
     One(u64),
     Split(u64, u64, u64),
@@ -142,6 +163,17 @@ impl Tm {
     pub fn read(&self, b: u64) -> Result<Node> {
         let bytes = self.blocks.get(&b).ok_or_else(|| corrupt(format!("metadata block {b} is not a loaded node")))?;
         Node::decode(bytes, b)
+    }
+
+    /// Node `b` in place (its counts checked to lie within the block).
+    pub fn view(&self, b: u64) -> Result<View<'_>> {
+        let bytes = self.blocks.get(&b).ok_or_else(|| corrupt(format!("metadata block {b} is not a loaded node")))?;
+        let h = NodeHeader::decode(bytes);
+        let (n, max, vs) = (h.nr_entries as usize, h.max_entries as usize, h.value_size as usize);
+        if (h.flags != LEAF_NODE && h.flags != INTERNAL_NODE) || n > max || NODE_HEADER + max * (8 + vs) > BLOCK {
+            return Err(corrupt(format!("metadata block {b} is not a B-tree node")));
+        }
+        Ok(View { leaf: h.flags == LEAF_NODE, len: n, bytes, v0: NODE_HEADER + 8 * max, vs })
     }
 
     /// Stores `n` at `b` (a block of this transaction).
@@ -265,10 +297,10 @@ impl Tm {
 
     /// Every (key, value) of the tree, in key order.
     pub fn walk(&self, root: u64, each: &mut dyn FnMut(u64, &[u8])) -> Result<()> {
-        let n = self.read(root)?;
-        for i in 0..n.len() {
+        let n = self.view(root)?;
+        for i in 0..n.len {
             if n.leaf {
-                each(n.keys[i], n.val(i));
+                each(n.key(i), n.val(i));
             } else {
                 self.walk(n.val64(i), each)?;
             }

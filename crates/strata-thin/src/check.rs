@@ -107,12 +107,12 @@ fn entries(m: &Metadata, b: u64, memo: &mut FxHashMap<u64, u64>) -> Result<u64> 
     if let Some(&n) = memo.get(&b) {
         return Ok(n);
     }
-    let node = m.tm.read(b)?;
+    let node = m.tm.view(b)?;
     let n = if node.leaf {
-        node.len() as u64
+        node.len as u64
     } else {
         let mut n = 0;
-        for i in 0..node.len() {
+        for i in 0..node.len {
             n += entries(m, node.val64(i), memo)?;
         }
         n
@@ -134,8 +134,8 @@ fn walk(
     if !seen.insert(b) {
         return Ok(());
     }
-    let n = m.tm.read(b)?;
-    for i in 0..n.len() {
+    let n = m.tm.view(b)?;
+    for i in 0..n.len {
         match (n.leaf, refs) {
             (false, _) => walk(m, n.val64(i), refs, md, data, seen)?,
             (true, Refs::Subtree) => walk(m, le64(n.val(i), 0), Refs::Data, md, data, seen)?,

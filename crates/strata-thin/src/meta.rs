@@ -8,7 +8,7 @@
 //! not reused until the commit that frees them is durable, so a crash at any point leaves
 //! the previous commit whole.
 
-use crate::btree::{build_shape, build_tree, corrupt, Blocks, Node, Refs, Tm};
+use crate::btree::{build_shape, build_tree, corrupt, Blocks, Refs, Tm};
 use crate::format::*;
 use crate::sm::{nr_bitmaps, SpaceMap};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -34,6 +34,8 @@ pub struct Metadata {
     sm_blocks: Vec<u64>,
     /// Something changed since the last commit.
     dirty: bool,
+    /// The leaves of the devices' mapping trees are read when first needed (`missing`).
+    lazy: bool,
 }
 
 /// A prepared commit: blocks to write, then (after they and the data are durable) the
@@ -93,6 +95,7 @@ impl Metadata {
             changed: BTreeSet::new(),
             sm_blocks: Vec::new(),
             dirty: true,
+            lazy: false,
         })
     }
 
@@ -140,6 +143,19 @@ impl Metadata {
     /// Reads a pool's metadata from `dev`, checking checksums, node structure and block
     /// numbers on the way. Nothing is written.
     pub async fn open(dev: &dyn BlockDev) -> Result<Metadata> {
+        Metadata::open_with(dev, false).await
+    }
+
+    /// Reads a pool's metadata for serving: the superblock, the space maps, the details
+    /// tree, the top-level mapping tree and the devices' trees down to the nodes above
+    /// their leaves; the leaves (nearly every node) are read when first needed
+    /// (`missing`, `load`). Nothing is written. Reference counts are not compared with the
+    /// trees (that is `check`'s work, as it is thin_check's for dm-thin).
+    pub async fn open_lazy(dev: &dyn BlockDev) -> Result<Metadata> {
+        Metadata::open_with(dev, true).await
+    }
+
+    async fn open_with(dev: &dyn BlockDev, lazy: bool) -> Result<Metadata> {
         let sb = read_superblock(dev).await?;
         if sb.held_root != 0 {
             return Err(invalid(
@@ -196,11 +212,25 @@ impl Metadata {
         data.begin_commit();
         md.durable();
         data.durable();
-        // The mapping and details trees, every node read and checked.
-        let mut blocks = FxHashMap::default();
+        // The mapping and details trees, every node read and checked: the blocks the
+        // metadata space map counts in use are read first, in device order and in large
+        // reads; the trees are then walked over them (a block referenced but counted free is
+        // read alone, and found damaged or short of references as before).
         let limits = (md_blocks, data_blocks);
-        load_nodes(dev, &[(sb.data_mapping_root, Level::Top)], limits, &mut blocks).await?;
-        load_nodes(dev, &[(sb.device_details_root, Level::Details)], limits, &mut blocks).await?;
+        let roots = [(sb.data_mapping_root, Level::Top), (sb.device_details_root, Level::Details)];
+        let blocks = if lazy {
+            let mut blocks = load_nodes(dev, &roots, limits, FxHashMap::default(), false).await?;
+            let tops = Tm { blocks: std::mem::take(&mut blocks), shadowed: FxHashSet::default(), md, data };
+            let mut subtrees = Vec::new();
+            tops.walk(sb.data_mapping_root, &mut |_, v| subtrees.push(le64(v, 0)))?;
+            let Tm { blocks: mut loaded, md: m2, data: d2, .. } = tops;
+            (md, data) = (m2, d2);
+            load_upper(dev, &subtrees, limits, &mut loaded).await?;
+            loaded
+        } else {
+            let blocks = read_in_use(dev, &md).await?;
+            load_nodes(dev, &roots, limits, blocks, true).await?
+        };
         let tm = Tm { blocks, shadowed: FxHashSet::default(), md, data };
         let mut details = BTreeMap::new();
         let mut bad = None;
@@ -232,7 +262,87 @@ impl Metadata {
             changed: BTreeSet::new(),
             sm_blocks,
             dirty: false,
+            lazy,
         })
+    }
+
+    /// The nodes not read yet that a lookup of `vblock` in device `id` needs (its leaf), or
+    /// with `siblings` a change to it (the leaves beside it too, for a rebalance), each with
+    /// the lowest key its parent allows. Empty when all are in memory.
+    pub fn missing(&self, id: DevId, vblock: u64, siblings: bool) -> Result<Vec<(u64, u64)>> {
+        if !self.lazy {
+            return Ok(Vec::new());
+        }
+        let mut b = self.subtree(id)?;
+        let mut out = Vec::new();
+        loop {
+            let Some(n) = self.tm.blocks.get(&b).map(|_| self.tm.view(b)).transpose()? else {
+                return Ok(out);
+            };
+            if n.leaf || n.len == 0 {
+                return Ok(out);
+            }
+            // The last key not above `vblock` (or the first).
+            let (mut lo, mut hi) = (0, n.len);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if n.key(mid) <= vblock {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            let i = lo.saturating_sub(1);
+            let range = if siblings { i.saturating_sub(1)..(i + 2).min(n.len) } else { i..i + 1 };
+            for j in range {
+                if !self.tm.blocks.contains_key(&n.val64(j)) {
+                    out.push((n.val64(j), n.key(j)));
+                }
+            }
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            b = n.val64(i);
+        }
+    }
+
+    /// The nodes not read yet that deleting device `id` drops (those it holds alone).
+    pub fn missing_for_delete(&self, id: DevId) -> Result<Vec<(u64, u64)>> {
+        if !self.lazy {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut todo = vec![self.subtree(id)?];
+        while let Some(b) = todo.pop() {
+            if self.tm.md.count(b) != 1 {
+                continue;
+            }
+            let n = self.tm.view(b)?;
+            if n.leaf {
+                continue;
+            }
+            for i in 0..n.len {
+                let c = n.val64(i);
+                if !self.tm.blocks.contains_key(&c) {
+                    if self.tm.md.count(c) == 1 {
+                        out.push((c, n.key(i)));
+                    }
+                } else {
+                    todo.push(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds nodes read from the device (a device tree's nodes, not roots), checked as
+    /// `open` checks them, unless already in memory (a node changed since is kept).
+    pub fn load(&mut self, nodes: Vec<(u64, u64, Box<[u8]>)>) -> Result<()> {
+        for (b, lo, bytes) in nodes {
+            check_bottom(&bytes, b, false, Some(lo), self.limits().1)?;
+            self.tm.blocks.entry(b).or_insert(bytes);
+        }
+        Ok(())
     }
 
     /// Every block the space maps themselves occupy (bitmaps, indexes, overflow trees).
@@ -269,6 +379,11 @@ impl Metadata {
         r.sizes.insert(id, bytes);
         self.dirty = true;
         Ok(())
+    }
+
+    /// The metadata and data blocks there are, as opened or created.
+    pub fn limits(&self) -> (u64, u64) {
+        (self.tm.md.nr_blocks(), self.tm.data.nr_blocks())
     }
 
     pub fn data_block_bytes(&self) -> u64 {
@@ -371,6 +486,39 @@ impl Metadata {
         self.sb.record.sizes.remove(&id);
         self.sb.transaction_id += 1;
         self.dirty = true;
+        Ok(())
+    }
+
+    /// Grows the data space to `blocks` data blocks (the caller has checked the data device
+    /// holds them). dm-thin's data space map grows in place: new bitmaps, a longer index.
+    pub fn extend_data(&mut self, blocks: u64) -> Result<()> {
+        let now = self.tm.data.nr_blocks();
+        if blocks < now {
+            return Err(invalid(format!("the pool has {now} data blocks; it cannot shrink to {blocks}")));
+        }
+        if blocks >= 1 << 40 {
+            return Err(invalid(format!("{blocks} data blocks are more than dm-thin's mappings can address")));
+        }
+        if blocks > now {
+            self.tm.data.grow(blocks);
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Grows the metadata space to `blocks` blocks of 4 KiB (at most dm-thin's 255 bitmaps'
+    /// worth, 15.9 GiB; a larger device is used up to that).
+    pub fn extend_metadata(&mut self, blocks: u64) -> Result<()> {
+        let blocks = blocks.min(MAX_METADATA_BLOCKS);
+        let now = self.tm.md.nr_blocks();
+        if blocks < now {
+            return Err(invalid(format!("the pool has {now} metadata blocks; it cannot shrink to {blocks}")));
+        }
+        if blocks > now {
+            self.tm.md.grow(blocks);
+            self.sb.metadata_nr_blocks = blocks;
+            self.dirty = true;
+        }
         Ok(())
     }
 
@@ -706,8 +854,7 @@ async fn read_tree(
     blocks: &mut Vec<u64>,
 ) -> Result<Vec<(u64, Vec<u8>)>> {
     let level = if vs == 4 { Level::Counts } else { Level::Index };
-    let mut nodes = FxHashMap::default();
-    load_nodes(dev, &[(root, level)], (md_blocks, 0), &mut nodes).await?;
+    let nodes = load_nodes(dev, &[(root, level)], (md_blocks, 0), FxHashMap::default(), true).await?;
     blocks.extend(nodes.keys().copied());
     let tm = Tm { blocks: nodes, shadowed: FxHashSet::default(), md: SpaceMap::new(1), data: SpaceMap::new(1) };
     let mut out = Vec::new();
@@ -715,73 +862,196 @@ async fn read_tree(
     Ok(out)
 }
 
+/// Blocks read at once by `read_in_use` (16 MiB).
+const RUN: u64 = 4096;
+
+/// Every block the metadata space map counts in use, read in device order, `RUN` blocks at
+/// a time (runs holding none are skipped).
+async fn read_in_use(dev: &dyn BlockDev, md: &SpaceMap) -> Result<FxHashMap<u64, Box<[u8]>>> {
+    let mut out = FxHashMap::default();
+    out.reserve(md.allocated() as usize);
+    let mut start = 0;
+    while start < md.nr_blocks() {
+        let end = (start + RUN).min(md.nr_blocks());
+        let used: Vec<u64> = (start..end).filter(|&b| b != SUPERBLOCK && md.count(b) > 0).collect();
+        if let (Some(&first), Some(&last)) = (used.first(), used.last()) {
+            let buf = dev.read(first * BLOCK as u64, Buf::zeroed((last + 1 - first) as usize * BLOCK)).await?;
+            for b in used {
+                let at = (b - first) as usize * BLOCK;
+                out.insert(b, Box::from(&buf[at..at + BLOCK]));
+            }
+        }
+        start = end;
+    }
+    Ok(out)
+}
+
 /// Reads every node of the trees rooted at `roots`, breadth first, each checked as
-/// thin_check checks it (a shared node is read once). Subtree roots found in the top-level
-/// mapping tree's leaves are followed. `limits`: the metadata and data blocks there are (a
-/// mapping to a data block past the end is damage).
+/// thin_check checks it (a shared node is read and checked once), and returns them. Nodes
+/// found in `pre` (blocks read ahead) are taken from there, others read from `dev`. Subtree
+/// roots found in the top-level mapping tree's leaves are followed. `limits`: the metadata
+/// and data blocks there are (a mapping to a data block past the end is damage).
 pub async fn load_nodes(
     dev: &dyn BlockDev,
     roots: &[(u64, Level)],
     limits: (u64, u64),
-    out: &mut FxHashMap<u64, Box<[u8]>>,
-) -> Result<()> {
+    mut pre: FxHashMap<u64, Box<[u8]>>,
+    follow: bool,
+) -> Result<FxHashMap<u64, Box<[u8]>>> {
     let (md_blocks, data_blocks) = limits;
+    let mut out = FxHashMap::default();
+    out.reserve(pre.len());
     // (block, level, is root, lowest key allowed)
     let mut frontier: Vec<(u64, Level, bool, Option<u64>)> = roots.iter().map(|&(b, l)| (b, l, true, None)).collect();
     let mut queued: FxHashSet<u64> = frontier.iter().map(|f| f.0).collect();
     while !frontier.is_empty() {
         let mut next = Vec::new();
         for chunk in frontier.chunks(128) {
-            let reads = chunk.iter().map(|&(b, ..)| async move {
-                if b == SUPERBLOCK || b >= md_blocks {
-                    return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+            let reads = chunk.iter().map(|&(b, ..)| {
+                let ahead = pre.remove(&b);
+                async move {
+                    if b == SUPERBLOCK || b >= md_blocks {
+                        return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+                    }
+                    match ahead {
+                        Some(bytes) => Ok(bytes),
+                        None => Ok(Box::from(&read_block(dev, b).await?[..])),
+                    }
                 }
-                read_block(dev, b).await
             });
             let got = futures::future::join_all(reads).await;
             for (&(b, level, root, lo), bytes) in chunk.iter().zip(got) {
                 let bytes = bytes?;
-                if out.contains_key(&b) {
-                    continue;
-                }
-                let h = check_node(&bytes, b, level.value_size(), root).map_err(corrupt)?;
-                if let Some(lo) = lo.filter(|_| h.nr_entries > 0) {
-                    let k = le64(&bytes, NODE_HEADER);
-                    if k < lo {
-                        return Err(corrupt(format!("block {b}: lowest key {k} below its parent's key {lo}")));
-                    }
-                }
-                if level == Level::Bottom && h.flags == LEAF_NODE {
-                    let v0 = NODE_HEADER + 8 * h.max_entries as usize;
+                let h = if level == Level::Bottom {
+                    check_bottom(&bytes, b, root, lo, data_blocks)?
+                } else {
+                    check_keys(&bytes, b, level.value_size(), root, lo)?
+                };
+                let v0 = NODE_HEADER + 8 * h.max_entries as usize;
+                // Leaves of a device's mappings refer to no other node.
+                if h.flags == INTERNAL_NODE || (level == Level::Top && follow) {
                     for i in 0..h.nr_entries as usize {
-                        let (d, _) = unpack_mapping(le64(&bytes, v0 + 8 * i));
-                        if d >= data_blocks {
-                            return Err(corrupt(format!(
-                                "block {b}: a mapping to data block {d}, past the end ({data_blocks})"
-                            )));
+                        let child = le64(&bytes, v0 + 8 * i);
+                        let child = if h.flags == INTERNAL_NODE {
+                            (child, level, false, Some(le64(&bytes, NODE_HEADER + 8 * i)))
+                        } else {
+                            (child, Level::Bottom, true, None)
+                        };
+                        // A node shared by snapshots is read once.
+                        if queued.insert(child.0) {
+                            next.push(child);
                         }
                     }
                 }
-                // Leaves of a device's mappings refer to no other node.
-                let n = if h.flags == INTERNAL_NODE || level == Level::Top {
-                    Node::decode(&bytes, b)?
-                } else {
-                    Node::empty(true, 8)
-                };
-                for i in 0..n.len() {
-                    let child = if h.flags == INTERNAL_NODE {
-                        (n.val64(i), level, false, Some(n.keys[i]))
-                    } else if level == Level::Top {
-                        (n.val64(i), Level::Bottom, true, None)
-                    } else {
-                        continue;
-                    };
-                    // A node shared by snapshots is read once.
-                    if queued.insert(child.0) {
-                        next.push(child);
+                out.insert(b, bytes);
+            }
+        }
+        frontier = next;
+    }
+    Ok(out)
+}
+
+/// Checks node `b` as thin_check does, and that its lowest key is not below `lo` (its
+/// parent's key).
+fn check_keys(bytes: &[u8], b: u64, vs: usize, root: bool, lo: Option<u64>) -> Result<NodeHeader> {
+    let h = check_node(bytes, b, vs, root).map_err(corrupt)?;
+    if let Some(lo) = lo.filter(|_| h.nr_entries > 0) {
+        let k = le64(bytes, NODE_HEADER);
+        if k < lo {
+            return Err(corrupt(format!("block {b}: lowest key {k} below its parent's key {lo}")));
+        }
+    }
+    Ok(h)
+}
+
+/// Checks a node of a device's mapping tree: as any node, and a leaf's mappings against the
+/// data blocks there are.
+fn check_bottom(bytes: &[u8], b: u64, root: bool, lo: Option<u64>, data_blocks: u64) -> Result<NodeHeader> {
+    let h = check_keys(bytes, b, 8, root, lo)?;
+    if h.flags == LEAF_NODE {
+        let v0 = NODE_HEADER + 8 * h.max_entries as usize;
+        for i in 0..h.nr_entries as usize {
+            let (d, _) = unpack_mapping(le64(bytes, v0 + 8 * i));
+            if d >= data_blocks {
+                return Err(corrupt(format!("block {b}: a mapping to data block {d}, past the end ({data_blocks})")));
+            }
+        }
+    }
+    Ok(h)
+}
+
+/// Reads node `b` of a device's mapping tree and checks it (`check_bottom`).
+pub async fn fetch(dev: &dyn BlockDev, b: u64, lo: Option<u64>, limits: (u64, u64)) -> Result<Box<[u8]>> {
+    let (md_blocks, data_blocks) = limits;
+    if b == SUPERBLOCK || b >= md_blocks {
+        return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+    }
+    let bytes: Box<[u8]> = Box::from(&read_block(dev, b).await?[..]);
+    check_bottom(&bytes, b, lo.is_none(), lo, data_blocks)?;
+    Ok(bytes)
+}
+
+/// Reads the devices' trees rooted at `roots` down to the nodes above their leaves: each
+/// tree's height is found along its leftmost path (all its leaves are at one depth), then
+/// its internal nodes are read level by level, each once.
+async fn load_upper(
+    dev: &dyn BlockDev,
+    roots: &[u64],
+    limits: (u64, u64),
+    out: &mut FxHashMap<u64, Box<[u8]>>,
+) -> Result<()> {
+    // (block, lowest key allowed, levels above the leaves)
+    let mut frontier: Vec<(u64, Option<u64>, u32)> = Vec::new();
+    let mut queued = FxHashSet::default();
+    for &root in roots {
+        let (mut b, mut lo, mut depth) = (root, None, 0u32);
+        loop {
+            if let std::collections::hash_map::Entry::Vacant(e) = out.entry(b) {
+                e.insert(fetch(dev, b, lo, limits).await?);
+            }
+            let bytes = &out[&b];
+            let h = NodeHeader::decode(bytes);
+            if h.flags == LEAF_NODE {
+                break;
+            }
+            lo = Some(le64(bytes, NODE_HEADER));
+            b = le64(bytes, NODE_HEADER + 8 * h.max_entries as usize);
+            depth += 1;
+        }
+        if queued.insert(root) {
+            frontier.push((root, None, depth));
+        }
+    }
+    while !frontier.is_empty() {
+        let mut next = Vec::new();
+        for chunk in frontier.chunks(128) {
+            let reads = chunk.iter().map(|&(b, lo, _)| {
+                let have = out.get(&b).cloned();
+                async move {
+                    match have {
+                        Some(bytes) => Ok(bytes),
+                        None => fetch(dev, b, lo, limits).await,
                     }
                 }
-                out.insert(b, bytes.to_vec().into_boxed_slice());
+            });
+            let got = futures::future::join_all(reads).await;
+            for (&(b, _, height), bytes) in chunk.iter().zip(got) {
+                let bytes = bytes?;
+                let h = NodeHeader::decode(&bytes);
+                let leaf = h.flags == LEAF_NODE;
+                if leaf != (height == 0) {
+                    return Err(corrupt(format!("block {b}: the tree's leaves are not all at one depth")));
+                }
+                if height >= 2 {
+                    let v0 = NODE_HEADER + 8 * h.max_entries as usize;
+                    for i in 0..h.nr_entries as usize {
+                        let child = le64(&bytes, v0 + 8 * i);
+                        if queued.insert(child) {
+                            next.push((child, Some(le64(&bytes, NODE_HEADER + 8 * i)), height - 1));
+                        }
+                    }
+                }
+                out.insert(b, bytes);
             }
         }
         frontier = next;

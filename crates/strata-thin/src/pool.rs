@@ -9,19 +9,32 @@
 //! (volume, block).
 //!
 //! Durability: new mappings are committed by the next FLUSH (one transaction for all of
-//! them) or by a FUA write to a block mapped since the last commit; a FLUSH or FUA write
-//! that changes no mapping writes no metadata.
+//! them), by a FUA write to a block mapped since the last commit, or at the latest one
+//! commit period (1 s unless set) after they were made, by a background task (dm-thin's
+//! `commit_period`); a FLUSH or FUA write that changes no mapping writes no metadata. A
+//! mapping enters the metadata only once its data is written, and a commit flushes the data
+//! device before it writes metadata: no commit maps a block to data not yet durable.
+//!
+//! Live changes (while volumes are served): create, snapshot, delete and extend commit at
+//! once. A snapshot first quiesces the pool (takes every block lock exclusively, so the
+//! writes in flight finish and new ones wait), so it holds exactly the writes completed
+//! before it, as dm-thin's snapshot of a suspended origin does. A volume that is open (served)
+//! cannot be deleted.
 
 use crate::meta::{Commit, DevId, Metadata};
 use parking_lot::Mutex;
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use strata_io::{BlockDev, Error, ErrorKind, Result};
 use tokio::sync::RwLock;
 
 const STRIPES: usize = 1024;
+
+/// dm-thin's default commit period.
+pub const COMMIT_PERIOD_DEFAULT: Duration = Duration::from_secs(1);
 
 /// How a pool behaves (dm-thin's pool features that strata has).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,6 +44,23 @@ pub struct PoolOptions {
     pub skip_block_zeroing: bool,
     /// Do not pass discards of freed blocks down to the data device.
     pub no_discard_passdown: bool,
+}
+
+/// A pool's settings that change while it serves (dm-thin's `low_water_mark` and
+/// `commit_period`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tunables {
+    /// Free data blocks at or below which the pool reports itself low (0: never).
+    pub low_water_blocks: u64,
+    /// Provisioning is committed at the latest this long after it was made, FLUSH or not
+    /// (zero: only by FLUSH and FUA).
+    pub commit_period: Duration,
+}
+
+impl Default for Tunables {
+    fn default() -> Tunables {
+        Tunables { low_water_blocks: 0, commit_period: COMMIT_PERIOD_DEFAULT }
+    }
 }
 
 pub(crate) struct State {
@@ -67,6 +97,17 @@ pub struct Pool {
     describe: String,
     /// The spec the data device was opened from, as its opener gave it.
     pub data_spec: String,
+    /// The metadata device's path, as the opener names the pool (status shows it, so the
+    /// admin commands find the server's pool by its path).
+    path: OnceLock<String>,
+    tunables: Mutex<Tunables>,
+    /// Set when the background committer should look again (a new period).
+    kick: Arc<tokio::sync::Notify>,
+    below_low_water: AtomicBool,
+    /// When the last commit became durable (ms since the epoch; 0: none since open).
+    last_commit_ms: AtomicU64,
+    /// Volumes open (served) now, by id: these cannot be deleted.
+    open_volumes: Mutex<FxHashMap<DevId, usize>>,
 }
 
 /// The pool's state for `strata status` and the thin volumes' status.
@@ -89,6 +130,17 @@ pub struct PoolStatus {
     pub copied_blocks: u64,
     pub unmapped_blocks: u64,
     pub no_space_errors: u64,
+    /// The metadata device's path ("" if the opener gave none).
+    pub metadata_path: String,
+    pub data_free_blocks: u64,
+    pub metadata_free_blocks: u64,
+    /// dm-thin's low_water_mark, in data blocks (0: none).
+    pub low_water_blocks: u64,
+    /// Free data blocks at or below the low-water mark.
+    pub below_low_water: bool,
+    pub commit_period_ms: u64,
+    /// When the last commit was durable, in ms since the Unix epoch (0: none since open).
+    pub last_commit_unix_ms: u64,
 }
 
 /// Metadata blocks kept free for commits: provisioning stops below this.
@@ -98,22 +150,17 @@ fn metadata_reserve(m: &Metadata) -> u64 {
 
 impl Pool {
     /// Opens the pool on `md` with data on `data` (opened from `data_spec`), checking the
-    /// metadata as it is read and its reference counts against the trees.
+    /// metadata as it is read: the superblock, space maps and the trees down to the nodes
+    /// above the devices' leaves, which are read (and checked) when first needed.
     pub async fn open(
         md: Arc<dyn BlockDev>,
         data: Arc<dyn BlockDev>,
         data_spec: &str,
         opts: PoolOptions,
     ) -> Result<Arc<Pool>> {
-        let meta = Metadata::open(&*md).await?;
-        // A count below its references would hand out a block still in use: refuse.
-        let report = crate::check::check_counts(&meta);
-        if !report.clean() {
-            return Err(Error::new(
-                ErrorKind::Checksum,
-                format!("{}: the pool's metadata is damaged: {}", md.describe(), report.errors.join("; ")),
-            ));
-        }
+        // The devices' leaves are read when first needed; the counts are not compared with
+        // the trees here (strata thin check and thin_check do that, as before dm-thin's).
+        let meta = Metadata::open_lazy(&*md).await?;
         let block_bytes = meta.data_block_bytes();
         let need = meta.tm.data.nr_blocks() * block_bytes;
         if data.size() < need {
@@ -128,7 +175,7 @@ impl Pool {
             ));
         }
         let describe = format!("thin pool {} (data {})", md.describe(), data.describe());
-        Ok(Arc::new(Pool {
+        let pool = Arc::new(Pool {
             md,
             data,
             state: Mutex::new(State {
@@ -146,7 +193,206 @@ impl Pool {
             counters: Counters::default(),
             describe,
             data_spec: data_spec.to_string(),
-        }))
+            path: OnceLock::new(),
+            tunables: Mutex::new(Tunables::default()),
+            kick: Arc::new(tokio::sync::Notify::new()),
+            below_low_water: AtomicBool::new(false),
+            last_commit_ms: AtomicU64::new(0),
+            open_volumes: Mutex::new(FxHashMap::default()),
+        });
+        tokio::spawn(periodic_commit(Arc::downgrade(&pool), pool.kick.clone()));
+        Ok(pool)
+    }
+
+    /// Names the pool by its metadata device's path (once; later calls are ignored).
+    pub fn set_path(&self, path: &str) {
+        let _ = self.path.set(path.to_string());
+    }
+
+    pub fn tunables(&self) -> Tunables {
+        *self.tunables.lock()
+    }
+
+    /// Changes the settings; the low-water mark is looked at again at once.
+    pub fn set_tunables(&self, t: Tunables) {
+        *self.tunables.lock() = t;
+        self.kick.notify_one();
+        let st = self.state.lock();
+        self.watch_low_water(&st);
+    }
+
+    /// Logs the free data blocks crossing the low-water mark, either way.
+    fn watch_low_water(&self, st: &State) {
+        let mark = self.tunables.lock().low_water_blocks;
+        let free = st.meta.tm.data.free();
+        let below = mark > 0 && free <= mark;
+        if self.below_low_water.swap(below, Relaxed) != below {
+            if below {
+                eprintln!(
+                    "strata: {}: {free} free data blocks, at or below the low-water mark of {mark}: extend the pool",
+                    self.describe
+                );
+            } else {
+                eprintln!(
+                    "strata: {}: {free} free data blocks, above the low-water mark of {mark} again",
+                    self.describe
+                );
+            }
+        }
+    }
+
+    /// Counts volume `id` open (a served `ThinDev`) until the matching `close_volume`.
+    pub(crate) fn open_volume(&self, id: DevId) {
+        *self.open_volumes.lock().entry(id).or_default() += 1;
+    }
+
+    pub(crate) fn close_volume(&self, id: DevId) {
+        let mut open = self.open_volumes.lock();
+        if let Some(n) = open.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&id);
+            }
+        }
+    }
+
+    /// Runs `f` on the metadata, then commits it (live changes of volumes and space).
+    async fn change<T>(&self, f: impl FnOnce(&mut Metadata) -> Result<T>) -> Result<T> {
+        self.check_writable()?;
+        let out = {
+            let mut st = self.state.lock();
+            let out = f(&mut st.meta)?;
+            self.watch_low_water(&st);
+            out
+        };
+        self.commit().await?;
+        Ok(out)
+    }
+
+    /// Creates an empty volume `id` of `size` bytes, committed.
+    pub async fn create_volume(&self, id: DevId, size: u64) -> Result<()> {
+        self.change(|m| {
+            m.create_thin(id)?;
+            m.set_volume_size(id, size)
+        })
+        .await
+    }
+
+    /// Snapshots `origin` as `id`, committed. The pool is quiesced meanwhile: the snapshot
+    /// holds every write completed before it and none started after.
+    pub async fn snapshot(&self, origin: DevId, id: DevId) -> Result<()> {
+        let mut held = Vec::with_capacity(STRIPES);
+        for s in &self.stripes {
+            held.push(s.write().await);
+        }
+        let r = self
+            .change(|m| {
+                m.create_snapshot(id, origin)?;
+                match m.record().sizes.get(&origin).copied() {
+                    Some(size) => m.set_volume_size(id, size),
+                    None => Ok(()),
+                }
+            })
+            .await;
+        drop(held);
+        r
+    }
+
+    /// Deletes volume `id`, committed; refused while it is open (served).
+    pub async fn delete_volume(&self, id: DevId) -> Result<()> {
+        if self.open_volumes.lock().contains_key(&id) {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("thin volume {id} is open (served): remove its export first (strata export remove)"),
+            ));
+        }
+        self.check_writable()?;
+        // The nodes it held alone are read first; the delete runs with them in memory.
+        self.with_loaded(
+            |m| m.missing_for_delete(id),
+            |st| {
+                let r = st.meta.delete(id);
+                self.watch_low_water(st);
+                r
+            },
+        )
+        .await??;
+        self.commit().await
+    }
+
+    /// Grows the data space to `data_bytes` and the metadata space to `md_bytes`, growing
+    /// their devices first (`BlockDev::grow`: a file is lengthened; a block device must have
+    /// been grown already, as by `lvextend`).
+    pub async fn extend(&self, data_bytes: Option<u64>, md_bytes: Option<u64>) -> Result<()> {
+        if let Some(bytes) = data_bytes {
+            self.data.grow(bytes).await?;
+        }
+        if let Some(bytes) = md_bytes {
+            self.md.grow(bytes).await?;
+        }
+        let bs = self.block_bytes;
+        self.change(|m| {
+            if let Some(bytes) = data_bytes {
+                m.extend_data(bytes / bs)?;
+            }
+            if let Some(bytes) = md_bytes {
+                m.extend_metadata(bytes / crate::format::BLOCK as u64)?;
+            }
+            Ok(())
+        })
+        .await?;
+        let mut st = self.state.lock();
+        st.out_of_data = false;
+        st.metadata_low = false;
+        Ok(())
+    }
+
+    /// A control message from the admin endpoint: `create ID SIZE`, `snapshot ORIGIN ID`,
+    /// `delete ID`, `extend data|metadata BYTES`, `low_water_blocks N`, `commit_period_ms N`.
+    pub async fn message(&self, msg: &str) -> Result<String> {
+        let words: Vec<&str> = msg.split_whitespace().collect();
+        let bad = |w: &str| Error::new(ErrorKind::Invalid, format!("thin: bad number {w:?} in {msg:?}"));
+        let num = |w: &str| w.parse::<u64>().map_err(|_| bad(w));
+        let id = |w: &str| w.parse::<DevId>().map_err(|_| bad(w));
+        match words.as_slice() {
+            ["create", i, size] => {
+                self.create_volume(id(i)?, num(size)?).await?;
+                Ok(format!("created thin volume {i}"))
+            }
+            ["snapshot", origin, i] => {
+                self.snapshot(id(origin)?, id(i)?).await?;
+                Ok(format!("created snapshot {i} of thin volume {origin}"))
+            }
+            ["delete", i] => {
+                self.delete_volume(id(i)?).await?;
+                Ok(format!("deleted thin volume {i}"))
+            }
+            ["extend", "data", bytes] => {
+                self.extend(Some(num(bytes)?), None).await?;
+                Ok(format!("{} data blocks", self.status().data_blocks))
+            }
+            ["extend", "metadata", bytes] => {
+                self.extend(None, Some(num(bytes)?)).await?;
+                Ok(format!("{} metadata blocks", self.status().metadata_blocks))
+            }
+            ["low_water_blocks", n] => {
+                let n = num(n)?;
+                self.set_tunables(Tunables { low_water_blocks: n, ..self.tunables() });
+                Ok(format!("low_water_blocks = {n}"))
+            }
+            ["commit_period_ms", n] => {
+                let n = num(n)?;
+                self.set_tunables(Tunables { commit_period: Duration::from_millis(n), ..self.tunables() });
+                Ok(format!("commit_period_ms = {n}"))
+            }
+            _ => Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "thin: unknown message {msg:?} (create ID SIZE, snapshot ORIGIN ID, delete ID, \
+                     extend data|metadata BYTES, low_water_blocks N, commit_period_ms N)"
+                ),
+            )),
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -165,6 +411,30 @@ impl Pool {
     /// Runs `f` on the metadata.
     pub fn with_meta<T>(&self, f: impl FnOnce(&mut Metadata) -> T) -> T {
         f(&mut self.state.lock().meta)
+    }
+
+    /// Runs `f` on the pool's state once the nodes `need` names are in memory (they are
+    /// read from the metadata device first, lock released, until `need` names none).
+    pub(crate) async fn with_loaded<T>(
+        &self,
+        need: impl Fn(&Metadata) -> Result<Vec<(u64, u64)>>,
+        f: impl FnOnce(&mut State) -> T,
+    ) -> Result<T> {
+        loop {
+            let missing = {
+                let mut st = self.state.lock();
+                let missing = need(&st.meta)?;
+                if missing.is_empty() {
+                    return Ok(f(&mut st));
+                }
+                missing
+            };
+            let limits = self.state.lock().meta.limits();
+            let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
+            let got = futures::future::try_join_all(reads).await?;
+            let nodes = missing.into_iter().zip(got).map(|((b, lo), bytes)| (b, lo, bytes)).collect();
+            self.state.lock().meta.load(nodes)?;
+        }
     }
 
     pub(crate) fn check_writable(&self) -> Result<()> {
@@ -192,6 +462,7 @@ impl Pool {
                 if !st.metadata_low {
                     if let Some(b) = st.meta.alloc_data() {
                         st.out_of_data = false;
+                        self.watch_low_water(&st);
                         return Ok(b);
                     }
                     st.out_of_data = true;
@@ -236,7 +507,13 @@ impl Pool {
         st.meta.committed();
         st.committing.clear();
         self.counters.commits.fetch_add(1, Relaxed);
+        self.last_commit_ms.store(now_ms(), Relaxed);
         Ok(())
+    }
+
+    /// Whether the metadata changed since the last commit was prepared.
+    fn dirty(&self) -> bool {
+        self.state.lock().meta.dirty()
     }
 
     /// Makes every completed write durable: a commit if mappings changed, else a flush of
@@ -253,6 +530,7 @@ impl Pool {
     }
 
     pub fn status(&self) -> PoolStatus {
+        let t = self.tunables();
         let st = self.state.lock();
         let m = &st.meta;
         let (mode, reason) = if let Some(why) = &st.failed {
@@ -282,6 +560,45 @@ impl Pool {
             copied_blocks: c.copied.load(Relaxed),
             unmapped_blocks: c.unmapped.load(Relaxed),
             no_space_errors: c.no_space.load(Relaxed),
+            metadata_path: self.path.get().cloned().unwrap_or_default(),
+            data_free_blocks: m.tm.data.free(),
+            metadata_free_blocks: m.tm.md.free(),
+            low_water_blocks: t.low_water_blocks,
+            below_low_water: self.below_low_water.load(Relaxed),
+            commit_period_ms: t.commit_period.as_millis() as u64,
+            last_commit_unix_ms: self.last_commit_ms.load(Relaxed),
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // The background committer holds no reference: wake it to see the pool gone.
+        self.kick.notify_one();
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Commits the pool's changes every commit period (dm-thin's periodic commit), until the
+/// pool is dropped. A failed commit has already failed the pool; this stops then.
+async fn periodic_commit(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
+    loop {
+        let Some(period) = pool.upgrade().map(|p| p.tunables().commit_period) else { return };
+        let wait = if period.is_zero() { Duration::from_secs(3600) } else { period };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = kick.notified() => continue,
+        }
+        let Some(p) = pool.upgrade() else { return };
+        if period.is_zero() || !p.dirty() || p.state.lock().failed.is_some() {
+            continue;
+        }
+        if let Err(e) = p.commit().await {
+            eprintln!("strata: {}: periodic commit: {}", p.describe, e.context);
+            return;
         }
     }
 }

@@ -53,6 +53,20 @@ impl SpaceMap {
         self.nr_blocks
     }
 
+    /// Grows the map to `nr_blocks` free-counted blocks (never shrinks): the last bitmap and
+    /// every new one are written at the next commit.
+    pub fn grow(&mut self, nr_blocks: u64) {
+        if nr_blocks <= self.nr_blocks {
+            return;
+        }
+        let (old, n) = (nr_bitmaps(self.nr_blocks), nr_bitmaps(nr_blocks));
+        self.small.resize(nr_blocks as usize, 0);
+        self.bitmaps.resize(n, 0);
+        self.summary.resize(n, (0, 0));
+        self.dirty.extend(old.saturating_sub(1)..n);
+        self.nr_blocks = nr_blocks;
+    }
+
     /// Blocks with a non-zero count.
     pub fn allocated(&self) -> u64 {
         self.allocated
@@ -241,6 +255,19 @@ mod tests {
             assert_eq!(back.count(b), sm.count(b).min(3), "block {b}");
         }
         assert_eq!(sm.overflow(), vec![(2, 3)]);
+    }
+
+    #[test]
+    fn a_grown_map_keeps_its_counts_and_marks_the_new_bitmaps() {
+        let mut sm = SpaceMap::new(20000);
+        sm.inc(19999);
+        sm.begin_commit();
+        sm.grow(40000);
+        assert_eq!((sm.nr_blocks(), sm.allocated(), sm.count(19999)), (40000, 1, 1));
+        assert_eq!(sm.bitmaps.len(), 3);
+        assert_eq!(sm.dirty.iter().copied().collect::<Vec<_>>(), [1, 2]);
+        sm.grow(100);
+        assert_eq!(sm.nr_blocks(), 40000, "never shrinks");
     }
 
     #[test]

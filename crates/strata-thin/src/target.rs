@@ -50,6 +50,7 @@ impl ThinDev {
                 format!("no size is recorded for thin volume {id} (a pool made by other tools?): give size="),
             )
         })?;
+        pool.open_volume(id);
         Ok(ThinDev { pool, id, size })
     }
 
@@ -72,16 +73,22 @@ impl ThinDev {
     }
 
     /// The data block of `vblock` and whether it is shared with a snapshot.
-    fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
-        self.pool.with_meta(|m| match m.lookup(self.id, vblock)? {
-            Some((b, t)) => Ok(Some((b, m.shared(self.id, t)?))),
-            None => Ok(None),
-        })
+    async fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
+        let id = self.id;
+        self.pool
+            .with_loaded(
+                |m| m.missing(id, vblock, false),
+                |st| match st.meta.lookup(id, vblock)? {
+                    Some((b, t)) => Ok(Some((b, st.meta.shared(id, t)?))),
+                    None => Ok(None),
+                },
+            )
+            .await?
     }
 
     async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {
         let _held = self.pool.stripe(self.id, p.vblock).read().await;
-        match self.lookup(p.vblock)? {
+        match self.lookup(p.vblock).await? {
             Some((b, _)) => self.pool.data.read(b * self.pool.block_bytes + p.at, buf).await,
             None => {
                 let mut buf = buf;
@@ -95,12 +102,12 @@ impl ThinDev {
         let bs = self.pool.block_bytes;
         {
             let _held = self.pool.stripe(self.id, p.vblock).read().await;
-            if let Some((b, false)) = self.lookup(p.vblock)? {
+            if let Some((b, false)) = self.lookup(p.vblock).await? {
                 return self.write_mapped(p, b, buf, fua).await;
             }
         }
         let _held = self.pool.stripe(self.id, p.vblock).write().await;
-        let old = match self.lookup(p.vblock)? {
+        let old = match self.lookup(p.vblock).await? {
             Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
             Some((b, true)) => Some(b),
             None => None,
@@ -131,13 +138,28 @@ impl ThinDev {
                 return Err(e);
             }
         };
-        {
-            let mut st = self.pool.state.lock();
-            if let Err(e) = st.meta.insert(self.id, p.vblock, new) {
-                drop(st);
-                return Err(self.pool.fail(format!("updating the mapping failed: {}", e.context)));
+        let id = self.id;
+        let inserted = self
+            .pool
+            .with_loaded(
+                |m| m.missing(id, p.vblock, true),
+                |st| {
+                    let r = st.meta.insert(id, p.vblock, new);
+                    if r.is_ok() {
+                        st.uncommitted.insert((id, p.vblock));
+                    }
+                    r
+                },
+            )
+            .await;
+        match inserted {
+            Ok(Ok(())) => {}
+            // A node that could not be read: nothing changed.
+            Err(e) => {
+                let _ = self.pool.with_meta(|m| m.release_data(new));
+                return Err(e);
             }
-            st.uncommitted.insert((self.id, p.vblock));
+            Ok(Err(e)) => return Err(self.pool.fail(format!("updating the mapping failed: {}", e.context))),
         }
         let c = if old.is_some() { &self.pool.counters.copied } else { &self.pool.counters.provisioned };
         c.fetch_add(1, Relaxed);
@@ -167,12 +189,17 @@ impl ThinDev {
                 continue;
             }
             let _held = self.pool.stripe(self.id, p.vblock).write().await;
-            let freed = {
-                let mut st = self.pool.state.lock();
-                let r = st.meta.remove(self.id, p.vblock);
-                st.uncommitted.remove(&(self.id, p.vblock));
-                r
-            };
+            let id = self.id;
+            let freed = self
+                .pool
+                .with_loaded(
+                    |m| m.missing(id, p.vblock, true),
+                    |st| {
+                        st.uncommitted.remove(&(id, p.vblock));
+                        st.meta.remove(id, p.vblock)
+                    },
+                )
+                .await?;
             match freed {
                 Ok(Some((b, free))) => {
                     self.pool.counters.unmapped.fetch_add(1, Relaxed);
@@ -200,6 +227,12 @@ impl ThinDev {
             snapshotted_time: d.snapshotted_time,
             pool: self.pool.status(),
         }
+    }
+}
+
+impl Drop for ThinDev {
+    fn drop(&mut self) {
+        self.pool.close_volume(self.id);
     }
 }
 
@@ -273,7 +306,7 @@ impl BlockDev for ThinDev {
             self.pool.check_writable()?;
             let bs = self.pool.block_bytes;
             for p in self.pieces(offset, len) {
-                let mapped = self.lookup(p.vblock)?.is_some();
+                let mapped = self.lookup(p.vblock).await?.is_some();
                 if p.len == bs && (flags.may_unmap || !mapped) {
                     // An unmapped block reads as zeroes.
                     self.unmap(p.vblock * bs, bs).await?;
@@ -297,7 +330,7 @@ impl BlockDev for ThinDev {
             let len = len.min(16384 * bs - offset % bs);
             let mut out: Vec<Extent> = Vec::new();
             for p in self.pieces(offset, len) {
-                let e = if self.lookup(p.vblock)?.is_some() { Extent::data(p.len) } else { Extent::hole(p.len) };
+                let e = if self.lookup(p.vblock).await?.is_some() { Extent::data(p.len) } else { Extent::hole(p.len) };
                 match out.last_mut() {
                     Some(last) if last.hole == e.hole => last.len += e.len,
                     _ => out.push(e),
@@ -309,6 +342,12 @@ impl BlockDev for ThinDev {
 
     fn status(&self) -> Option<serde_json::Value> {
         serde_json::to_value(self.thin_status()).ok()
+    }
+
+    /// The pool's live operations (see `Pool::message`), through any of its volumes.
+    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
+        let msg = msg.to_string();
+        Box::pin(async move { self.pool.message(&msg).await })
     }
 
     fn metrics(&self) -> Vec<Sample> {
@@ -338,6 +377,18 @@ impl BlockDev for ThinDev {
             gauge("strata_thin_pool_data_used_bytes", "Data space in use.", p.data_used_blocks * p.block_bytes),
             gauge("strata_thin_pool_metadata_bytes", "Size of the pool's metadata space.", p.metadata_blocks * 4096),
             gauge("strata_thin_pool_metadata_used_bytes", "Metadata space in use.", p.metadata_used_blocks * 4096),
+            gauge("strata_thin_pool_data_free_blocks", "Free data blocks.", p.data_free_blocks),
+            gauge("strata_thin_pool_metadata_free_blocks", "Free metadata blocks.", p.metadata_free_blocks),
+            gauge(
+                "strata_thin_pool_low_water_blocks",
+                "The low-water mark, in free data blocks (0: none).",
+                p.low_water_blocks,
+            ),
+            gauge(
+                "strata_thin_pool_below_low_water",
+                "1 while the free data blocks are at or below the low-water mark.",
+                p.below_low_water as u64,
+            ),
             gauge(
                 "strata_thin_pool_ok",
                 "1 while the pool provisions new blocks; 0 when out of space or failed.",

@@ -7,10 +7,12 @@ mod common;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 use strata_io::mem::MemDev;
 use strata_io::testing::model::pattern;
 use strata_io::{BlockDev, Buf, ErrorKind, ZeroFlags};
 use strata_thin::meta::Metadata;
+use strata_thin::pool::Tunables;
 use strata_thin::{Pool, PoolOptions, ThinDev};
 
 const BS: u64 = 64 << 10;
@@ -213,6 +215,8 @@ async fn a_full_pool_refuses_new_blocks_and_keeps_mapped_ones_working() {
 #[tokio::test]
 async fn only_flushes_and_fua_writes_after_provisioning_commit_and_one_commit_takes_them_all() {
     let (md, data, p, dev) = one_volume(64, 32).await;
+    // No periodic commit here (see the next test).
+    p.set_tunables(Tunables { commit_period: Duration::ZERO, ..p.tunables() });
     let commits = || p.status().commits;
     for b in 0..10 {
         dev.write(b * BS + 4096, pattern(b, 0, 4096), false).await.unwrap();
@@ -237,6 +241,123 @@ async fn only_flushes_and_fua_writes_after_provisioning_commit_and_one_commit_ta
     assert_eq!(ext[0], strata_io::Extent::data(BS * 10));
     assert_eq!(ext[1], strata_io::Extent::hole(BS * 10));
     assert_eq!(ext[2], strata_io::Extent::data(BS));
+}
+
+#[tokio::test]
+async fn provisioning_is_committed_within_a_commit_period_without_a_flush() {
+    let (md, _, p, dev) = one_volume(64, 32).await;
+    p.set_tunables(Tunables { commit_period: Duration::from_millis(20), ..p.tunables() });
+    dev.write(3 * BS, pattern(3, 0, 4096), false).await.unwrap();
+    // The background commit makes it durable; no flush is sent. (Waits up to 20 s.)
+    let mut tries = 0;
+    loop {
+        let m = Metadata::open(&*md).await.unwrap();
+        if m.lookup(1, 3).unwrap().is_some() {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 2000, "no periodic commit");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let st = p.status();
+    assert!(st.commits >= 1 && st.last_commit_unix_ms > 0 && st.commit_period_ms == 20, "{st:?}");
+    // A commit maps only data already written: the block reads back from the data device.
+    drop(dev);
+    assert!(strata_thin::check::check(&*md).await.clean());
+}
+
+#[tokio::test]
+async fn a_full_pool_grows_live_and_the_writes_it_refused_then_succeed() {
+    // Data and metadata devices larger than the pool uses, as after lvextend.
+    let md = Arc::new(MemDev::new(2 << 20));
+    let data = Arc::new(MemDev::new(32 * BS));
+    let mut m = Metadata::create(1 << 20, 8 * BS, BS).unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = pool(&md, &data, PoolOptions::default()).await;
+    p.set_tunables(Tunables { low_water_blocks: 2, ..p.tunables() });
+    let dev = ThinDev::new(p.clone(), 1, Some(32 * BS)).unwrap();
+    for b in 0..5 {
+        dev.write(b * BS, pattern(b, 0, BS as usize), false).await.unwrap();
+    }
+    assert!(!p.status().below_low_water);
+    // At the mark (dm-thin's rule: free blocks at or below it).
+    dev.write(5 * BS, pattern(5, 0, BS as usize), false).await.unwrap();
+    let st = p.status();
+    assert!(st.below_low_water && st.data_free_blocks == 2 && st.low_water_blocks == 2, "{st:?}");
+    dev.write(6 * BS, pattern(6, 0, BS as usize), false).await.unwrap();
+    dev.write(7 * BS, pattern(7, 0, BS as usize), false).await.unwrap();
+    let e = dev.write(8 * BS, pattern(8, 0, 4096), false).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoSpace, "{e}");
+    assert_eq!(p.status().mode, "out_of_data_space");
+    dev.write(2 * BS, pattern(20, 0, 4096), false).await.unwrap();
+    // Grown live: data to the whole device, metadata to 2 MiB.
+    p.extend(Some(32 * BS), Some(2 << 20)).await.unwrap();
+    let st = p.status();
+    assert_eq!((st.mode.as_str(), st.data_blocks, st.metadata_blocks), ("ok", 32, 512), "{st:?}");
+    assert!(!st.below_low_water);
+    for b in 8..32 {
+        dev.write(b * BS, pattern(b, 0, BS as usize), false).await.unwrap();
+    }
+    dev.write(0, pattern(0, 0, 4096), false).await.unwrap();
+    let e = p.extend(Some(64 * BS), None).await.unwrap_err();
+    assert!(e.context.contains("cannot grow"), "{e}");
+    dev.flush().await.unwrap();
+    for b in 0..32 {
+        let want = match b {
+            0 => [pattern(0, 0, 4096).to_vec(), pattern(0, 0, BS as usize)[4096..].to_vec()].concat(),
+            2 => [pattern(20, 0, 4096).to_vec(), pattern(2, 0, BS as usize)[4096..].to_vec()].concat(),
+            _ => pattern(b, 0, BS as usize).to_vec(),
+        };
+        let got = dev.read(b * BS, Buf::zeroed(BS as usize)).await.unwrap();
+        assert!(got[..] == want[..], "block {b} damaged");
+    }
+    let r = strata_thin::check::check(&*md).await;
+    assert!(r.clean(), "{:?}", r.errors);
+    let mut bytes = vec![0u8; md.size() as usize];
+    md.read_into(0, &mut bytes).unwrap();
+    if let Some((ok, text)) = common::thin_check_bytes(&bytes) {
+        assert!(ok, "thin_check after growing: {text}");
+    }
+}
+
+#[tokio::test]
+async fn a_reopened_pool_reads_its_leaves_when_needed_and_deletes_and_trims_through_them() {
+    // 1,200 mappings: several leaves under an internal node, none read at open.
+    let n = 1200;
+    let (md, data, p, dev) = one_volume(2 * n + 64, n).await;
+    for b in 0..n {
+        dev.write(b * BS, pattern(b, 0, 512), false).await.unwrap();
+    }
+    dev.flush().await.unwrap();
+    drop((dev, p));
+    let reopen = || async { pool(&md, &data, PoolOptions::default()).await };
+    let p = reopen().await;
+    p.snapshot(1, 2).await.unwrap();
+    let snap = ThinDev::new(p.clone(), 2, Some(n * BS)).unwrap();
+    for b in (0..n).step_by(3) {
+        snap.write(b * BS, pattern(b + 7, 0, 512), false).await.unwrap();
+    }
+    snap.flush().await.unwrap();
+    drop((snap, p));
+    // Reopened: the snapshot's own leaves are read to delete it, its blocks freed; trims of
+    // the origin rebalance leaves read on the way.
+    let p = reopen().await;
+    let used = p.status().data_used_blocks;
+    p.delete_volume(2).await.unwrap();
+    assert_eq!(p.status().data_used_blocks, used - n.div_ceil(3));
+    let dev = ThinDev::new(p.clone(), 1, Some(n * BS)).unwrap();
+    dev.discard(100 * BS, 700 * BS).await.unwrap();
+    dev.flush().await.unwrap();
+    for b in (0..n).step_by(7) {
+        let got = dev.read(b * BS, Buf::zeroed(512)).await.unwrap();
+        let want = if (100..800).contains(&b) { Buf::zeroed(512) } else { pattern(b, 0, 512) };
+        assert!(got[..] == want[..], "block {b}");
+    }
+    drop((dev, p));
+    let r = strata_thin::check::check(&*md).await;
+    assert!(r.clean() && r.warnings.is_empty(), "{:?} {:?}", r.errors, r.warnings);
+    assert_eq!(r.data_blocks_used, n - 700);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -271,8 +392,8 @@ async fn concurrent_writes_to_one_block_all_land() {
 }
 
 #[tokio::test]
-async fn a_pool_whose_counts_are_below_its_references_is_not_served() {
-    let (md, data, p, dev) = one_volume(16, 16).await;
+async fn a_pool_whose_counts_are_below_its_references_fails_both_checkers() {
+    let (md, _, p, dev) = one_volume(16, 16).await;
     dev.write(0, pattern(1, 0, 4096), false).await.unwrap();
     dev.flush().await.unwrap();
     drop((dev, p));
@@ -282,8 +403,8 @@ async fn a_pool_whose_counts_are_below_its_references_is_not_served() {
     m.tm.md.dec(root).unwrap();
     m.set_volume_size(1, BS).unwrap();
     m.commit(&*md).await.unwrap();
-    let e = Pool::open(md.clone(), data.clone(), "mem:data", PoolOptions::default()).await.err().expect("opened");
-    assert!(e.context.contains("reference counts differ"), "{e}");
+    let r = strata_thin::check::check(&*md).await;
+    assert!(r.errors.iter().any(|e| e.contains("reference counts differ")), "{:?}", r.errors);
     let mut bytes = vec![0u8; md.size() as usize];
     md.read_into(0, &mut bytes).unwrap();
     if let Some((ok, text)) = common::thin_check_bytes(&bytes) {

@@ -112,11 +112,9 @@ async fn open_with(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<
                 .await
                 .map_err(|e| Error::new(e.kind, format!("opening writecache {}: {}", path.display(), e.context)))?,
         ),
-        Spec::Thin { pool, id, size, skip_zeroing, data } => {
-            Arc::new(open_thin(opener, pool, *id, *size, *skip_zeroing, data.as_deref()).await.map_err(|e| {
-                Error::new(e.kind, format!("opening thin volume {id} of {}: {}", pool.display(), e.context))
-            })?)
-        }
+        Spec::Thin { pool, id, .. } => Arc::new(open_thin(opener, spec).await.map_err(|e| {
+            Error::new(e.kind, format!("opening thin volume {id} of {}: {}", pool.display(), e.context))
+        })?),
         Spec::Slice { .. } => open_slices(opener, spec, read_only, None).await?,
         Spec::Qos { group, options, inner } => open_qos(opener, group, options, inner, read_only).await?,
         Spec::Nbd(remote) => Arc::new(RemoteDev::open((**remote).clone()).await?),
@@ -310,16 +308,14 @@ async fn open_writecache(opener: &Opener, path: &Path, origin: Option<&Spec>) ->
 /// Opens volume `id` of the pool on `path`: one pool per metadata device for all the
 /// volumes an opener opens, its data device the one `data` names or else the one recorded
 /// in the pool's superblock.
-async fn open_thin(
-    opener: &Opener,
-    path: &Path,
-    id: u32,
-    size: Option<u64>,
-    skip_zeroing: bool,
-    data: Option<&Spec>,
-) -> Result<ThinDev> {
+async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
+    let Spec::Thin { pool: path, id, size, skip_zeroing, low_water, commit_period_ms, data } = spec else {
+        unreachable!("open_thin of a thin: spec")
+    };
+    let (id, size, skip_zeroing, data) = (*id, *size, *skip_zeroing, data.as_deref());
     let shown = path.display();
-    let key = format!("thin-pool:{}", std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display());
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string();
+    let key = format!("thin-pool:{canonical}");
     let pool = opener
         .shared(&key, || async {
             let md = cache_device(path, false)?;
@@ -342,7 +338,9 @@ async fn open_thin(
             let dev = Box::pin(opener.open(data, false)).await;
             let dev = dev.map_err(|e| Error::new(e.kind, format!("data device of {shown}: {}", e.context)))?;
             let opts = PoolOptions { skip_block_zeroing: skip_zeroing, ..PoolOptions::default() };
-            Pool::open(md, dev, &data.to_string(), opts).await
+            let pool = Pool::open(md, dev, &data.to_string(), opts).await?;
+            pool.set_path(&canonical);
+            Ok(pool)
         })
         .await?;
     if let Some(d) = data {
@@ -358,6 +356,14 @@ async fn open_thin(
             ErrorKind::Invalid,
             format!("{shown} is already open with skip_block_zeroing {}", if skip_zeroing { "off" } else { "on" }),
         ));
+    }
+    // The spec's settings apply to the pool as it is from now on (as `strata thin set`).
+    if low_water.is_some() || commit_period_ms.is_some() {
+        let t = pool.tunables();
+        pool.set_tunables(strata_thin::pool::Tunables {
+            low_water_blocks: low_water.unwrap_or(t.low_water_blocks),
+            commit_period: commit_period_ms.map(std::time::Duration::from_millis).unwrap_or(t.commit_period),
+        });
     }
     ThinDev::new(pool, id, size)
 }

@@ -21,13 +21,16 @@
 //!   `cache:/var/tmp/c.img?origin=hdd:/var/tmp/o.img?rpm=5400&seek_max_ms=12`.
 //! - `writecache:PATH[?origin=SPEC]` — a write log made by `strata writecache create`; like
 //!   `cache:`, its superblock records its origin's spec, which `origin=` overrides (last).
-//! - `thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]` — thin volume `N` of the pool whose metadata
+//! - `thin:POOL?id=N[&size=S][&skip_block_zeroing][&low_water_blocks=N][&commit_period_ms=N][&data=SPEC]` —
+//!   thin volume `N` of the pool whose metadata
 //!   device is `POOL` (made by `strata thin pool create`, or by thin-provisioning-tools or the
 //!   kernel). `data=` names the pool's data device, else the spec strata recorded in the
 //!   pool's superblock is used; `size=` the volume's size, else its recorded size (a pool
 //!   made by other tools records none); `skip_block_zeroing` (a pool feature: every volume
 //!   of a pool served together must say the same) leaves old data in the rest of a newly
-//!   provisioned block. Everything after `data=` is the data device's spec,
+//!   provisioned block; `low_water_blocks` and `commit_period_ms` set the pool's low-water
+//!   mark and commit period (dm-thin's; as `strata thin set`). Everything after `data=` is
+//!   the data device's spec,
 //!   so `data=` comes last, except that a data spec without options of its own may be
 //!   followed by `&id=N&size=S`: `thin:/m.img?data=/d.img&id=1`.
 //! - `slice:OFFSET+SIZE[?overlap]@SPEC` — `SIZE` bytes of the device `SPEC` names from
@@ -96,8 +99,17 @@ pub enum Spec {
     Cache { path: PathBuf, origin: Option<Box<Spec>> },
     /// `writecache:PATH[?origin=SPEC]`; without `origin` the superblock's recorded spec is used.
     Writecache { path: PathBuf, origin: Option<Box<Spec>> },
-    /// `thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]`
-    Thin { pool: PathBuf, id: u32, size: Option<u64>, skip_zeroing: bool, data: Option<Box<Spec>> },
+    /// `thin:POOL?id=N[&size=S][&skip_block_zeroing][&low_water_blocks=N][&commit_period_ms=N][&data=SPEC]`
+    Thin {
+        pool: PathBuf,
+        id: u32,
+        size: Option<u64>,
+        skip_zeroing: bool,
+        /// The pool's low-water mark and commit period, set when the spec opens it.
+        low_water: Option<u64>,
+        commit_period_ms: Option<u64>,
+        data: Option<Box<Spec>>,
+    },
     /// `slice:OFFSET+SIZE[?overlap]@SPEC`
     Slice { offset: u64, len: u64, overlap: bool, inner: Box<Spec> },
     /// `qos:GROUP[?opts]@SPEC`
@@ -291,8 +303,10 @@ impl Spec {
                 }
                 let size = opts.take_size("size")?;
                 let skip_zeroing = opts.take_bool("skip_block_zeroing")? == Some(true);
+                let low_water = opts.take_parsed("low_water_blocks")?;
+                let commit_period_ms = opts.take_parsed("commit_period_ms")?;
                 opts.finish()?;
-                Ok(Spec::Thin { pool: pool.into(), id, size, skip_zeroing, data })
+                Ok(Spec::Thin { pool: pool.into(), id, size, skip_zeroing, low_water, commit_period_ms, data })
             }
             "nbd" | "nbds" | "nbd+unix" | "nbds+unix" => parse_nbd(s, kind, rest),
             _ if looks_like_kind(kind) && !may_exist(Path::new(split_query(s).0)) => {
@@ -539,13 +553,19 @@ impl fmt::Display for Spec {
                     None => Ok(()),
                 }
             }
-            Spec::Thin { pool, id, size, skip_zeroing, data } => {
+            Spec::Thin { pool, id, size, skip_zeroing, low_water, commit_period_ms, data } => {
                 write!(f, "thin:{}?id={id}", pool.display())?;
                 if let Some(size) = size {
                     write!(f, "&size={}", format_size_exact(*size))?;
                 }
                 if *skip_zeroing {
                     write!(f, "&skip_block_zeroing")?;
+                }
+                if let Some(n) = low_water {
+                    write!(f, "&low_water_blocks={n}")?;
+                }
+                if let Some(n) = commit_period_ms {
+                    write!(f, "&commit_period_ms={n}")?;
                 }
                 match data {
                     Some(d) => write!(f, "&data={d}"),
@@ -631,6 +651,10 @@ mod tests {
             ("thin:/m.img?id=3&data=ssd:/d.img?channels=4", "thin:/m.img?id=3&data=ssd:/d.img?channels=4"),
             ("thin:/m.img?skip_block_zeroing&id=4", "thin:/m.img?id=4&skip_block_zeroing"),
             ("thin:/m.img?data=/d.img&id=4&skip_block_zeroing=off", "thin:/m.img?id=4&data=/d.img"),
+            (
+                "thin:/m.img?commit_period_ms=500&id=5&low_water_blocks=100",
+                "thin:/m.img?id=5&low_water_blocks=100&commit_period_ms=500",
+            ),
             ("slice:0+200GiB@hdd:/d.img", "slice:0+200GiB@hdd:/d.img"),
             ("slice:1048576+4096?overlap=on@mem:2MiB", "slice:1MiB+4KiB?overlap@mem:2MiB"),
             ("slice:1G+1G@slice:512MiB+4GiB@/d.img", "slice:1GiB+1GiB@slice:512MiB+4GiB@/d.img"),
@@ -906,8 +930,17 @@ mod tests {
             (file(), ssd()).prop_map(|(file, params)| Spec::Ssd { file, params }),
             path().prop_map(|path| Spec::Cache { path, origin: None }),
             path().prop_map(|path| Spec::Writecache { path, origin: None }),
-            (path(), 0..1u32 << 24, proptest::option::of(size()), any::<bool>())
-                .prop_map(|(pool, id, size, skip_zeroing)| Spec::Thin { pool, id, size, skip_zeroing, data: None }),
+            (
+                path(),
+                0..1u32 << 24,
+                proptest::option::of(size()),
+                any::<bool>(),
+                proptest::option::of(any::<u64>()),
+                proptest::option::of(0..100_000u64)
+            )
+                .prop_map(|(pool, id, size, skip_zeroing, low_water, commit_period_ms)| {
+                    Spec::Thin { pool, id, size, skip_zeroing, low_water, commit_period_ms, data: None }
+                }),
         ];
         leaf.prop_recursive(4, 16, 3, |inner| {
             prop_oneof![
@@ -918,7 +951,15 @@ mod tests {
                     .prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
                 (path(), 0..1u32 << 24, proptest::option::of(size()), inner.clone()).prop_map(
                     |(pool, id, size, data)| {
-                        Spec::Thin { pool, id, size, skip_zeroing: false, data: Some(Box::new(data)) }
+                        Spec::Thin {
+                            pool,
+                            id,
+                            size,
+                            skip_zeroing: false,
+                            low_water: None,
+                            commit_period_ms: None,
+                            data: Some(Box::new(data)),
+                        }
                     }
                 ),
                 (group(), qos_options(), inner.clone()).prop_map(|(group, options, inner)| Spec::Qos {

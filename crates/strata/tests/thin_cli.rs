@@ -1,13 +1,19 @@
 //! `strata thin` end to end: a pool made by strata, volumes and a snapshot served by
 //! `strata serve` and written and read by real NBD clients (qemu-io, nbdinfo), checked by
 //! thin_check and dumped by thin_dump as strata dumps it; a pool made by thin_restore served
-//! with the right data; bad input refused with nothing written.
+//! with the right data; bad input refused with nothing written. Live, through the admin
+//! endpoint: a snapshot of a volume under a writing client holds exactly a prefix of its
+//! writes, is served with `strata export add` and read through NBD; a served volume is not
+//! deleted until its export is removed; the offline commands refuse the held pool.
 
 mod common;
 
 use common::*;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use strata_nbd::client::Client;
 
 fn strata(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap()
@@ -199,4 +205,202 @@ fn bad_input_is_refused_and_nothing_is_written() {
     // A metadata device of another kind.
     std::fs::write(&meta, vec![7u8; 1 << 20]).unwrap();
     assert!(strata_err(&["thin", "list", m]).contains("not dm-thin metadata"));
+}
+
+const REGION: u64 = 64 << 10;
+const REGIONS: u64 = 64;
+
+/// Region `j`'s contents after round `r` of the writer (round 0: the first fill).
+fn pattern(r: u64, j: u64) -> Vec<u8> {
+    let mut v = vec![0u8; 4096];
+    for (i, b) in v.iter_mut().enumerate() {
+        *b = (r as u8).wrapping_mul(31) ^ (j as u8) ^ (i as u8);
+    }
+    v[..16].copy_from_slice(&[r.to_le_bytes(), j.to_le_bytes()].concat());
+    v
+}
+
+/// The round each region's first 4 KiB holds, checking the rest of the pattern.
+async fn rounds(c: &mut Client<tokio::net::UnixStream>) -> Vec<u64> {
+    let mut out = Vec::new();
+    for j in 0..REGIONS {
+        let got = c.read(j * REGION, 4096).await.unwrap();
+        let r = u64::from_le_bytes(got[..8].try_into().unwrap());
+        assert_eq!(got, pattern(r, j), "region {j}: torn or foreign data");
+        out.push(r);
+    }
+    out
+}
+
+#[test]
+fn a_live_snapshot_of_a_volume_being_written_holds_a_prefix_of_its_writes() {
+    let d = tempdir();
+    let meta = d.path().join("pool.meta");
+    let m = meta.to_str().unwrap();
+    let data = format!("{}?size=64MiB", d.path().join("pool.data").display());
+    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=8MiB"), "--data", &data]);
+    strata_ok(&["thin", "create", m, "1", "--size", "16MiB"]);
+    let srv = serve_unix(&[format!("vol=thin:{m}?id=1")]);
+    let admin = srv.admin.clone().unwrap();
+    let sock = srv.sock.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+
+    // A writer rewrites the regions in order, round after round, each write completed
+    // before the next starts; `done` counts the writes completed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (sock, stop, done) = (sock.clone(), stop.clone(), done.clone());
+        rt.spawn(async move {
+            let mut c = Client::connect_unix(&sock, "vol").await.unwrap();
+            let mut r = 0;
+            while r < 2 || !stop.load(Ordering::Relaxed) {
+                for j in 0..REGIONS {
+                    c.write(j * REGION, &pattern(r, j), false).await.unwrap();
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                if r == 0 {
+                    c.flush().await.unwrap();
+                }
+                r += 1;
+            }
+            c.flush().await.unwrap();
+        })
+    };
+    while done.load(Ordering::Relaxed) < REGIONS * 2 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+
+    // Live: the server's pool takes the snapshot while the writer goes on.
+    let before = done.load(Ordering::Relaxed);
+    strata_ok(&["thin", "snapshot", m, "1", "2", "--admin", &admin]);
+    let after = done.load(Ordering::Relaxed);
+    strata_ok(&["export", "add", "--admin", &admin, &format!("snap=thin:{m}?id=2")]);
+    let first = rt.block_on(async {
+        let mut c = Client::connect_unix(&sock, "snap").await.unwrap();
+        assert_eq!(c.size(), 16 << 20, "the snapshot has its origin's recorded size");
+        rounds(&mut c).await
+    });
+    // A prefix of the writes: regions 0..k in round R, the rest in round R-1, and that
+    // prefix between the writes completed before the command and after it.
+    let top = first[0];
+    let k = first.iter().take_while(|&&r| r == top).count() as u64;
+    assert!(first[k as usize..].iter().all(|&r| r + 1 == top), "not a prefix of the writes: {first:?}");
+    let taken = top * REGIONS + k;
+    // (A write the snapshot holds may have its reply still on the way when the command returns.)
+    assert!(before <= taken && taken <= after + 1, "the snapshot holds {taken} writes, {before} to {after} were done");
+
+    // The origin goes on changing; the snapshot does not.
+    let seen = done.load(Ordering::Relaxed);
+    while done.load(Ordering::Relaxed) < seen + REGIONS * 2 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let again = rt.block_on(async {
+        let mut c = Client::connect_unix(&sock, "snap").await.unwrap();
+        rounds(&mut c).await
+    });
+    assert_eq!(first, again, "the snapshot changed while its origin was written");
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(writer).unwrap();
+
+    // Served volumes are not deleted; the offline commands refuse the held pool.
+    let why = strata_err(&["thin", "delete", m, "2", "--admin", &admin]);
+    assert!(why.contains("open (served)") && why.contains("export remove"), "{why}");
+    let why = strata_err(&["thin", "delete", m, "2"]);
+    assert!(why.contains("cannot claim") && why.contains("--admin"), "{why}");
+    strata_ok(&["export", "remove", "--admin", &admin, "snap"]);
+    strata_ok(&["thin", "delete", m, "2", "--admin", &admin]);
+    let why = strata_err(&["export", "add", "--admin", &admin, &format!("snap=thin:{m}?id=2")]);
+    assert!(why.contains("no thin device 2"), "{why}");
+    // Created live, then served at once.
+    strata_ok(&["thin", "create", m, "3", "--size", "1MiB", "--admin", &admin]);
+    strata_ok(&["export", "add", "--admin", &admin, &format!("new=thin:{m}?id=3")]);
+    rt.block_on(async {
+        let mut c = Client::connect_unix(&sock, "new").await.unwrap();
+        assert_eq!(c.read(0, 4096).await.unwrap(), vec![0u8; 4096]);
+        c.write(0, &pattern(9, 9), true).await.unwrap();
+    });
+    let st = srv.status();
+    let pool = &st["volumes"][0]["target"]["pool"];
+    assert_eq!(pool["volumes"], 2, "{pool}");
+    assert_eq!(pool["metadata_path"], std::fs::canonicalize(&meta).unwrap().to_str().unwrap());
+    drop(srv);
+    let list = strata_ok(&["thin", "list", m]);
+    assert!(!list.contains("\n       2 "), "{list}");
+    strata_ok(&["thin", "check", m]);
+    if tools(&["thin_check"]) {
+        thin_check_ok(&meta);
+    }
+}
+
+#[test]
+fn a_full_pool_is_extended_live_and_offline_with_its_low_water_mark_reported() {
+    let d = tempdir();
+    let meta = d.path().join("pool.meta");
+    let m = meta.to_str().unwrap();
+    let data_file = d.path().join("pool.data");
+    // 16 data blocks of 64 KiB; volume 1 of 4 MiB.
+    let data = format!("{}?size=1MiB", data_file.display());
+    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=1MiB"), "--data", &data]);
+    strata_ok(&["thin", "create", m, "1", "--size", "4MiB"]);
+    let srv = serve_unix(&[format!("vol=thin:{m}?id=1&low_water_blocks=4")]);
+    let admin = srv.admin.clone().unwrap();
+    let sock = srv.sock.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let block = |b: u64| pattern(b, 0);
+    let mut c = rt.block_on(Client::connect_unix(&sock, "vol")).unwrap();
+    rt.block_on(async {
+        for b in 0..16 {
+            c.write(b * REGION, &block(b), false).await.unwrap();
+        }
+        assert!(c.write(16 * REGION, &block(16), false).await.is_err(), "a 17th block in a pool of 16");
+        // Mapped blocks still take writes.
+        c.write(3 * REGION, &block(33), true).await.unwrap();
+    });
+    let pool = srv.status()["volumes"][0]["target"]["pool"].clone();
+    assert_eq!(pool["mode"], "out_of_data_space", "{pool}");
+    assert_eq!((pool["data_free_blocks"].as_u64(), pool["below_low_water"].as_bool()), (Some(0), Some(true)));
+    let metrics = srv.admin_get("/metrics");
+    assert!(metrics.contains("strata_thin_pool_below_low_water{volume=\"vol\"} 1"), "{metrics}");
+    assert!(metrics.contains("strata_thin_pool_data_free_blocks{volume=\"vol\"} 0"), "{metrics}");
+    assert!(srv.stderr().contains("low-water mark of 4"), "{}", srv.stderr());
+
+    // Live: the data file grows, the pool's data space with it, and the refused write goes in.
+    strata_ok(&["thin", "extend", m, "--data", "2MiB", "--admin", &admin]);
+    assert_eq!(std::fs::metadata(&data_file).unwrap().len(), 2 << 20);
+    rt.block_on(async {
+        c.write(16 * REGION, &block(16), false).await.unwrap();
+        c.flush().await.unwrap();
+    });
+    let pool = srv.status()["volumes"][0]["target"]["pool"].clone();
+    assert_eq!((pool["mode"].as_str(), pool["data_blocks"].as_u64()), (Some("ok"), Some(32)), "{pool}");
+    assert_eq!(pool["below_low_water"], false, "{pool}");
+    strata_ok(&["thin", "set", m, "--admin", &admin, "--low-water-blocks", "20", "--commit-period", "500ms"]);
+    let pool = srv.status()["volumes"][0]["target"]["pool"].clone();
+    assert_eq!((pool["below_low_water"].as_bool(), pool["commit_period_ms"].as_u64()), (Some(true), Some(500)));
+    let why = strata_err(&["thin", "extend", m, "--data", "1MiB", "--admin", &admin]);
+    assert!(why.contains("cannot shrink"), "{why}");
+    drop(c);
+    drop(srv);
+
+    // Offline: metadata and data grown, everything written before intact.
+    strata_ok(&["thin", "extend", m, "--data", "4MiB", "--metadata", "2MiB"]);
+    let list = strata_ok(&["thin", "list", m]);
+    assert!(list.contains("of 64 data blocks") || list.contains("of 64 blocks"), "{list}");
+    if tools(&["thin_check"]) {
+        thin_check_ok(&meta);
+    }
+    strata_ok(&["thin", "check", m]);
+    let srv = serve_unix(&[format!("vol=thin:{m}?id=1")]);
+    rt.block_on(async {
+        let mut c = Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+        for b in 0..17 {
+            let want = block(if b == 3 { 33 } else { b });
+            assert_eq!(c.read(b * REGION, 4096).await.unwrap(), want, "block {b}");
+        }
+    });
+}
+
+fn serve_unix(volumes: &[String]) -> Server {
+    Server::start_opts(tempdir(), ServerOpts { admin: true, unix: true, args: volumes.to_vec(), ..Default::default() })
 }

@@ -35,7 +35,9 @@ Volume specs:
   thin:POOL?id=N[&size=S][&skip_block_zeroing][&data=SPEC]
                        thin volume N of the pool whose metadata device is POOL (made by
                        `strata thin pool create`; size= and data= for pools made by other
-                       tools, data= last); volumes of one pool share it (docs/THIN.md)
+                       tools, data= last); volumes of one pool share it (docs/THIN.md);
+                       low_water_blocks=N, commit_period_ms=N (default 1000) set the pool's
+                       low-water mark and periodic commit
   nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH
                        an export of another NBD server (nbdkit, qemu-nbd, strata), e.g. as
                        a cache's origin; options connections=N, timeout=30s (one attempt),

@@ -1,6 +1,8 @@
 //! `strata thin`: make a pool (a metadata device in dm-thin's format and a data device),
-//! create, snapshot and delete its thin volumes, list them, and check or dump the pool
-//! offline. The pool must not be served meanwhile (its devices are claimed).
+//! create, snapshot and delete its thin volumes, grow its space, list them, and check or
+//! dump the pool. Create, snapshot, delete, extend and set go through a server's admin
+//! endpoint (`--admin`) when that server serves the pool; otherwise they work offline, and a
+//! pool another process has open is refused (its devices are claimed).
 
 use crate::cmd::cache::Bytes;
 use crate::open::{cache_device, open, open_file};
@@ -28,6 +30,10 @@ pub enum ThinCommand {
     Snapshot(SnapshotArgs),
     /// Delete a thin volume or snapshot, freeing the blocks no other volume maps.
     Delete(DeleteArgs),
+    /// Grow the pool's data or metadata space (its devices first, if files).
+    Extend(ExtendArgs),
+    /// Change a served pool's low-water mark or commit period.
+    Set(SetArgs),
     /// List a pool's volumes: size, mapped and exclusive blocks.
     List(PoolPath),
     /// Check a pool's metadata (the checks thin_check makes).
@@ -74,8 +80,19 @@ pub struct PoolCreateArgs {
     pub force: bool,
 }
 
+/// The server serving a pool, for the live commands.
+#[derive(Args, Debug, Clone)]
+pub struct AdminArg {
+    /// The admin endpoint of a server that may serve the pool (`strata serve --admin`): if
+    /// it serves a volume of the pool, the change is made there, live; otherwise offline.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: Option<String>,
+}
+
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata thin create /var/tmp/pool.meta 1 --size 1TiB")]
+#[command(after_help = "Examples:
+  strata thin create /var/tmp/pool.meta 1 --size 1TiB
+  strata thin create /var/tmp/pool.meta 3 --size 10GiB --admin 127.0.0.1:9810   (live)")]
 pub struct CreateArgs {
     /// The pool's metadata device.
     pub pool: PathBuf,
@@ -84,10 +101,16 @@ pub struct CreateArgs {
     /// The volume's size (recorded by strata; dm-thin keeps none).
     #[arg(long, value_parser = parse_size)]
     pub size: u64,
+    #[command(flatten)]
+    pub admin: AdminArg,
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata thin snapshot /var/tmp/pool.meta 1 2")]
+#[command(after_help = "Examples:
+  strata thin snapshot /var/tmp/pool.meta 1 2
+  strata thin snapshot /var/tmp/pool.meta 1 2 --admin 127.0.0.1:9810
+      (live: the snapshot holds every write completed before it; serve it with
+       strata export add --admin 127.0.0.1:9810 snap=thin:/var/tmp/pool.meta?id=2)")]
 pub struct SnapshotArgs {
     /// The pool's metadata device.
     pub pool: PathBuf,
@@ -95,15 +118,79 @@ pub struct SnapshotArgs {
     pub origin: DevId,
     /// The snapshot's id.
     pub id: DevId,
+    #[command(flatten)]
+    pub admin: AdminArg,
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata thin delete /var/tmp/pool.meta 2")]
+#[command(after_help = "Examples:
+  strata thin delete /var/tmp/pool.meta 2
+  strata thin delete /var/tmp/pool.meta 2 --admin 127.0.0.1:9810
+      (live; a volume that is served is refused: strata export remove it first)")]
 pub struct DeleteArgs {
     /// The pool's metadata device.
     pub pool: PathBuf,
     /// The volume to delete.
     pub id: DevId,
+    #[command(flatten)]
+    pub admin: AdminArg,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  strata thin extend /var/tmp/pool.meta --data 200GiB --admin 127.0.0.1:9810
+  strata thin extend /var/tmp/pool.meta --metadata 128MiB
+A data or metadata device that is a file is lengthened; a block device must be grown first
+(lvextend). Writes that failed for want of space succeed after it.")]
+pub struct ExtendArgs {
+    /// The pool's metadata device.
+    pub pool: PathBuf,
+    /// The data space's new size (rounded down to whole data blocks).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub data: Option<u64>,
+    /// The metadata space's new size (at most 15.9 GiB is used).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub metadata: Option<u64>,
+    #[command(flatten)]
+    pub admin: AdminArg,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Example:
+  strata thin set /var/tmp/pool.meta --admin 127.0.0.1:9810 --low-water-blocks 1000 --commit-period 1s
+Both last while the pool is open; thin: specs set them too (low_water_blocks=N,
+commit_period_ms=N).")]
+pub struct SetArgs {
+    /// The pool's metadata device.
+    pub pool: PathBuf,
+    /// The server serving the pool (`strata serve --admin`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: String,
+    /// Free data blocks at or below which status and /metrics report the pool low, and a
+    /// line is logged (dm-thin's low_water_mark; 0: none).
+    #[arg(long)]
+    pub low_water_blocks: Option<u64>,
+    /// How long provisioning may wait for a commit without a FLUSH (dm-thin's
+    /// commit_period; 0 commits only on FLUSH and FUA).
+    #[arg(long, value_parser = humantime_ms, value_name = "DURATION")]
+    pub commit_period: Option<u64>,
+}
+
+/// A duration as `1s`, `500ms` or milliseconds alone, in milliseconds.
+fn humantime_ms(s: &str) -> std::result::Result<u64, String> {
+    let bad = || format!("bad duration {s:?} (e.g. 1s, 500ms)");
+    let (n, scale) = match s.strip_suffix("ms") {
+        Some(n) => (n, 1.0),
+        None => match s.strip_suffix('s') {
+            Some(n) => (n, 1000.0),
+            None => (s, 1.0),
+        },
+    };
+    let n: f64 = n.trim().parse().map_err(|_| bad())?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(bad());
+    }
+    Ok((n * scale).round() as u64)
 }
 
 #[derive(Args, Debug)]
@@ -118,29 +205,57 @@ pub fn run(args: ThinArgs) -> Result<()> {
         match args.command {
             ThinCommand::Pool(PoolArgs { command: PoolCommand::Create(a) }) => pool_create(a).await,
             ThinCommand::Create(a) => {
-                change(&a.pool, |m| {
-                    m.create_thin(a.id)?;
-                    m.set_volume_size(a.id, a.size)
-                })
-                .await?;
+                let msg = format!("create {} {}", a.id, a.size);
+                let live = live(&a.admin, &a.pool, &msg).await?;
+                if !live {
+                    change(&a.pool, |m| {
+                        m.create_thin(a.id)?;
+                        m.set_volume_size(a.id, a.size)
+                    })
+                    .await?;
+                }
                 println!("created thin volume {} of {} in {}", a.id, format_size(a.size), a.pool.display());
                 Ok(())
             }
             ThinCommand::Snapshot(a) => {
-                change(&a.pool, |m| {
-                    m.create_snapshot(a.id, a.origin)?;
-                    match m.record().sizes.get(&a.origin).copied() {
-                        Some(size) => m.set_volume_size(a.id, size),
-                        None => Ok(()),
-                    }
-                })
-                .await?;
+                if !live(&a.admin, &a.pool, &format!("snapshot {} {}", a.origin, a.id)).await? {
+                    change(&a.pool, |m| {
+                        m.create_snapshot(a.id, a.origin)?;
+                        match m.record().sizes.get(&a.origin).copied() {
+                            Some(size) => m.set_volume_size(a.id, size),
+                            None => Ok(()),
+                        }
+                    })
+                    .await?;
+                }
                 println!("created snapshot {} of thin volume {} in {}", a.id, a.origin, a.pool.display());
                 Ok(())
             }
             ThinCommand::Delete(a) => {
-                change(&a.pool, |m| m.delete(a.id)).await?;
+                if !live(&a.admin, &a.pool, &format!("delete {}", a.id)).await? {
+                    change(&a.pool, |m| m.delete(a.id)).await?;
+                }
                 println!("deleted thin volume {} of {}", a.id, a.pool.display());
+                Ok(())
+            }
+            ThinCommand::Extend(a) => extend(a).await,
+            ThinCommand::Set(a) => {
+                let name = served_by(&a.admin, &a.pool)
+                    .await?
+                    .with_context(|| format!("the server at {} serves no volume of {}", a.admin, a.pool.display()))?;
+                let mut msgs = Vec::new();
+                if let Some(n) = a.low_water_blocks {
+                    msgs.push(format!("low_water_blocks {n}"));
+                }
+                if let Some(ms) = a.commit_period {
+                    msgs.push(format!("commit_period_ms {ms}"));
+                }
+                if msgs.is_empty() {
+                    bail!("nothing to set: give --low-water-blocks or --commit-period");
+                }
+                for m in msgs {
+                    print!("{}", crate::http::message(&a.admin, &name, &m).await?);
+                }
                 Ok(())
             }
             ThinCommand::List(a) => list(a).await,
@@ -181,9 +296,95 @@ async fn load(path: &Path, read_only: bool) -> Result<Metadata> {
     Metadata::open(&*dev).await.with_context(|| format!("cannot read the pool {}", path.display()))
 }
 
+/// The name of a volume of the pool at `pool` that the server at `admin` serves, if any.
+async fn served_by(admin: &str, pool: &Path) -> Result<Option<String>> {
+    let path = std::fs::canonicalize(pool).with_context(|| format!("cannot find {}", pool.display()))?;
+    let path = path.display().to_string();
+    let status = crate::http::status(admin).await?;
+    Ok(status.volumes.into_iter().find_map(|v| {
+        let t = v.target?;
+        (t["target"] == "thin" && t["pool"]["metadata_path"] == path.as_str()).then_some(v.name)
+    }))
+}
+
+/// Sends `msg` to the server at `admin` if it serves the pool; false if it does not (or no
+/// server was named): the change is then made offline.
+async fn live(admin: &AdminArg, pool: &Path, msg: &str) -> Result<bool> {
+    let Some(addr) = &admin.admin else { return Ok(false) };
+    let Some(name) = served_by(addr, pool).await? else { return Ok(false) };
+    crate::http::message(addr, &name, msg).await.with_context(|| format!("{} (served at {addr})", pool.display()))?;
+    Ok(true)
+}
+
+/// Opens the pool's metadata device for an offline change, saying what to do when a server
+/// holds it.
+fn claim(path: &Path) -> Result<std::sync::Arc<dyn strata_io::BlockDev>> {
+    cache_device(path, false).map_err(|e| {
+        let hint = if e.kind == strata_io::ErrorKind::Busy {
+            "; if a server serves the pool, give its admin endpoint: --admin HOST:PORT"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("{}{hint}", e)
+    })
+}
+
+/// Grows the pool's data or metadata space: live through the server serving it, else
+/// offline (its data device opened from the recorded spec).
+async fn extend(a: ExtendArgs) -> Result<()> {
+    if a.data.is_none() && a.metadata.is_none() {
+        bail!("nothing to extend: give --data SIZE or --metadata SIZE");
+    }
+    let mut msgs = Vec::new();
+    if let Some(b) = a.data {
+        msgs.push(format!("extend data {b}"));
+    }
+    if let Some(b) = a.metadata {
+        msgs.push(format!("extend metadata {b}"));
+    }
+    if let Some(name) = match &a.admin.admin {
+        Some(addr) => served_by(addr, &a.pool).await?,
+        None => None,
+    } {
+        let addr = a.admin.admin.as_deref().unwrap_or_default();
+        for m in msgs {
+            let answer = crate::http::message(addr, &name, &m).await?;
+            println!("extended {}: {}", a.pool.display(), answer.trim());
+        }
+        return Ok(());
+    }
+    let md = claim(&a.pool)?;
+    let mut m = Metadata::open(&*md).await.with_context(|| format!("cannot read the pool {}", a.pool.display()))?;
+    if let Some(bytes) = a.data {
+        let spec = &m.record().data_spec;
+        if spec.is_empty() {
+            bail!(
+                "{}: the pool records no data device (made by other tools?): extend it while served",
+                a.pool.display()
+            );
+        }
+        let spec = Spec::parse(spec).with_context(|| format!("{}: the recorded data device", a.pool.display()))?;
+        let data = open(&spec, false).await.with_context(|| format!("cannot open the data device {spec}"))?;
+        data.grow(bytes).await?;
+        m.extend_data(bytes / m.data_block_bytes())?;
+    }
+    if let Some(bytes) = a.metadata {
+        md.grow(bytes).await?;
+        m.extend_metadata(bytes / 4096)?;
+    }
+    m.commit(&*md).await.with_context(|| format!("cannot commit to {}", a.pool.display()))?;
+    println!(
+        "extended {}: {} data blocks, {} metadata blocks",
+        a.pool.display(),
+        m.tm.data.nr_blocks(),
+        m.tm.md.nr_blocks()
+    );
+    Ok(())
+}
+
 /// Applies `f` to the pool's metadata and commits.
 async fn change(path: &Path, f: impl FnOnce(&mut Metadata) -> strata_io::Result<()>) -> Result<()> {
-    let dev = cache_device(path, false)?;
+    let dev = claim(path)?;
     let mut m = Metadata::open(&*dev).await.with_context(|| format!("cannot read the pool {}", path.display()))?;
     f(&mut m).with_context(|| path.display().to_string())?;
     m.commit(&*dev).await.with_context(|| format!("cannot commit to {}", path.display()))
