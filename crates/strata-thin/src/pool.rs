@@ -43,6 +43,8 @@ pub(crate) struct State {
     pub failed: Option<String>,
     pub out_of_data: bool,
     pub metadata_low: bool,
+    /// The metadata is going back to the last commit (`abort`): mappings are not to be used.
+    pub aborting: bool,
 }
 
 #[derive(Default)]
@@ -138,6 +140,7 @@ impl Pool {
                 failed: None,
                 out_of_data: false,
                 metadata_low: false,
+                aborting: false,
             }),
             commit_lock: tokio::sync::Mutex::new(()),
             stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
@@ -224,19 +227,37 @@ impl Pool {
             Ok(Some(c)) => c,
             // Nothing to commit: the data device alone, still after any commit before.
             Ok(None) => return self.data.flush().await,
-            Err(e) => return Err(self.fail(format!("commit failed: {}", e.context))),
+            Err(e) => return Err(self.abort(format!("commit failed: {}", e.context)).await),
         };
         if let Err(e) = self.data.flush().await {
-            return Err(self.fail(format!("flushing the data device failed: {}", e.context)));
+            return Err(self.abort(format!("flushing the data device failed: {}", e.context)).await);
         }
         if let Err(e) = commit.write(&*self.md).await {
-            return Err(self.fail(format!("writing the metadata failed: {}", e.context)));
+            return Err(self.abort(format!("writing the metadata failed: {}", e.context)).await);
         }
         let mut st = self.state.lock();
         st.meta.committed();
         st.committing.clear();
         self.counters.commits.fetch_add(1, Relaxed);
         Ok(())
+    }
+
+    /// Fails the pool for `why` and, as dm-thin aborts the transaction, goes back to the
+    /// metadata last committed: a failed flush may have lost the data of blocks mapped since,
+    /// so reads must not follow those mappings (a block copied from a snapshot's would read
+    /// as zeroes where the shared block still holds flushed data).
+    async fn abort(&self, why: String) -> Error {
+        let e = self.fail(why);
+        self.state.lock().aborting = true;
+        let reopened = Metadata::open(&*self.md).await;
+        let mut st = self.state.lock();
+        if let Ok(meta) = reopened {
+            st.meta = meta;
+            st.uncommitted.clear();
+            st.committing.clear();
+            st.aborting = false;
+        }
+        e
     }
 
     /// Makes every completed write durable: a commit if mappings changed, else a flush of

@@ -73,10 +73,15 @@ impl ThinDev {
 
     /// The data block of `vblock` and whether it is shared with a snapshot.
     fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
-        self.pool.with_meta(|m| match m.lookup(self.id, vblock)? {
+        let st = self.pool.state.lock();
+        if st.aborting {
+            return Err(Error::new(ErrorKind::Io, format!("{}: the pool failed", self.pool.describe())));
+        }
+        let m = &st.meta;
+        match m.lookup(self.id, vblock)? {
             Some((b, t)) => Ok(Some((b, m.shared(self.id, t)?))),
             None => Ok(None),
-        })
+        }
     }
 
     async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {

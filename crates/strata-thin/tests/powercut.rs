@@ -117,3 +117,31 @@ async fn every_power_cut_leaves_a_checked_pool_holding_every_durable_write() {
         }
     }
 }
+
+/// A failed flush of the data device fails the pool and takes it back to its last commit (as
+/// dm-thin aborts the transaction): a block copied from a snapshot's since then lost its data
+/// with the flush, so reads must go to the committed, shared block again, which holds the
+/// flushed data (they read zeroes from the lost copy before).
+#[tokio::test]
+async fn a_failed_flush_takes_the_pool_back_to_its_last_commit() {
+    let md = Arc::new(MemDev::new(1 << 20));
+    let data = Arc::new(PowerCut::new(MemDev::new(8 * BS)));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = Pool::open(md.clone(), data.clone(), "", PoolOptions::default()).await.unwrap();
+    let dev = ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap();
+    let flushed = pattern(1, 0, BS as usize);
+    dev.write(0, flushed.clone(), false).await.unwrap();
+    dev.flush().await.unwrap();
+    p.with_meta(|m| m.create_snapshot(2, 1)).unwrap();
+    p.commit().await.unwrap();
+    // Copy-on-write into a new block, then the flush that would commit it fails.
+    dev.write(4096, pattern(2, 4096, 4096), false).await.unwrap();
+    data.fail_next_flush();
+    assert!(dev.flush().await.is_err());
+    assert_eq!(p.status().mode, "failed");
+    let got = dev.read(0, Buf::zeroed(8192)).await.unwrap();
+    assert_eq!(&got[..4096], &flushed[..4096], "flushed data of the volume's block");
+    assert!(dev.write(0, pattern(3, 0, 512), false).await.is_err(), "a failed pool takes no writes");
+}
