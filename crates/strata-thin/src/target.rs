@@ -277,12 +277,15 @@ impl BlockDev for ThinDev {
             check_range("write_zeroes", offset, len, self.size)?;
             self.pool.check_writable()?;
             let bs = self.pool.block_bytes;
+            // Without block zeroing an unmapped block reads as zeroes only until a first
+            // write provisions it: its zeroes must be written.
+            let skip = self.pool.opts.skip_block_zeroing;
             for p in self.pieces(offset, len) {
                 let mapped = self.lookup(p.vblock)?.is_some();
-                if p.len == bs && (flags.may_unmap || !mapped) {
+                if p.len == bs && (flags.may_unmap || !mapped) && !skip {
                     // An unmapped block reads as zeroes.
                     self.unmap(p.vblock * bs, bs).await?;
-                } else if mapped {
+                } else if mapped || skip {
                     if flags.fast_only {
                         return Err(Error::new(ErrorKind::Unsupported, "zeroing part of a mapped block is not fast"));
                     }
