@@ -225,8 +225,15 @@ impl Pool {
         };
         let commit = match prepared {
             Ok(Some(c)) => c,
-            // Nothing to commit: the data device alone, still after any commit before.
-            Ok(None) => return self.data.flush().await,
+            // Nothing to commit: the data device alone, still after any commit before. If
+            // that flush fails, writes it covered may be gone: no later flush may say
+            // otherwise.
+            Ok(None) => {
+                return match self.data.flush().await {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.abort(format!("flushing the data device failed: {}", e.context)).await),
+                }
+            }
             Err(e) => return Err(self.abort(format!("commit failed: {}", e.context)).await),
         };
         if let Err(e) = self.data.flush().await {

@@ -157,8 +157,14 @@ impl ThinDev {
     async fn write_mapped(&self, p: Piece, b: u64, buf: Buf, fua: bool) -> Result<Buf> {
         self.pool.check_writable()?;
         let buf = self.pool.data.write(b * self.pool.block_bytes + p.at, buf, fua).await?;
-        if fua && self.pool.uncommitted(self.id, p.vblock) {
-            self.pool.commit().await?;
+        if fua {
+            // A commit that failed meanwhile took the pool back to its last commit, which
+            // may not hold this block's mapping (the pool fails before it forgets).
+            let uncommitted = self.pool.uncommitted(self.id, p.vblock);
+            self.pool.check_writable()?;
+            if uncommitted {
+                self.pool.commit().await?;
+            }
         }
         Ok(buf)
     }

@@ -145,3 +145,25 @@ async fn a_failed_flush_takes_the_pool_back_to_its_last_commit() {
     assert_eq!(&got[..4096], &flushed[..4096], "flushed data of the volume's block");
     assert!(dev.write(0, pattern(3, 0, 512), false).await.is_err(), "a failed pool takes no writes");
 }
+
+/// A FLUSH that changes no mapping and whose data-device flush fails fails the pool too: the
+/// overwrites it covered may be gone, so no later FLUSH may succeed and call them durable.
+#[tokio::test]
+async fn a_failed_flush_of_overwrites_fails_the_pool() {
+    let md = Arc::new(MemDev::new(1 << 20));
+    let data = Arc::new(PowerCut::new(MemDev::new(8 * BS)));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = Pool::open(md.clone(), data.clone(), "", PoolOptions::default()).await.unwrap();
+    let dev = ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap();
+    dev.write(0, pattern(1, 0, BS as usize), false).await.unwrap();
+    dev.flush().await.unwrap();
+    // An overwrite of the mapped block: the flush after it changes no mapping.
+    dev.write(0, pattern(2, 0, 4096), false).await.unwrap();
+    data.fail_next_flush();
+    assert!(dev.flush().await.is_err());
+    assert_eq!(p.status().mode, "failed");
+    assert!(dev.flush().await.is_err(), "a later flush would call the lost overwrite durable");
+    assert!(dev.write(0, pattern(3, 0, 4096), true).await.is_err(), "nor may a FUA write succeed");
+}
