@@ -147,7 +147,7 @@ impl ThinDev {
         let c = if old.is_some() { &self.pool.counters.copied } else { &self.pool.counters.provisioned };
         c.fetch_add(1, Relaxed);
         if fua {
-            self.pool.commit().await?;
+            self.commit_for_fua(p.vblock).await?;
         }
         Ok(buf)
     }
@@ -158,15 +158,23 @@ impl ThinDev {
         self.pool.check_writable()?;
         let buf = self.pool.data.write(b * self.pool.block_bytes + p.at, buf, fua).await?;
         if fua {
-            // A commit that failed meanwhile took the pool back to its last commit, which
-            // may not hold this block's mapping (the pool fails before it forgets).
-            let uncommitted = self.pool.uncommitted(self.id, p.vblock);
-            self.pool.check_writable()?;
-            if uncommitted {
-                self.pool.commit().await?;
-            }
+            self.commit_for_fua(p.vblock).await?;
         }
         Ok(buf)
+    }
+
+    /// After a FUA write to `vblock`: commits its mapping unless a commit since holds it (a
+    /// commit flushes the data device first, so the write's data is durable with it). FUA
+    /// writes to new blocks at once thus share commits.
+    async fn commit_for_fua(&self, vblock: u64) -> Result<()> {
+        let uncommitted = self.pool.uncommitted(self.id, vblock);
+        // A commit that failed meanwhile took the pool back to its last commit, which may
+        // not hold this mapping (the pool fails before it forgets).
+        self.pool.check_writable()?;
+        if uncommitted {
+            self.pool.commit().await?;
+        }
+        Ok(())
     }
 
     /// Unmaps whole blocks of `[offset, offset+len)`; blocks left unreferenced are freed and
