@@ -118,19 +118,25 @@ async fn every_power_cut_leaves_a_checked_pool_holding_every_durable_write() {
     }
 }
 
+/// A pool with volume 1 (4 blocks) over a data device whose flushes can be made to fail.
+async fn pool_over_failing_data() -> (Arc<PowerCut<MemDev>>, Arc<Pool>, ThinDev) {
+    let md = Arc::new(MemDev::new(1 << 20));
+    let data = Arc::new(PowerCut::new(MemDev::new(8 * BS)));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = Pool::open(md, data.clone(), "", PoolOptions::default()).await.unwrap();
+    let dev = ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap();
+    (data, p, dev)
+}
+
 /// A failed flush of the data device fails the pool and takes it back to its last commit (as
 /// dm-thin aborts the transaction): a block copied from a snapshot's since then lost its data
 /// with the flush, so reads must go to the committed, shared block again, which holds the
 /// flushed data (they read zeroes from the lost copy before).
 #[tokio::test]
 async fn a_failed_flush_takes_the_pool_back_to_its_last_commit() {
-    let md = Arc::new(MemDev::new(1 << 20));
-    let data = Arc::new(PowerCut::new(MemDev::new(8 * BS)));
-    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
-    m.create_thin(1).unwrap();
-    m.commit(&*md).await.unwrap();
-    let p = Pool::open(md.clone(), data.clone(), "", PoolOptions::default()).await.unwrap();
-    let dev = ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap();
+    let (data, p, dev) = pool_over_failing_data().await;
     let flushed = pattern(1, 0, BS as usize);
     dev.write(0, flushed.clone(), false).await.unwrap();
     dev.flush().await.unwrap();
@@ -150,13 +156,7 @@ async fn a_failed_flush_takes_the_pool_back_to_its_last_commit() {
 /// overwrites it covered may be gone, so no later FLUSH may succeed and call them durable.
 #[tokio::test]
 async fn a_failed_flush_of_overwrites_fails_the_pool() {
-    let md = Arc::new(MemDev::new(1 << 20));
-    let data = Arc::new(PowerCut::new(MemDev::new(8 * BS)));
-    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
-    m.create_thin(1).unwrap();
-    m.commit(&*md).await.unwrap();
-    let p = Pool::open(md.clone(), data.clone(), "", PoolOptions::default()).await.unwrap();
-    let dev = ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap();
+    let (data, p, dev) = pool_over_failing_data().await;
     dev.write(0, pattern(1, 0, BS as usize), false).await.unwrap();
     dev.flush().await.unwrap();
     // An overwrite of the mapped block: the flush after it changes no mapping.
