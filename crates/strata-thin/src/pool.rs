@@ -215,8 +215,24 @@ impl Pool {
     /// written and flushed, then the superblock. With nothing changed, only the data device
     /// is flushed.
     pub async fn commit(&self) -> Result<()> {
+        self.commit_unless(|| false).await
+    }
+
+    /// Commits for a FUA write to `vblock` of `id`: nothing if, once the commits before are
+    /// done, one of them holds its mapping (FUA writes to new blocks at once share commits).
+    pub(crate) async fn commit_for(&self, id: DevId, vblock: u64) -> Result<()> {
+        self.commit_unless(|| !self.uncommitted(id, vblock)).await
+    }
+
+    /// `commit`, unless `done()` says so once the commit lock is held.
+    async fn commit_unless(&self, done: impl Fn() -> bool) -> Result<()> {
         let _one = self.commit_lock.lock().await;
+        // A failed commit forgets uncommitted mappings after failing the pool: check after.
+        let done = done();
         self.check_writable()?;
+        if done {
+            return Ok(());
+        }
         let prepared: Result<Option<Commit>> = {
             let mut st = self.state.lock();
             let c = st.meta.prepare_commit();

@@ -172,7 +172,7 @@ impl ThinDev {
         // not hold this mapping (the pool fails before it forgets).
         self.pool.check_writable()?;
         if uncommitted {
-            self.pool.commit().await?;
+            self.pool.commit_for(self.id, vblock).await?;
         }
         Ok(())
     }
