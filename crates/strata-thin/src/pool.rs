@@ -73,6 +73,8 @@ pub(crate) struct State {
     pub failed: Option<String>,
     pub out_of_data: bool,
     pub metadata_low: bool,
+    /// The metadata is going back to the last commit (`abort`): mappings are not to be used.
+    pub aborting: bool,
 }
 
 #[derive(Default)]
@@ -185,6 +187,7 @@ impl Pool {
                 failed: None,
                 out_of_data: false,
                 metadata_low: false,
+                aborting: false,
             }),
             commit_lock: tokio::sync::Mutex::new(()),
             stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
@@ -483,8 +486,24 @@ impl Pool {
     /// written and flushed, then the superblock. With nothing changed, only the data device
     /// is flushed.
     pub async fn commit(&self) -> Result<()> {
+        self.commit_unless(|| false).await
+    }
+
+    /// Commits for a FUA write to `vblock` of `id`: nothing if, once the commits before are
+    /// done, one of them holds its mapping (FUA writes to new blocks at once share commits).
+    pub(crate) async fn commit_for(&self, id: DevId, vblock: u64) -> Result<()> {
+        self.commit_unless(|| !self.uncommitted(id, vblock)).await
+    }
+
+    /// `commit`, unless `done()` says so once the commit lock is held.
+    async fn commit_unless(&self, done: impl Fn() -> bool) -> Result<()> {
         let _one = self.commit_lock.lock().await;
+        // A failed commit forgets uncommitted mappings after failing the pool: check after.
+        let done = done();
         self.check_writable()?;
+        if done {
+            return Ok(());
+        }
         let prepared: Result<Option<Commit>> = {
             let mut st = self.state.lock();
             let c = st.meta.prepare_commit();
@@ -493,15 +512,22 @@ impl Pool {
         };
         let commit = match prepared {
             Ok(Some(c)) => c,
-            // Nothing to commit: the data device alone, still after any commit before.
-            Ok(None) => return self.data.flush().await,
-            Err(e) => return Err(self.fail(format!("commit failed: {}", e.context))),
+            // Nothing to commit: the data device alone, still after any commit before. If
+            // that flush fails, writes it covered may be gone: no later flush may say
+            // otherwise.
+            Ok(None) => {
+                return match self.data.flush().await {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.abort(format!("flushing the data device failed: {}", e.context)).await),
+                }
+            }
+            Err(e) => return Err(self.abort(format!("commit failed: {}", e.context)).await),
         };
         if let Err(e) = self.data.flush().await {
-            return Err(self.fail(format!("flushing the data device failed: {}", e.context)));
+            return Err(self.abort(format!("flushing the data device failed: {}", e.context)).await);
         }
         if let Err(e) = commit.write(&*self.md).await {
-            return Err(self.fail(format!("writing the metadata failed: {}", e.context)));
+            return Err(self.abort(format!("writing the metadata failed: {}", e.context)).await);
         }
         let mut st = self.state.lock();
         st.meta.committed();
@@ -514,6 +540,24 @@ impl Pool {
     /// Whether the metadata changed since the last commit was prepared.
     fn dirty(&self) -> bool {
         self.state.lock().meta.dirty()
+    }
+
+    /// Fails the pool for `why` and, as dm-thin aborts the transaction, goes back to the
+    /// metadata last committed: a failed flush may have lost the data of blocks mapped since,
+    /// so reads must not follow those mappings (a block copied from a snapshot's would read
+    /// as zeroes where the shared block still holds flushed data).
+    async fn abort(&self, why: String) -> Error {
+        let e = self.fail(why);
+        self.state.lock().aborting = true;
+        let reopened = Metadata::open_lazy(&*self.md).await;
+        let mut st = self.state.lock();
+        if let Ok(meta) = reopened {
+            st.meta = meta;
+            st.uncommitted.clear();
+            st.committing.clear();
+            st.aborting = false;
+        }
+        e
     }
 
     /// Makes every completed write durable: a commit if mappings changed, else a flush of

@@ -75,15 +75,20 @@ impl ThinDev {
     /// The data block of `vblock` and whether it is shared with a snapshot.
     async fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
         let id = self.id;
-        self.pool
-            .with_loaded(
-                |m| m.missing(id, vblock, false),
-                |st| match st.meta.lookup(id, vblock)? {
+        let pool = &self.pool;
+        pool.with_loaded(
+            |m| m.missing(id, vblock, false),
+            |st| {
+                if st.aborting {
+                    return Err(Error::new(ErrorKind::Io, format!("{}: the pool failed", pool.describe())));
+                }
+                match st.meta.lookup(id, vblock)? {
                     Some((b, t)) => Ok(Some((b, st.meta.shared(id, t)?))),
                     None => Ok(None),
-                },
-            )
-            .await?
+                }
+            },
+        )
+        .await?
     }
 
     async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {
@@ -164,7 +169,7 @@ impl ThinDev {
         let c = if old.is_some() { &self.pool.counters.copied } else { &self.pool.counters.provisioned };
         c.fetch_add(1, Relaxed);
         if fua {
-            self.pool.commit().await?;
+            self.commit_for_fua(p.vblock).await?;
         }
         Ok(buf)
     }
@@ -174,10 +179,24 @@ impl ThinDev {
     async fn write_mapped(&self, p: Piece, b: u64, buf: Buf, fua: bool) -> Result<Buf> {
         self.pool.check_writable()?;
         let buf = self.pool.data.write(b * self.pool.block_bytes + p.at, buf, fua).await?;
-        if fua && self.pool.uncommitted(self.id, p.vblock) {
-            self.pool.commit().await?;
+        if fua {
+            self.commit_for_fua(p.vblock).await?;
         }
         Ok(buf)
+    }
+
+    /// After a FUA write to `vblock`: commits its mapping unless a commit since holds it (a
+    /// commit flushes the data device first, so the write's data is durable with it). FUA
+    /// writes to new blocks at once thus share commits.
+    async fn commit_for_fua(&self, vblock: u64) -> Result<()> {
+        let uncommitted = self.pool.uncommitted(self.id, vblock);
+        // A commit that failed meanwhile took the pool back to its last commit, which may
+        // not hold this mapping (the pool fails before it forgets).
+        self.pool.check_writable()?;
+        if uncommitted {
+            self.pool.commit_for(self.id, vblock).await?;
+        }
+        Ok(())
     }
 
     /// Unmaps whole blocks of `[offset, offset+len)`; blocks left unreferenced are freed and
@@ -305,12 +324,15 @@ impl BlockDev for ThinDev {
             check_range("write_zeroes", offset, len, self.size)?;
             self.pool.check_writable()?;
             let bs = self.pool.block_bytes;
+            // Without block zeroing an unmapped block reads as zeroes only until a first
+            // write provisions it: its zeroes must be written.
+            let skip = self.pool.opts.skip_block_zeroing;
             for p in self.pieces(offset, len) {
                 let mapped = self.lookup(p.vblock).await?.is_some();
-                if p.len == bs && (flags.may_unmap || !mapped) {
+                if p.len == bs && (flags.may_unmap || !mapped) && !skip {
                     // An unmapped block reads as zeroes.
                     self.unmap(p.vblock * bs, bs).await?;
-                } else if mapped {
+                } else if mapped || skip {
                     if flags.fast_only {
                         return Err(Error::new(ErrorKind::Unsupported, "zeroing part of a mapped block is not fast"));
                     }

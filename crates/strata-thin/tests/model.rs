@@ -131,16 +131,18 @@ async fn run(seed: u64, opts: PoolOptions) -> (Arc<MemDev>, Arc<MemDev>, BTreeMa
                 let may_unmap = rng.gen_bool(0.5);
                 dev.write_zeroes(off, len, ZeroFlags { may_unmap, fast_only: false }).await.unwrap();
                 // Whole blocks unmapped if allowed (or unmapped already); the rest written.
+                // Without block zeroing, all written (a first write would show old data).
                 let zeroes = vec![0u8; len as usize];
                 let mapped: Vec<bool> = want.1.clone();
+                let skip = opts.skip_block_zeroing;
                 for b in off / BS..(off + len).div_ceil(BS) {
                     let (s, e) = ((b * BS).max(off), ((b + 1) * BS).min(off + len));
                     let whole = e - s == BS;
-                    if whole && (may_unmap || !mapped[b as usize]) {
+                    if whole && (may_unmap || !mapped[b as usize]) && !skip {
                         want.unmap(s, BS);
                         want.0[s as usize..e as usize].fill(Some(0));
-                    } else if mapped[b as usize] {
-                        want.write(s, &zeroes[..(e - s) as usize], false);
+                    } else if mapped[b as usize] || skip {
+                        want.write(s, &zeroes[..(e - s) as usize], skip);
                     } else {
                         want.0[s as usize..e as usize].fill(Some(0));
                     }
@@ -409,5 +411,32 @@ async fn a_pool_whose_counts_are_below_its_references_fails_both_checkers() {
     md.read_into(0, &mut bytes).unwrap();
     if let Some((ok, text)) = common::thin_check_bytes(&bytes) {
         assert!(!ok, "thin_check passed a node counted free: {text}");
+    }
+}
+
+/// Without block zeroing, zeroes written to an unmapped block stay zeroes when a later write
+/// provisions the block (they read as the data device's old bytes before: write-zeroes left
+/// the block unmapped).
+#[tokio::test]
+async fn zeroes_written_without_block_zeroing_survive_a_later_first_write() {
+    let md = Arc::new(MemDev::new(1 << 20));
+    let data = Arc::new(MemDev::new(8 * BS));
+    data.write_from(0, &vec![0xAA; (8 * BS) as usize]).unwrap();
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let opts = PoolOptions { skip_block_zeroing: true, ..PoolOptions::default() };
+    let p = Pool::open(md, data, "", opts).await.unwrap();
+    let dev = ThinDev::new(p, 1, Some(4 * BS)).unwrap();
+    for may_unmap in [false, true] {
+        let at = if may_unmap { BS } else { 0 };
+        dev.write_zeroes(at, BS, ZeroFlags { may_unmap, fast_only: false }).await.unwrap();
+        dev.write_zeroes(at + BS * 2, 8192, ZeroFlags { may_unmap, fast_only: false }).await.unwrap();
+        dev.write(at + 4096, pattern(1, at + 4096, 512), false).await.unwrap();
+        dev.write(at + BS * 2 + 16384, pattern(2, at + BS * 2 + 16384, 512), false).await.unwrap();
+        let got = dev.read(at, Buf::zeroed(4096)).await.unwrap();
+        assert!(got.iter().all(|&b| b == 0), "zeroed whole block (may_unmap {may_unmap})");
+        let got = dev.read(at + BS * 2, Buf::zeroed(8192)).await.unwrap();
+        assert!(got.iter().all(|&b| b == 0), "zeroed part of a block (may_unmap {may_unmap})");
     }
 }

@@ -117,3 +117,53 @@ async fn every_power_cut_leaves_a_checked_pool_holding_every_durable_write() {
         }
     }
 }
+
+/// A pool with volume 1 (4 blocks) over a data device whose flushes can be made to fail.
+async fn pool_over_failing_data() -> (Arc<PowerCut<MemDev>>, Arc<Pool>, ThinDev) {
+    let md = Arc::new(MemDev::new(1 << 20));
+    let data = Arc::new(PowerCut::new(MemDev::new(8 * BS)));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = Pool::open(md, data.clone(), "", PoolOptions::default()).await.unwrap();
+    let dev = ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap();
+    (data, p, dev)
+}
+
+/// A failed flush of the data device fails the pool and takes it back to its last commit (as
+/// dm-thin aborts the transaction): a block copied from a snapshot's since then lost its data
+/// with the flush, so reads must go to the committed, shared block again, which holds the
+/// flushed data (they read zeroes from the lost copy before).
+#[tokio::test]
+async fn a_failed_flush_takes_the_pool_back_to_its_last_commit() {
+    let (data, p, dev) = pool_over_failing_data().await;
+    let flushed = pattern(1, 0, BS as usize);
+    dev.write(0, flushed.clone(), false).await.unwrap();
+    dev.flush().await.unwrap();
+    p.with_meta(|m| m.create_snapshot(2, 1)).unwrap();
+    p.commit().await.unwrap();
+    // Copy-on-write into a new block, then the flush that would commit it fails.
+    dev.write(4096, pattern(2, 4096, 4096), false).await.unwrap();
+    data.fail_next_flush();
+    assert!(dev.flush().await.is_err());
+    assert_eq!(p.status().mode, "failed");
+    let got = dev.read(0, Buf::zeroed(8192)).await.unwrap();
+    assert_eq!(&got[..4096], &flushed[..4096], "flushed data of the volume's block");
+    assert!(dev.write(0, pattern(3, 0, 512), false).await.is_err(), "a failed pool takes no writes");
+}
+
+/// A FLUSH that changes no mapping and whose data-device flush fails fails the pool too: the
+/// overwrites it covered may be gone, so no later FLUSH may succeed and call them durable.
+#[tokio::test]
+async fn a_failed_flush_of_overwrites_fails_the_pool() {
+    let (data, p, dev) = pool_over_failing_data().await;
+    dev.write(0, pattern(1, 0, BS as usize), false).await.unwrap();
+    dev.flush().await.unwrap();
+    // An overwrite of the mapped block: the flush after it changes no mapping.
+    dev.write(0, pattern(2, 0, 4096), false).await.unwrap();
+    data.fail_next_flush();
+    assert!(dev.flush().await.is_err());
+    assert_eq!(p.status().mode, "failed");
+    assert!(dev.flush().await.is_err(), "a later flush would call the lost overwrite durable");
+    assert!(dev.write(0, pattern(3, 0, 4096), true).await.is_err(), "nor may a FUA write succeed");
+}

@@ -12,6 +12,7 @@ use std::path::Path;
 pub mod ext4;
 pub mod faults;
 pub mod soak;
+pub mod thin;
 
 pub const SECTOR: u64 = 512;
 
@@ -117,6 +118,9 @@ pub struct Ticket(u32);
 ///   write that completed before the read was issued.
 /// - A failed request's value stays possible for good, and so does whatever the sectors it
 ///   touched could hold when it failed, until a write issued after the failure is durable.
+/// - With `allow_stale`, a sector that may hold its initial content or a trim's may hold
+///   anything (a thin pool that skips block zeroing shows a reused block's old data there).
+#[derive(Clone)]
 pub struct Oracle {
     sectors: Vec<SectorState>,
     ops: Vec<OpRec>,
@@ -125,6 +129,7 @@ pub struct Oracle {
     flushes: Vec<(u64, u64)>,
     /// Steps issued with `issue` and not ended yet (the sequential interface).
     open: Vec<(Step, Ticket)>,
+    stale: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +149,17 @@ impl Oracle {
     }
 
     fn with_sectors(sectors: Vec<SectorState>) -> Oracle {
-        Oracle { sectors, ops: Vec::new(), now: 0, flushes: Vec::new(), open: Vec::new() }
+        Oracle { sectors, ops: Vec::new(), now: 0, flushes: Vec::new(), open: Vec::new(), stale: false }
+    }
+
+    /// Lets sectors that may hold their initial content or a trim's hold anything.
+    pub fn allow_stale(&mut self) {
+        self.stale = true;
+    }
+
+    /// Whether `allow_stale` lets a sector hold whatever it holds, given what it may hold.
+    fn stale_ok(&self, allowed: &(Vec<Val>, bool)) -> bool {
+        self.stale && (allowed.1 || allowed.0.contains(&Val::Trimmed))
     }
 
     /// An oracle whose durable content is what `image` holds: a run that goes on after a
@@ -328,8 +343,10 @@ impl Oracle {
         for (i, s) in self.sectors.iter().enumerate() {
             let data = &image[i * SECTOR as usize..(i + 1) * SECTOR as usize];
             v.sectors += 1;
+            let allowed = self.crash_allowed(s);
             match decode(i as u64, data) {
-                Some(val) if Self::matches(s, &self.crash_allowed(s), val) => {}
+                Some(val) if Self::matches(s, &allowed, val) => {}
+                _ if self.stale_ok(&allowed) => {}
                 Some(val) if Self::ever(s, val) => v.lost += 1,
                 _ => v.garbage += 1,
             }
@@ -347,13 +364,11 @@ impl Oracle {
         for (i, d) in data.chunks(SECTOR as usize).enumerate() {
             let sector = first + i as u64;
             let s = &self.sectors[sector as usize];
-            let ok = match decode(sector, d) {
-                Some(val) => {
-                    Self::matches(s, &self.read_allowed(s, issued), val)
-                        || (lenient && Self::matches(s, &self.crash_allowed(s), val))
-                }
-                None => false,
+            let val = decode(sector, d);
+            let fits = |allowed: &(Vec<Val>, bool)| {
+                val.is_some_and(|v| Self::matches(s, allowed, v)) || self.stale_ok(allowed)
             };
+            let ok = fits(&self.read_allowed(s, issued)) || (lenient && fits(&self.crash_allowed(s)));
             if !ok {
                 wrong.push(sector);
             }
@@ -364,7 +379,8 @@ impl Oracle {
     /// Whether sector `sector` of a crash image may hold `data`.
     pub fn verify_sector(&self, sector: u64, data: &[u8]) -> bool {
         let s = &self.sectors[sector as usize];
-        matches!(decode(sector, data), Some(val) if Self::matches(s, &self.crash_allowed(s), val))
+        let allowed = self.crash_allowed(s);
+        matches!(decode(sector, data), Some(val) if Self::matches(s, &allowed, val)) || self.stale_ok(&allowed)
     }
 
     /// What the oracle allows in sector `sector` after a crash now, for reports.
@@ -575,6 +591,9 @@ mod tests {
 pub enum Killed {
     Cache,
     Writecache,
+    /// Volume 1 of a thin pool (the "cache" is the metadata device, the "origin" the data
+    /// device), snapshotted offline at some flush boundaries of the workload.
+    Thin,
 }
 
 impl Killed {
@@ -583,6 +602,7 @@ impl Killed {
         match self {
             Killed::Cache => "cache",
             Killed::Writecache => "writecache",
+            Killed::Thin => "thin",
         }
     }
 }
@@ -598,6 +618,8 @@ pub struct KillSetup {
     pub origin_bytes: u64,
     pub cache_bytes: u64,
     pub steps: usize,
+    /// Thin: whether the pool skips block zeroing (None: odd seeds do).
+    pub skip_zeroing: Option<bool>,
 }
 
 /// The outcome of one crash point.
@@ -620,11 +642,16 @@ struct ServerProc {
 
 impl ServerProc {
     fn start(strata: &Path, sock: &Path, target: Killed, cache: &Path, log: &Path) -> anyhow::Result<Self> {
+        Self::serve(strata, sock, &[format!("vol={}:{}", target.word(), cache.display())], log)
+    }
+
+    /// Serves `exports` (NAME=SPEC each) on `sock`.
+    fn serve(strata: &Path, sock: &Path, exports: &[String], log: &Path) -> anyhow::Result<Self> {
         let _ = std::fs::remove_file(sock);
         let child = std::process::Command::new(strata)
             .args(["serve", "--unix"])
             .arg(sock)
-            .arg(format!("vol={}:{}", target.word(), cache.display()))
+            .args(exports)
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log)?)
             .spawn()?;
@@ -683,6 +710,14 @@ async fn apply_at(c: &mut UnixClient, step: &Step, base: u64) -> std::io::Result
     }
 }
 
+/// Reads the first `len` bytes of export `name` on `sock`.
+async fn read_export(sock: &Path, name: String, len: u64) -> anyhow::Result<Vec<u8>> {
+    let mut c = strata_nbd::client::Client::connect_unix(sock, &name).await?;
+    let image = read_region(&mut c, 0, len).await?;
+    c.disconnect().await?;
+    Ok(image)
+}
+
 /// Reads `len` bytes at `offset` over NBD, a MiB at a time.
 async fn read_region(c: &mut UnixClient, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
     let mut image = Vec::with_capacity(len as usize);
@@ -734,7 +769,13 @@ fn create_target(
 /// it does not.
 fn target_check(strata: &Path, target: Killed, cache: &Path) -> anyhow::Result<Option<String>> {
     let out = std::process::Command::new(strata).args([target.word(), "check"]).arg(cache).output()?;
-    Ok((!out.status.success()).then(|| String::from_utf8_lossy(&out.stdout).into_owned()))
+    if !out.status.success() {
+        return Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()));
+    }
+    if target == Killed::Thin {
+        return Ok(thin::thin_check_file(cache)?.map(|t| format!("thin_check: {t}")));
+    }
+    Ok(None)
 }
 
 /// One kill -9 crash point: a writeback cache (or a write log) over a file origin is driven
@@ -753,19 +794,51 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
             let (o, c) = ((origin.as_path(), setup.origin_bytes), (cache.as_path(), setup.cache_bytes));
             create_target(&setup.strata, Killed::Writecache, o, c, &[])?
         }
+        Killed::Thin => thin::create_pool(&setup.strata, (&cache, setup.cache_bytes), (&origin, setup.origin_bytes))?,
     }
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let steps = workload(seed, setup.steps, setup.origin_bytes);
     let kill_at = rng.gen_range(setup.steps / 4..setup.steps);
     let mut oracle = Oracle::new(setup.origin_bytes);
-    let mut server = ServerProc::start(&setup.strata, &sock, setup.target, &cache, &log)?;
+    let skip_zeroing = setup.skip_zeroing.unwrap_or(seed % 2 == 1);
+    if setup.target == Killed::Thin && skip_zeroing {
+        oracle.allow_stale();
+    }
+    // Thin: snapshots after some flushes (the server stopped meanwhile), each with what the
+    // volume held then; a snapshot deleted after the next is taken, at some points.
+    let mut snapshots: Vec<(u32, Oracle)> = Vec::new();
+    let snap_at = match setup.target {
+        Killed::Thin => thin::snapshot_steps(&steps[..kill_at], &mut rng),
+        _ => Vec::new(),
+    };
+    let exports = |snaps: &[(u32, Oracle)]| match setup.target {
+        Killed::Thin => thin::exports(&cache, skip_zeroing, snaps.iter().map(|s| s.0)),
+        t => vec![format!("vol={}:{}", t.word(), cache.display())],
+    };
+    let mut detail = String::new();
+    let mut server = ServerProc::serve(&setup.strata, &sock, &exports(&snapshots), &log)?;
     {
         let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
-        for step in &steps[..kill_at] {
+        for (i, step) in steps[..kill_at].iter().enumerate() {
             oracle.issue(step);
             apply(&mut c, step).await?;
             oracle.complete(step);
+            if let Some(&(_, delete_first)) = snap_at.iter().find(|s| s.0 == i) {
+                c.disconnect().await?;
+                server.stop()?;
+                let id = snapshots.last().map_or(2, |s| s.0 + 1);
+                thin::offline(&setup.strata, &["snapshot", &cache.display().to_string(), "1", &id.to_string()])?;
+                snapshots.push((id, oracle.clone()));
+                detail.push_str(&format!("snapshot {id} after step {i}\n"));
+                if delete_first && snapshots.len() > 1 {
+                    let first = snapshots.remove(0).0;
+                    thin::offline(&setup.strata, &["delete", &cache.display().to_string(), &first.to_string()])?;
+                    detail.push_str(&format!("snapshot {first} deleted\n"));
+                }
+                server = ServerProc::serve(&setup.strata, &sock, &exports(&snapshots), &log)?;
+                c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
+            }
         }
         // The last step is in flight when the server dies.
         let last = steps[kill_at].clone();
@@ -780,24 +853,24 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
     }
 
     let mut check_failures = 0;
-    let mut detail = String::new();
     if let Some(report) = target_check(&setup.strata, setup.target, &cache)? {
         check_failures += 1;
         detail.push_str(&format!("check after crash: {report}\n"));
     }
-    let server = ServerProc::start(&setup.strata, &sock, setup.target, &cache, &log)?;
-    let image = {
-        let mut c = strata_nbd::client::Client::connect_unix(&sock, "vol").await?;
-        let image = read_region(&mut c, 0, setup.origin_bytes).await?;
-        c.disconnect().await?;
-        image
-    };
+    let server = ServerProc::serve(&setup.strata, &sock, &exports(&snapshots), &log)?;
+    let read_export = |name: String| read_export(&sock, name, setup.origin_bytes);
+    let mut verdict = verify_image(&oracle, &read_export("vol".into()).await?, "", &mut detail);
+    for (id, o) in &snapshots {
+        let v = verify_image(o, &read_export(format!("snap{id}")).await?, &format!("snapshot {id}: "), &mut detail);
+        verdict.sectors += v.sectors;
+        verdict.lost += v.lost;
+        verdict.garbage += v.garbage;
+    }
     server.stop()?;
     if let Some(report) = target_check(&setup.strata, setup.target, &cache)? {
         check_failures += 1;
         detail.push_str(&format!("check after recovery: {report}\n"));
     }
-    let verdict = oracle.verify(&image);
     if verdict.lost == 0 && verdict.garbage == 0 && check_failures == 0 {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -898,6 +971,45 @@ pub trait CrashTarget: Send + Sync + 'static {
         vol: Self::Vol,
         cache: std::sync::Arc<strata_io::mem::MemDev>,
     ) -> impl std::future::Future<Output = Vec<String>> + Send;
+
+    /// The block the clients' requests are shaped by: whole blocks, sectors inside one,
+    /// extents across a boundary (32 KiB unless the target's own block is another size).
+    fn block_bytes(&self) -> u64 {
+        CRASH_BLOCK
+    }
+
+    /// Bytes of the origin device under a volume of `volume_bytes` (a thin pool's data device
+    /// also holds its snapshots' blocks).
+    fn origin_bytes(&self, volume_bytes: u64) -> u64 {
+        volume_bytes
+    }
+
+    /// Whether sectors never written (or trimmed) may read as stale data in `mode` (a thin
+    /// pool that skips block zeroing), not only as zeroes or what was written there.
+    fn stale_reads(&self, _mode: &str) -> bool {
+        false
+    }
+
+    /// Snapshots the volume as volume `id`, durably. A script's `snapshot` calls it with
+    /// every client quiet, and the run counts it as a flush: the snapshot must then hold what
+    /// the volume held. Targets without snapshots have no such script.
+    fn snapshot(&self, _vol: &Self::Vol, _id: u32) -> impl std::future::Future<Output = anyhow::Result<()>> + Send {
+        async { anyhow::bail!("this target takes no snapshots") }
+    }
+
+    /// Deletes snapshot `id`, durably (a script's `delete snapshot`: the oldest one left).
+    fn delete_snapshot(
+        &self,
+        _vol: &Self::Vol,
+        _id: u32,
+    ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send {
+        async { anyhow::bail!("this target takes no snapshots") }
+    }
+
+    /// Snapshot `id` of a recovered volume, to read.
+    fn open_snapshot(&self, _vol: &Self::Vol, _id: u32) -> anyhow::Result<std::sync::Arc<dyn strata_io::BlockDev>> {
+        anyhow::bail!("this target takes no snapshots")
+    }
 }
 
 /// The cache target (`strata_cache::CacheDev`) as a `CrashTarget`: 32 KiB blocks, no
@@ -1059,10 +1171,10 @@ enum Req {
 const HOT_BLOCKS: u64 = 48;
 const CRASH_BLOCK: u64 = 32 << 10;
 
-fn client_requests(seed: u64, client: u64, n: usize, size: u64) -> Vec<Req> {
+fn client_requests(seed: u64, client: u64, n: usize, size: u64, block: u64) -> Vec<Req> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x1000_0001) ^ client);
-    let blocks = size / CRASH_BLOCK;
-    let per_block = CRASH_BLOCK / SECTOR;
+    let blocks = size / block;
+    let per_block = block / SECTOR;
     let mut next_id = seed.wrapping_mul(10_000_000) + client * 100_000;
     let extent = |rng: &mut ChaCha8Rng| {
         let b = if rng.gen_bool(0.6) { rng.gen_range(0..HOT_BLOCKS.min(blocks)) } else { rng.gen_range(0..blocks) };
@@ -1130,6 +1242,9 @@ struct Run {
     /// Problems the clients found (wrong reads, errors before the cut).
     problems: std::sync::Mutex<Vec<String>>,
     wrong_sectors: std::sync::atomic::AtomicU64,
+    /// Held shared by each request from its issue to its completion as the oracle saw them;
+    /// taken whole to quiet every client (for a snapshot).
+    gate: tokio::sync::RwLock<()>,
 }
 
 async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::Arc<Run>, reqs: Vec<Req>, c: usize) {
@@ -1142,6 +1257,7 @@ async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::
         match req {
             Req::Pause(d) => tokio::time::sleep(d).await,
             Req::Step(step) => {
+                let _in = run.gate.read().await;
                 let t = run.oracle.lock().unwrap().begin(&step);
                 let r = apply_vol(&*vol, &step).await;
                 run.oracle.lock().unwrap().end(t, r.is_ok());
@@ -1152,6 +1268,7 @@ async fn client<V: strata_io::BlockDev>(vol: std::sync::Arc<V>, run: std::sync::
                 }
             }
             Req::Read { offset, len } => {
+                let _in = run.gate.read().await;
                 let issued = run.oracle.lock().unwrap().read_issued();
                 let r = vol.read(offset, Buf::zeroed(len as usize)).await;
                 match r {
@@ -1211,14 +1328,18 @@ pub async fn powercut_run<T: CrashTarget>(
     let clock = Clock::default();
     let window =
         |s: u64| Window { seed: s, max_delay: setup.max_delay, reorder: true, tear_completed: true, flush_fail: 0.0 };
-    let origin =
-        Arc::new(PowerCut::with_clock(MemDev::new(setup.origin_bytes), clock.clone()).with_window(window(seed * 2)));
+    let origin_bytes = target.origin_bytes(setup.origin_bytes);
+    let origin = Arc::new(PowerCut::with_clock(MemDev::new(origin_bytes), clock.clone()).with_window(window(seed * 2)));
     let cache =
         Arc::new(PowerCut::with_clock(MemDev::new(setup.cache_bytes), clock.clone()).with_window(window(seed * 2 + 1)));
     let vol = Arc::new(target.create(cache.clone(), origin.clone(), mode, seed).await?);
+    let mut oracle = Oracle::new(setup.origin_bytes);
+    if target.stale_reads(mode) {
+        oracle.allow_stale();
+    }
 
     let run = Arc::new(Run {
-        oracle: std::sync::Mutex::new(Oracle::new(setup.origin_bytes)),
+        oracle: std::sync::Mutex::new(oracle),
         done: Default::default(),
         cut: Default::default(),
         lost: {
@@ -1227,7 +1348,11 @@ pub async fn powercut_run<T: CrashTarget>(
         },
         problems: Default::default(),
         wrong_sectors: Default::default(),
+        gate: Default::default(),
     });
+    // Snapshots taken (id, what the volume held then) and deleted, in order.
+    let mut snapshots: Vec<(u32, Oracle)> = Vec::new();
+    let mut next_snapshot = 2;
     let total = setup.clients * setup.steps;
     let cut_at = rng.gen_range(total / 4..total.max(2) * 9 / 10);
     // Seeded events, by how many requests have finished: messages, a failing flush, the cut.
@@ -1241,7 +1366,7 @@ pub async fn powercut_run<T: CrashTarget>(
 
     let clients: Vec<_> = (0..setup.clients)
         .map(|c| {
-            let reqs = client_requests(seed, c as u64, setup.steps, setup.origin_bytes);
+            let reqs = client_requests(seed, c as u64, setup.steps, setup.origin_bytes, target.block_bytes());
             tokio::spawn(client(vol.clone(), run.clone(), reqs, c))
         })
         .collect();
@@ -1251,8 +1376,24 @@ pub async fn powercut_run<T: CrashTarget>(
         let done = run.done.load(SeqCst);
         while sent < events.len() && events[sent].0 <= done {
             let msg = events[sent].1.clone();
-            let answer = vol.message(&msg).await;
-            detail.push_str(&format!("after {done} requests: message {msg:?}: {answer:?}\n"));
+            let answer = match msg.as_str() {
+                "snapshot" => {
+                    let id = next_snapshot;
+                    next_snapshot += 1;
+                    let taken = snapshot_quietly(target, &vol, &run, id).await;
+                    let answer = format!("{:?}", taken.as_ref().map(|_| id));
+                    if let Ok(o) = taken {
+                        snapshots.push((id, o));
+                    }
+                    answer
+                }
+                "delete snapshot" if !snapshots.is_empty() => {
+                    let id = snapshots.remove(0).0;
+                    format!("{:?}", target.delete_snapshot(&vol, id).await.map(|()| id))
+                }
+                _ => format!("{:?}", vol.message(&msg).await),
+            };
+            detail.push_str(&format!("after {done} requests: message {msg:?}: {answer}\n"));
             sent += 1;
         }
         if let Some((at, on_cache)) = fail_flush {
@@ -1288,6 +1429,21 @@ pub async fn powercut_run<T: CrashTarget>(
             s.dirty_blocks,
             s.cached_blocks,
             s.cache_blocks
+        ));
+    }
+    if let Some(s) = vol.status().and_then(|j| serde_json::from_value::<strata_thin::ThinStatus>(j).ok()) {
+        let p = &s.pool;
+        detail.push_str(&format!(
+            "status at the cut: pool {}, commits {}, provisioned {}, copied {}, unmapped {}, mapped_blocks {}, \
+             data_used_blocks {}, volumes {}\n",
+            p.mode,
+            p.commits,
+            p.provisioned_blocks,
+            p.copied_blocks,
+            p.unmapped_blocks,
+            s.mapped_blocks,
+            p.data_used_blocks,
+            p.volumes
         ));
     }
     run.cut.store(true, SeqCst);
@@ -1332,19 +1488,21 @@ pub async fn powercut_run<T: CrashTarget>(
             return Ok(finish_point(seed, Verdict::default(), problems, wrong_reads, 0, detail));
         }
     };
-    let verdict = oracle.verify(&first);
-    if verdict.lost + verdict.garbage > 0 {
-        let bad: Vec<u64> = (0..size / SECTOR)
-            .filter(|&s| !oracle.verify_sector(s, &first[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize]))
-            .take(3)
-            .collect();
-        for s in bad {
-            let got = describe_sector(s, &first[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize]);
-            detail.push_str(&format!(
-                "sector {s} (block {}) holds {got}: {}\n",
-                s * SECTOR / CRASH_BLOCK,
-                oracle.explain(s)
-            ));
+    let mut verdict = verify_image(&oracle, &first, "", &mut detail);
+    // Each snapshot holds what the volume held when it was taken.
+    for (id, o) in &snapshots {
+        let snap = target.open_snapshot(&vol, *id);
+        match snap {
+            Ok(snap) => match snap.read(0, Buf::zeroed(size as usize)).await {
+                Ok(img) => {
+                    let v = verify_image(o, &img, &format!("snapshot {id}: "), &mut detail);
+                    verdict.sectors += v.sectors;
+                    verdict.lost += v.lost;
+                    verdict.garbage += v.garbage;
+                }
+                Err(e) => problems.push(format!("reading snapshot {id} after recovery: {e}")),
+            },
+            Err(e) => problems.push(format!("snapshot {id} after recovery: {e}")),
         }
     }
     let (p, notes) = target.settle(&vol).await;
@@ -1379,6 +1537,36 @@ pub async fn powercut_run<T: CrashTarget>(
     };
     problems.extend(target.close(vol, cache_img).await);
     Ok(finish_point(seed, verdict, problems, wrong_reads, unstable, detail))
+}
+
+/// Verifies a crash image against `oracle`, describing the first wrong sectors in `detail`.
+fn verify_image(oracle: &Oracle, image: &[u8], what: &str, detail: &mut String) -> Verdict {
+    let verdict = oracle.verify(image);
+    if verdict.lost + verdict.garbage > 0 {
+        let sector = |s: u64| &image[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize];
+        let bad: Vec<u64> =
+            (0..image.len() as u64 / SECTOR).filter(|&s| !oracle.verify_sector(s, sector(s))).take(3).collect();
+        for s in bad {
+            let got = describe_sector(s, sector(s));
+            detail.push_str(&format!(
+                "{what}sector {s} (block {}) holds {got}: {}\n",
+                s * SECTOR / CRASH_BLOCK,
+                oracle.explain(s)
+            ));
+        }
+    }
+    verdict
+}
+
+/// Takes snapshot `id` of `vol` with every client quiet, as a flush of the oracle's; returns
+/// what the volume held then.
+async fn snapshot_quietly<T: CrashTarget>(target: &T, vol: &T::Vol, run: &Run, id: u32) -> anyhow::Result<Oracle> {
+    let _quiet = run.gate.write().await;
+    let t = run.oracle.lock().unwrap().begin(&Step::Flush);
+    let taken = target.snapshot(vol, id).await;
+    let mut o = run.oracle.lock().unwrap();
+    o.end(t, taken.is_ok());
+    taken.map(|()| o.clone())
 }
 
 fn finish_point(

@@ -43,6 +43,8 @@ enum Command {
     Sim(cmd::sim::SimArgs),
     /// Crash a writeback cache at seeded points and count lost writes.
     Crashtest(cmd::crashtest::CrashtestArgs),
+    /// Drive an NBD export with random IO, FUA on every write if asked (benchmarks' sync rows).
+    Load(cmd::load::LoadArgs),
 }
 
 fn main() {
@@ -67,6 +69,7 @@ fn main() {
         Command::Qos(a) => cmd::qos::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Crashtest(a) => cmd::crashtest::run(a),
+        Command::Load(a) => cmd::load::run(a),
     };
     if let Err(e) = result {
         eprintln!("strata: error: {e:#}");

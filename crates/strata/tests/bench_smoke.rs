@@ -125,7 +125,17 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     let exps = &summary["experiments"];
     let mut got = names(exps);
     got.sort();
-    assert_eq!(got, ["git", "mixed", "overhead", "qos", "remote", "small-cache", "warmup", "writeback", "writelog"]);
+    assert_eq!(
+        got,
+        ["git", "mixed", "overhead", "qos", "remote", "small-cache", "thin", "warmup", "writeback", "writelog"]
+    );
+    // thin: every ratio measured (qcow2's needs qemu-nbd), the pool checked clean at the end.
+    let t = &exps["thin"];
+    for (name, v) in t["ratios"].as_object().unwrap_or_else(|| panic!("thin: no ratios: {t}")) {
+        let optional = name.contains("qcow2") && !have("qemu-nbd");
+        assert!(optional || v.as_f64().is_some_and(|x| x > 0.0), "thin: {name}: {v}");
+    }
+    assert_eq!(t["thin_check_ok"].as_bool(), Some(true), "thin: strata thin check after the run: {t}");
 
     // writelog: the books' memory within budget, every other figure a positive number.
     let w = &exps["writelog"];

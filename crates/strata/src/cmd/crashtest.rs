@@ -5,6 +5,7 @@ use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
 use crate::crashtest::soak::{soak, SoakSetup};
+use crate::crashtest::thin::ThinTarget;
 use crate::crashtest::{ext4, faults};
 use crate::crashtest::{
     kill_point, powercut_run, CacheTarget, CrashTarget, KillSetup, Killed, PowercutSetup, WritecacheTarget,
@@ -20,7 +21,7 @@ pub enum CrashMode {
     /// must equal the origin, and the volume must read the same before and after write-back
     /// and eviction (else: unstable reads). Runs --points points per --cache-mode.
     Powercut,
-    /// Kill -9 the server mid-request, restart it, verify.
+    /// Kill -9 the server mid-request, restart it, verify (one client).
     Kill,
     /// A long run (--minutes) of rate-limited mixed fio load plus the oracle's workload on a
     /// served writeback cache, killed with SIGKILL at random moments and restarted; each
@@ -47,6 +48,11 @@ writes (some FUA), flushes, trims and write-zeroes (and in powercut mode reads, 
 they complete, from several clients at once), crashes it, checks the metadata, restarts, and
 verifies every sector: it must hold a value no flushed (or FUA) write superseded, never an
 older value (a lost write) and never bytes no write produced.
+--target thin: volume 1 of a pool (64 KiB blocks, three volumes' worth of data space) is
+snapshotted at flush boundaries while it is written (powercut: with every client quiet;
+kill: offline, the server stopped), and a snapshot is deleted at some points; every snapshot
+must hold what the volume held when it was taken. strata's checker and thin_check (from
+thin-provisioning-tools, required) run after the crash and after recovery.
 The modes ext4, faults and soak are described above.
 Powercut prints a line per cache mode, then the unstable reads (also check failures).
 The last line reads: N points, L lost writes, C check failures.
@@ -55,6 +61,8 @@ Example:
   strata crashtest --points 200 --seed 1 --mode powercut --cache-mode all --clients 4
   strata crashtest --points 400 --seed 1 --mode powercut --target writecache
   strata crashtest --points 200 --seed 1 --mode kill
+  strata crashtest --points 500 --seed 1 --mode powercut --target thin --clients 4
+  strata crashtest --points 250 --seed 1 --mode kill --target thin
   strata crashtest --mode ext4 --points 0 --seed 1
   nice -n 19 strata crashtest --mode soak --minutes 30 --rate-iops 1500")]
 pub struct CrashtestArgs {
@@ -70,13 +78,16 @@ pub struct CrashtestArgs {
     /// Workload steps per point (powercut: requests of all clients together).
     #[arg(long, default_value_t = 400)]
     pub steps: usize,
-    /// Powercut and kill: the target crashed: the cache, or the write log (writecache).
-    #[arg(long, default_value = "cache", value_parser = ["cache", "writecache"])]
+    /// Powercut and kill: the target crashed: the cache, the write log (writecache), or a thin
+    /// volume of a pool, snapshotted at flush boundaries while it is written (thin).
+    #[arg(long, default_value = "cache", value_parser = ["cache", "writecache", "thin"])]
     pub target: String,
-    /// Powercut: the mode the target is created in (all: each in turn, --points each). Cache:
+    /// The mode the target is created in (all: each in turn, --points each). Cache:
     /// writeback, writethrough, writearound, passthrough, cleaner; writecache: default, eager
-    /// (no headroom, everything written back), paused (no write-back, writes go around).
-    #[arg(long, default_value = "all", value_parser = ["writeback", "writethrough", "writearound", "passthrough", "cleaner", "default", "eager", "paused", "all"])]
+    /// (no headroom, everything written back), paused (no write-back, writes go around);
+    /// thin: zeroing, skip-zeroing (new blocks not zeroed). Kill runs only thin's modes (all:
+    /// alternately).
+    #[arg(long, default_value = "all", value_parser = ["writeback", "writethrough", "writearound", "passthrough", "cleaner", "default", "eager", "paused", "zeroing", "skip-zeroing", "all"])]
     pub cache_mode: String,
     /// Powercut: clients issuing requests at once.
     #[arg(long, default_value_t = 4)]
@@ -94,12 +105,21 @@ pub struct CrashtestArgs {
 
 pub fn run(a: CrashtestArgs) -> Result<()> {
     let setup = KillSetup {
-        target: if a.target == "writecache" { Killed::Writecache } else { Killed::Cache },
+        target: match a.target.as_str() {
+            "writecache" => Killed::Writecache,
+            "thin" => Killed::Thin,
+            _ => Killed::Cache,
+        },
         strata: std::env::current_exe()?,
         dir: a.dir.clone(),
         origin_bytes: 16 << 20,
         cache_bytes: 8 << 20,
         steps: a.steps,
+        skip_zeroing: match a.cache_mode.as_str() {
+            "zeroing" => Some(false),
+            "skip-zeroing" => Some(true),
+            _ => None,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     if let CrashMode::Ext4 = a.mode {
@@ -111,6 +131,9 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
     if let CrashMode::Powercut = a.mode {
         if a.target == "writecache" {
             return run_powercut(&a, &rt, &WritecacheTarget);
+        }
+        if a.target == "thin" {
+            return run_powercut(&a, &rt, &ThinTarget::new()?);
         }
         return run_powercut(&a, &rt, &CacheTarget);
     }
@@ -125,6 +148,9 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         let r = rt.block_on(soak(&s))?;
         eprintln!("{r:?}");
         return finish(r.kills, r.lost, r.check_failures);
+    }
+    if setup.target == Killed::Thin {
+        ThinTarget::new()?;
     }
     let (mut lost, mut failures) = (0u64, 0u64);
     for i in 0..a.points {

@@ -2,6 +2,7 @@ pub mod cache;
 pub mod crashtest;
 pub mod demo;
 pub mod export;
+pub mod load;
 pub mod qos;
 pub mod serve;
 pub mod sim;

@@ -1,0 +1,145 @@
+//! `strata load`: random IO against an NBD export over a Unix socket, with FUA on every
+//! write if asked (fio's nbd engine sends none): the benchmarks' sync rows.
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use strata_io::units::parse_size;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Rw {
+    Randread,
+    Randwrite,
+    Randrw,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Each of --iodepth connections keeps one request in flight. Prints one JSON line: reads and
+writes done, seconds, read_iops and write_iops.
+
+Example:
+  strata load --unix /tmp/strata.sock --export vol --rw randwrite --fua --seconds 10")]
+pub struct LoadArgs {
+    /// The server's Unix socket.
+    #[arg(long)]
+    pub unix: PathBuf,
+    /// The export's name.
+    #[arg(long, default_value = "")]
+    pub export: String,
+    #[arg(long, value_enum, default_value = "randwrite")]
+    pub rw: Rw,
+    /// Share of reads in randrw, in percent.
+    #[arg(long, default_value_t = 50)]
+    pub rwmixread: u32,
+    /// Request size.
+    #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+    pub bs: u64,
+    /// Requests in flight (one connection each).
+    #[arg(long, default_value_t = 32)]
+    pub iodepth: usize,
+    /// How long to run.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Set FUA on every write.
+    #[arg(long)]
+    pub fua: bool,
+    /// Only the first BYTES of the export (default: all of it).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Write each multiple of BYTES once, in random order, and stop when all are written
+    /// (first writes into a thin volume's blocks: --stride 64KiB).
+    #[arg(long, value_parser = parse_size)]
+    pub stride: Option<u64>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+pub fn run(a: LoadArgs) -> Result<()> {
+    anyhow::ensure!(
+        a.bs > 0 && a.bs.is_multiple_of(512) && a.bs <= 32 << 20,
+        "--bs must be a multiple of 512 up to 32 MiB"
+    );
+    anyhow::ensure!(a.iodepth > 0, "--iodepth must be at least 1");
+    anyhow::ensure!(a.rwmixread <= 100, "--rwmixread is a percentage");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (reads, writes, secs) = rt.block_on(drive(&a))?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "reads": reads,
+            "writes": writes,
+            "seconds": secs,
+            "read_iops": reads as f64 / secs,
+            "write_iops": writes as f64 / secs,
+            "fua": a.fua,
+        })
+    );
+    Ok(())
+}
+
+async fn drive(a: &LoadArgs) -> Result<(u64, u64, f64)> {
+    type Client = strata_nbd::client::Client<tokio::net::UnixStream>;
+    let mut clients: Vec<Client> = Vec::new();
+    for _ in 0..a.iodepth {
+        let c = Client::connect_unix(&a.unix, &a.export).await;
+        clients.push(c.with_context(|| format!("connecting to {} export {:?}", a.unix.display(), a.export))?);
+    }
+    let size = a.size.unwrap_or(clients[0].size()).min(clients[0].size());
+    let slots = size / a.bs;
+    anyhow::ensure!(slots > 0, "the export ({size} bytes) is smaller than --bs");
+    // With --stride: every stride's first bytes once, in a seeded random order.
+    let once: Option<std::sync::Arc<(Vec<u64>, std::sync::atomic::AtomicUsize)>> = a.stride.map(|stride| {
+        let mut offsets: Vec<u64> = (0..size / stride.max(a.bs)).map(|i| i * stride.max(a.bs)).collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+        for i in (1..offsets.len()).rev() {
+            offsets.swap(i, rng.gen_range(0..=i));
+        }
+        std::sync::Arc::new((offsets, Default::default()))
+    });
+    let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
+    let started = Instant::now();
+    let (rw, mix, bs, fua) = (a.rw, a.rwmixread, a.bs, a.fua);
+    let tasks: Vec<_> = (clients.into_iter().enumerate())
+        .map(|(i, mut c)| {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed.wrapping_mul(1000) + i as u64);
+            let once = once.clone();
+            tokio::spawn(async move {
+                let data = vec![0x5a_u8; bs as usize];
+                let (mut reads, mut writes) = (0u64, 0u64);
+                while Instant::now() < deadline {
+                    let offset = match &once {
+                        Some(o) => match o.0.get(o.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                            Some(&at) => at,
+                            None => break,
+                        },
+                        None => rng.gen_range(0..slots) * bs,
+                    };
+                    let read = match rw {
+                        Rw::Randread => true,
+                        Rw::Randwrite => false,
+                        Rw::Randrw => rng.gen_range(0..100) < mix,
+                    } && once.is_none();
+                    if read {
+                        c.read(offset, bs as u32).await?;
+                        reads += 1;
+                    } else {
+                        c.write(offset, &data, fua).await?;
+                        writes += 1;
+                    }
+                }
+                c.disconnect().await?;
+                std::io::Result::Ok((reads, writes))
+            })
+        })
+        .collect();
+    let (mut reads, mut writes) = (0, 0);
+    for t in tasks {
+        let (r, w) = t.await?.context("a request failed")?;
+        reads += r;
+        writes += w;
+    }
+    Ok((reads, writes, started.elapsed().as_secs_f64()))
+}
