@@ -118,15 +118,35 @@ struct Pending {
     kind: u16,
     offset: u64,
     len: u32,
-    /// A READ's buffer, filled by the reader task.
+    /// A READ's buffer, filled by the reader task. It may hold a previous request's bytes
+    /// (see `BufPool`): a reply must cover every byte of it.
     buf: Option<Buf>,
+    /// The ranges of a READ that structured chunks (data or hole) have filled so far.
+    filled: Vec<(u64, u64)>,
     extents: Vec<Extent>,
     error: Option<(u32, String)>,
     done: Option<oneshot::Sender<std::result::Result<Done, Failure>>>,
 }
 
 impl Pending {
+    /// Whether the chunks received fill the whole READ, each byte once.
+    fn read_whole(&mut self) -> bool {
+        self.filled.sort_unstable();
+        let mut at = self.offset;
+        for &(start, end) in &self.filled {
+            if start != at {
+                return false;
+            }
+            at = end;
+        }
+        at == self.offset + self.len as u64
+    }
+
     fn finish(&mut self) {
+        if self.error.is_none() && self.kind == CMD_READ && self.buf.is_some() && !self.read_whole() {
+            let msg = format!("the reply to a READ of {} bytes at {} did not cover it exactly", self.len, self.offset);
+            self.error = Some((EIO, msg));
+        }
         let out = match self.error.take() {
             Some((e, msg)) => Err(Failure::Server(e, msg)),
             None => Ok(Done { buf: self.buf.take(), extents: std::mem::take(&mut self.extents) }),
@@ -202,6 +222,7 @@ impl Conn {
             offset: req.offset,
             len: req.length,
             buf,
+            filled: Vec::new(),
             extents: Vec::new(),
             error: None,
             done: Some(tx),
@@ -283,6 +304,9 @@ async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> st
                     buf
                 };
                 if let Some(mut p) = conn.pending.lock().remove(&cookie) {
+                    if buf.is_some() && err == 0 {
+                        p.filled = vec![(p.offset, p.offset + p.len as u64)];
+                    }
                     p.buf = buf;
                     if err != 0 {
                         p.error = Some((err, String::new()));
@@ -345,6 +369,7 @@ async fn chunk(
                     rd.read_exact(&mut b[at..at + n as usize]).await.map_err(io)?;
                     if let Some(p) = conn.pending.lock().get_mut(&cookie) {
                         p.buf = Some(b);
+                        p.filled.push((offset, offset + n));
                     }
                     Ok(())
                 }
@@ -365,6 +390,7 @@ async fn chunk(
                 if let Some(b) = p.buf.as_mut() {
                     let at = (offset - p.offset) as usize;
                     b[at..at + n as usize].fill(0);
+                    p.filled.push((offset, offset + n));
                 }
             }
             Ok(())
@@ -1180,5 +1206,48 @@ pub fn format_duration(d: Duration) -> String {
         format!("{}s", d.as_secs())
     } else {
         format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_of(buf: Buf, filled: &[(u64, u64)]) -> std::result::Result<Done, Failure> {
+        let (tx, mut rx) = oneshot::channel();
+        let len = buf.len() as u32;
+        let mut p = Pending {
+            kind: CMD_READ,
+            offset: 8192,
+            len,
+            buf: Some(buf),
+            filled: filled.to_vec(),
+            extents: vec![],
+            error: None,
+            done: Some(tx),
+        };
+        p.finish();
+        rx.try_recv().unwrap()
+    }
+
+    /// A READ's buffer may hold an earlier request's bytes: a structured reply that leaves
+    /// any of it unfilled (or fills some twice and some not) is an error, never an answer.
+    #[test]
+    fn a_read_reply_must_cover_its_whole_buffer() {
+        let stale = || Buf::from_slice(&[0xAA; 8192]);
+        assert!(read_of(stale(), &[(8192, 16384)]).is_ok());
+        assert!(read_of(stale(), &[(12288, 16384), (8192, 12288)]).is_ok());
+        for gaps in [
+            &[][..],
+            &[(8192, 12288)],
+            &[(12288, 16384)],
+            &[(8192, 12288), (8192, 12288)],
+            &[(8192, 16384), (12288, 16384)],
+        ] {
+            match read_of(stale(), gaps) {
+                Err(Failure::Server(e, msg)) => assert!(e == EIO && msg.contains("did not cover"), "{msg}"),
+                _ => panic!("{gaps:?} taken as a whole reply"),
+            }
+        }
     }
 }
