@@ -102,6 +102,10 @@ impl RemoteSpec {
     }
 }
 
+/// Write payloads up to this size are copied into the queue of requests sent together;
+/// larger ones go out from where they are.
+const GATHER_PAYLOAD_MAX: usize = 64 << 10;
+
 /// How one attempt of a request ended, short of success.
 enum Failure {
     /// The server answered with this errno (and maybe a message).
@@ -165,6 +169,9 @@ impl Pending {
 struct Conn {
     info: ExportInfo,
     tx: tokio::sync::Mutex<WriteHalf<BoxStream>>,
+    /// Requests (with payloads up to `GATHER_PAYLOAD_MAX`) waiting for the write half: whoever
+    /// holds it next sends them all in one write (one TLS record, one system call).
+    queued: Mutex<Vec<u8>>,
     pending: Mutex<HashMap<u64, Pending>>,
     dead: AtomicBool,
     died: watch::Sender<bool>,
@@ -178,6 +185,7 @@ impl Conn {
         let conn = Arc::new(Conn {
             info,
             tx: tokio::sync::Mutex::new(wr),
+            queued: Mutex::new(Vec::new()),
             pending: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
             died: watch::channel(false).0,
@@ -245,21 +253,32 @@ impl Conn {
         }
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _forget = Forget(self, req.cookie);
+        let head = req.encode();
+        let large = payload.filter(|p| p.len() > GATHER_PAYLOAD_MAX);
+        if large.is_none() {
+            let mut q = self.queued.lock();
+            q.extend_from_slice(&head);
+            q.extend_from_slice(payload.unwrap_or(&[]));
+        }
         let sent = async {
             let mut w = self.tx.lock().await;
-            let head = req.encode();
-            match payload {
-                Some(p) if p.len() <= 64 << 10 => {
-                    let mut b = Vec::with_capacity(REQUEST_BYTES + p.len());
-                    b.extend_from_slice(&head);
-                    b.extend_from_slice(p);
-                    w.write_all(&b).await?;
+            if self.is_dead() {
+                return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed"));
+            }
+            // Ours and whatever else was queued meanwhile; nothing if the holder before us
+            // sent ours with its own.
+            let batch = std::mem::take(&mut *self.queued.lock());
+            if !batch.is_empty() {
+                w.write_all(&batch).await?;
+                let mut q = self.queued.lock();
+                if q.is_empty() {
+                    *q = batch; // keep the allocation
+                    q.clear();
                 }
-                Some(p) => {
-                    w.write_all(&head).await?;
-                    w.write_all(p).await?;
-                }
-                None => w.write_all(&head).await?,
+            }
+            if let Some(p) = large {
+                w.write_all(&head).await?;
+                w.write_all(p).await?;
             }
             w.flush().await
         };
@@ -445,6 +464,8 @@ struct Health {
     reconnects: u64,
     timeouts: u64,
     last_error: String,
+    /// The TLS version and cipher suite of the last connection made.
+    tls_cipher: Option<String>,
 }
 
 /// A write acknowledged and not yet covered by a completed flush.
@@ -507,8 +528,8 @@ impl Drop for RemoteDev {
 }
 
 /// Opens a stream to the server and negotiates: STARTTLS first when asked, then structured
-/// replies, `base:allocation` and the export.
-async fn connect(spec: &RemoteSpec) -> std::io::Result<(BoxStream, ExportInfo)> {
+/// replies, `base:allocation` and the export. Also returns the TLS version and cipher agreed.
+async fn connect(spec: &RemoteSpec) -> std::io::Result<(BoxStream, ExportInfo, Option<String>)> {
     let mut s: BoxStream = match &spec.address {
         Address::Tcp { host, port } => {
             let t = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
@@ -518,18 +539,28 @@ async fn connect(spec: &RemoteSpec) -> std::io::Result<(BoxStream, ExportInfo)> 
         Address::Unix(p) => Box::new(tokio::net::UnixStream::connect(p).await?),
     };
     greet(&mut s).await?;
+    let mut cipher = None;
     if let Some(tls) = &spec.tls {
         start_tls(&mut s).await?;
         let host = match &spec.address {
             Address::Tcp { host, .. } => host.as_str(),
             Address::Unix(_) => "localhost",
         };
-        s = Box::new(tls.connect(host, s).await?);
+        let t = tls.connect(host, s).await?;
+        cipher = Some(t.cipher());
+        s = Box::new(t);
     }
     let info =
         choose(&mut s, &Want { export: &spec.export, structured: true, base_allocation: true, block_sizes: true })
             .await?;
-    Ok((s, info))
+    Ok((s, info, cipher))
+}
+
+/// Whether a failed connect means no server answered (rather than one that said no).
+fn is_unreachable(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(kind, ConnectionRefused | NotFound | ConnectionReset | ConnectionAborted | TimedOut | AddrNotAvailable)
+        || matches!(kind, UnexpectedEof | BrokenPipe | Other)
 }
 
 fn eio(msg: String) -> Error {
@@ -543,16 +574,24 @@ fn unavailable(msg: String) -> Error {
 
 impl RemoteDev {
     /// Connects (one attempt, within the request timeout) and starts the connections.
+    ///
+    /// A server that cannot be reached now is an error, as it is for qemu and nbd-client:
+    /// the export's size and abilities come from it, and a mistyped address should not look
+    /// like an outage. Outages after the first connection are ridden out (`Tuning::outage`).
     pub async fn open(spec: RemoteSpec) -> Result<RemoteDev> {
         let shown = spec.uri();
-        let (stream, info) = match tokio::time::timeout(spec.tuning.timeout, connect(&spec)).await {
+        let unreachable = |why: String| {
+            let hint = "a remote origin must answer when it is opened; outages after that are waited out";
+            format!("{shown}: cannot reach the server: {why} ({hint})")
+        };
+        let (stream, info, cipher) = match tokio::time::timeout(spec.tuning.timeout, connect(&spec)).await {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                let kind =
-                    if e.kind() == std::io::ErrorKind::PermissionDenied { ErrorKind::ReadOnly } else { ErrorKind::Io };
-                return Err(Error::new(kind, format!("{shown}: {e}")));
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(Error::new(ErrorKind::ReadOnly, format!("{shown}: {e}")));
             }
-            Err(_) => return Err(eio(format!("{shown}: no answer within {:?}", spec.tuning.timeout))),
+            Ok(Err(e)) if is_unreachable(e.kind()) => return Err(eio(unreachable(e.to_string()))),
+            Ok(Err(e)) => return Err(eio(format!("{shown}: {e}"))),
+            Err(_) => return Err(eio(unreachable(format!("no answer within {:?}", spec.tuning.timeout)))),
         };
         let multi = info.flags & TFLAG_CAN_MULTI_CONN != 0;
         let n = spec.tuning.connections.unwrap_or(if multi { 4 } else { 1 }).max(1);
@@ -569,7 +608,7 @@ impl RemoteDev {
             live: AtomicUsize::new(0),
             next_slot: AtomicUsize::new(0),
             cookie: AtomicU64::new(1),
-            health: Mutex::new(Health::default()),
+            health: Mutex::new(Health { tls_cipher: cipher, ..Health::default() }),
             gate: tokio::sync::RwLock::new(()),
             log: Mutex::new(ReplayLog::default()),
             bytes_read: AtomicU64::new(0),
@@ -615,7 +654,8 @@ async fn maintain(inner: Arc<Inner>, i: usize, mut conn: Option<Arc<Conn>>) {
         }
         let timeout = inner.spec.tuning.timeout;
         let attempt = async {
-            let (stream, info) = connect(&inner.spec).await.map_err(|e| e.to_string())?;
+            let (stream, info, cipher) = connect(&inner.spec).await.map_err(|e| e.to_string())?;
+            inner.health.lock().tls_cipher = cipher;
             if info.size != inner.info.size || info.structured != inner.info.structured {
                 return Err(format!(
                     "the export changed: {} bytes (was {}), structured replies {} (was {})",
@@ -1114,6 +1154,7 @@ impl BlockDev for RemoteDev {
         Some(serde_json::json!({
             "origin": i.spec.uri(),
             "tls": i.spec.tls.is_some(),
+            "tls_cipher": h.tls_cipher,
             "state": if live > 0 { "up" } else { "down" },
             "connections": i.slots.len(),
             "connections_up": live,

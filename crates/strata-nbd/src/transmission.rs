@@ -174,6 +174,9 @@ struct Session {
     /// Requests taken whose replies are not yet written (running or queued).
     held: usize,
     pool: BufPool,
+    /// Written since the last flush: a stream that buffers (TLS) holds the last replies
+    /// until it is flushed.
+    unflushed: bool,
 }
 
 pub async fn transmit<R, W>(mut rd: R, mut wr: W, early: &[u8], neg: Negotiated, shared: Arc<Shared>)
@@ -201,6 +204,7 @@ where
         out: Outbox::default(),
         held: 0,
         pool: BufPool::new(POOL_BYTES),
+        unflushed: false,
     };
     // `early`: what the handshake read ahead into the first requests.
     let mut inbox = Inbox { data: vec![0; INPUT_BYTES.max(early.len())], lo: 0, hi: early.len() };
@@ -237,9 +241,14 @@ where
                     s.queue(reply);
                 }
             }
-            written = write_out(&mut wr, &s.out), if !s.out.queue.is_empty() => match written {
-                Ok(n) if n > 0 => s.held -= s.out.advance(n, &mut s.pool),
+            written = write_out(&mut wr, &s.out), if !s.out.queue.is_empty() || s.unflushed => match written {
+                Ok(Some(n)) if n > 0 => {
+                    s.held -= s.out.advance(n, &mut s.pool);
+                    s.unflushed = true;
+                }
+                Ok(None) => s.unflushed = false,
                 _ => {
+                    s.unflushed = false;
                     // The client is gone: what is running still runs to completion.
                     client_gone = true;
                     s.held -= s.out.queue.len();
@@ -415,10 +424,15 @@ async fn take_budget(shared: &Shared, bytes: u32) -> OwnedSemaphorePermit {
     shared.buffers.clone().acquire_many_owned(bytes).await.expect("semaphore never closed")
 }
 
-async fn write_out<W: AsyncWrite + Unpin>(wr: &mut W, out: &Outbox) -> std::io::Result<usize> {
+/// Writes what is queued (`Some(bytes written)`), or with nothing queued flushes what the
+/// stream may still hold (`None`).
+async fn write_out<W: AsyncWrite + Unpin>(wr: &mut W, out: &Outbox) -> std::io::Result<Option<usize>> {
+    if out.queue.is_empty() {
+        return wr.flush().await.map(|()| None);
+    }
     let mut slices = [IoSlice::new(&[]); IOV_MAX];
     let n = out.slices(&mut slices);
-    wr.write_vectored(&slices[..n]).await
+    wr.write_vectored(&slices[..n]).await.map(Some)
 }
 
 /// Flags each command may carry.
