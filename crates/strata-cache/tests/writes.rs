@@ -287,3 +287,32 @@ async fn writes_never_fail_when_every_block_is_dirty() {
     assert!(origin_view[..] == model[..], "origin incomplete after the flush");
     dev.check_invariants().unwrap();
 }
+
+/// A sequential stream past the cutoff over uncached blocks reaches the origin as the
+/// client's large requests, not one request per cache block; where some blocks are cached,
+/// the cached ones still come from the cache. Data checked against the origin throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_reads_past_the_cutoff_go_to_the_origin_whole() {
+    let r = rig(Mode::Writethrough, 4 << 20, "lru").await;
+    let dev = open(&r).await;
+    dev.message("sequential_cutoff 1536KiB").await.unwrap();
+    r.origin.write(0, pattern(7, 0, ORIGIN as usize), false).await.unwrap();
+    // A block cached before the stream reaches it.
+    let cached_at = 3 << 20;
+    dev.read(cached_at, Buf::zeroed(BLOCK as usize)).await.unwrap();
+    r.recording.take();
+    for i in 0..6u64 {
+        let at = i << 20;
+        let got = dev.read(at, Buf::zeroed(1 << 20)).await.unwrap();
+        assert!(got[..] == pattern(7, 0, ORIGIN as usize)[at as usize..(at + (1 << 20)) as usize], "at {at}");
+    }
+    let (reads, _) = r.recording.take();
+    let whole: Vec<u64> = reads.iter().filter(|&&(_, n)| n == 1 << 20).map(|&(at, _)| at).collect();
+    // The first MiB counts towards the cutoff (read block by block); the MiB holding the
+    // cached block is read block by block around it; the others whole.
+    assert_eq!(whole, [1 << 20, 2 << 20, 4 << 20, 5 << 20], "{reads:?}");
+    assert!(
+        !reads.iter().any(|&(at, n)| at <= cached_at && cached_at < at + n),
+        "the cached block came from the origin"
+    );
+}

@@ -92,6 +92,56 @@ impl Clone for Buf {
     }
 }
 
+/// Buffers kept for reuse by one owner (a connection), by capacity class: powers of two from
+/// `BUF_ALIGN` up. A buffer from the pool is neither zeroed nor faulted in afresh; it holds
+/// whatever its last user left in it, so take one only where every byte is about to be
+/// overwritten (a device read, which fills its whole buffer, or a write payload read in
+/// full). The pool keeps at most `max_bytes`; what does not fit is freed.
+pub struct BufPool {
+    free: Vec<Vec<Buf>>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+/// Capacity classes: `BUF_ALIGN << i` for i in 0..CLASSES (4 KiB to 64 MiB).
+const CLASSES: usize = 15;
+
+impl BufPool {
+    pub fn new(max_bytes: usize) -> BufPool {
+        BufPool { free: (0..CLASSES).map(|_| Vec::new()).collect(), bytes: 0, max_bytes }
+    }
+
+    /// A buffer of `len` bytes: a kept one of its class, or a fresh (zeroed) one.
+    pub fn take(&mut self, len: usize) -> Buf {
+        let cap = len.max(BUF_ALIGN).next_power_of_two();
+        let class = (cap / BUF_ALIGN).trailing_zeros() as usize;
+        let mut buf = match self.free.get_mut(class).and_then(|f| f.pop()) {
+            Some(b) => {
+                self.bytes -= b.cap;
+                b
+            }
+            None if class < CLASSES => Buf::zeroed(cap),
+            None => Buf::zeroed(len),
+        };
+        buf.set_len(len);
+        buf
+    }
+
+    /// Keeps `buf` for a later `take` if its class has room under the bound.
+    pub fn give(&mut self, buf: Buf) {
+        let class = (buf.cap / BUF_ALIGN).trailing_zeros() as usize;
+        if buf.cap.is_power_of_two() && class < CLASSES && self.bytes + buf.cap <= self.max_bytes {
+            self.bytes += buf.cap;
+            self.free[class].push(buf);
+        }
+    }
+
+    /// Bytes kept.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +154,29 @@ mod tests {
             assert_eq!(b.len(), len);
             assert!(b.iter().all(|&x| x == 0));
         }
+    }
+
+    #[test]
+    fn a_pool_reuses_by_class_within_its_bound() {
+        let mut pool = BufPool::new(3 << 20);
+        let mut b = pool.take(1 << 20);
+        let at = b.as_ptr();
+        b.fill(7);
+        pool.give(b);
+        assert_eq!(pool.bytes(), 1 << 20);
+        // The same class comes back, at its new length, holding what it held.
+        let b = pool.take((1 << 20) - 4096);
+        assert_eq!((b.as_ptr(), b.len(), b.capacity(), b[0]), (at, (1 << 20) - 4096, 1 << 20, 7));
+        assert_eq!(pool.bytes(), 0);
+        // Another class does not.
+        let small = pool.take(100);
+        assert_eq!((small.len(), small.capacity()), (100, 4096));
+        assert!(small.iter().all(|&x| x == 0));
+        // Past the bound, buffers are freed; buffers from elsewhere of odd sizes too.
+        let more: Vec<Buf> = (0..4).map(|_| pool.take(1 << 20)).collect();
+        more.into_iter().for_each(|b| pool.give(b));
+        pool.give(b);
+        pool.give(Buf::zeroed(3 * 4096));
+        assert_eq!(pool.bytes(), 3 << 20);
     }
 }

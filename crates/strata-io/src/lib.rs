@@ -21,7 +21,7 @@ pub mod units;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use buf::Buf;
+pub use buf::{Buf, BufPool};
 pub use error::{Error, ErrorKind, Result};
 
 /// A boxed future borrowed from the device it came from.

@@ -92,12 +92,19 @@ impl RemoteSpec {
     /// `nbd://host:port/export` and the like, without options.
     pub fn uri(&self) -> String {
         let s = if self.tls.is_some() { "s" } else { "" };
+        let export = percent_encode(&self.export, false);
         match &self.address {
-            Address::Tcp { .. } => format!("nbd{s}://{}/{}", self.address, self.export),
-            Address::Unix(p) => format!("nbd{s}+unix:///{}?socket={}", self.export, p.display()),
+            Address::Tcp { .. } => format!("nbd{s}://{}/{export}", self.address),
+            Address::Unix(p) => {
+                format!("nbd{s}+unix:///{export}?socket={}", percent_encode(&p.to_string_lossy(), true))
+            }
         }
     }
 }
+
+/// Write payloads up to this size are copied into the queue of requests sent together;
+/// larger ones go out from where they are.
+const GATHER_PAYLOAD_MAX: usize = 64 << 10;
 
 /// How one attempt of a request ended, short of success.
 enum Failure {
@@ -118,15 +125,35 @@ struct Pending {
     kind: u16,
     offset: u64,
     len: u32,
-    /// A READ's buffer, filled by the reader task.
+    /// A READ's buffer, filled by the reader task. It may hold a previous request's bytes
+    /// (see `BufPool`): a reply must cover every byte of it.
     buf: Option<Buf>,
+    /// The ranges of a READ that structured chunks (data or hole) have filled so far.
+    filled: Vec<(u64, u64)>,
     extents: Vec<Extent>,
     error: Option<(u32, String)>,
     done: Option<oneshot::Sender<std::result::Result<Done, Failure>>>,
 }
 
 impl Pending {
+    /// Whether the chunks received fill the whole READ, each byte once.
+    fn read_whole(&mut self) -> bool {
+        self.filled.sort_unstable();
+        let mut at = self.offset;
+        for &(start, end) in &self.filled {
+            if start != at {
+                return false;
+            }
+            at = end;
+        }
+        at == self.offset + self.len as u64
+    }
+
     fn finish(&mut self) {
+        if self.error.is_none() && self.kind == CMD_READ && self.buf.is_some() && !self.read_whole() {
+            let msg = format!("the reply to a READ of {} bytes at {} did not cover it exactly", self.len, self.offset);
+            self.error = Some((EIO, msg));
+        }
         let out = match self.error.take() {
             Some((e, msg)) => Err(Failure::Server(e, msg)),
             None => Ok(Done { buf: self.buf.take(), extents: std::mem::take(&mut self.extents) }),
@@ -142,6 +169,9 @@ impl Pending {
 struct Conn {
     info: ExportInfo,
     tx: tokio::sync::Mutex<WriteHalf<BoxStream>>,
+    /// Requests (with payloads up to `GATHER_PAYLOAD_MAX`) waiting for the write half: whoever
+    /// holds it next sends them all in one write (one TLS record, one system call).
+    queued: Mutex<Vec<u8>>,
     pending: Mutex<HashMap<u64, Pending>>,
     dead: AtomicBool,
     died: watch::Sender<bool>,
@@ -155,6 +185,7 @@ impl Conn {
         let conn = Arc::new(Conn {
             info,
             tx: tokio::sync::Mutex::new(wr),
+            queued: Mutex::new(Vec::new()),
             pending: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
             died: watch::channel(false).0,
@@ -202,6 +233,7 @@ impl Conn {
             offset: req.offset,
             len: req.length,
             buf,
+            filled: Vec::new(),
             extents: Vec::new(),
             error: None,
             done: Some(tx),
@@ -221,21 +253,32 @@ impl Conn {
         }
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _forget = Forget(self, req.cookie);
+        let head = req.encode();
+        let large = payload.filter(|p| p.len() > GATHER_PAYLOAD_MAX);
+        if large.is_none() {
+            let mut q = self.queued.lock();
+            q.extend_from_slice(&head);
+            q.extend_from_slice(payload.unwrap_or(&[]));
+        }
         let sent = async {
             let mut w = self.tx.lock().await;
-            let head = req.encode();
-            match payload {
-                Some(p) if p.len() <= 64 << 10 => {
-                    let mut b = Vec::with_capacity(REQUEST_BYTES + p.len());
-                    b.extend_from_slice(&head);
-                    b.extend_from_slice(p);
-                    w.write_all(&b).await?;
+            if self.is_dead() {
+                return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed"));
+            }
+            // Ours and whatever else was queued meanwhile; nothing if the holder before us
+            // sent ours with its own.
+            let batch = std::mem::take(&mut *self.queued.lock());
+            if !batch.is_empty() {
+                w.write_all(&batch).await?;
+                let mut q = self.queued.lock();
+                if q.is_empty() {
+                    *q = batch; // keep the allocation
+                    q.clear();
                 }
-                Some(p) => {
-                    w.write_all(&head).await?;
-                    w.write_all(p).await?;
-                }
-                None => w.write_all(&head).await?,
+            }
+            if let Some(p) = large {
+                w.write_all(&head).await?;
+                w.write_all(p).await?;
             }
             w.flush().await
         };
@@ -283,6 +326,9 @@ async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> st
                     buf
                 };
                 if let Some(mut p) = conn.pending.lock().remove(&cookie) {
+                    if buf.is_some() && err == 0 {
+                        p.filled = vec![(p.offset, p.offset + p.len as u64)];
+                    }
                     p.buf = buf;
                     if err != 0 {
                         p.error = Some((err, String::new()));
@@ -345,6 +391,7 @@ async fn chunk(
                     rd.read_exact(&mut b[at..at + n as usize]).await.map_err(io)?;
                     if let Some(p) = conn.pending.lock().get_mut(&cookie) {
                         p.buf = Some(b);
+                        p.filled.push((offset, offset + n));
                     }
                     Ok(())
                 }
@@ -365,6 +412,7 @@ async fn chunk(
                 if let Some(b) = p.buf.as_mut() {
                     let at = (offset - p.offset) as usize;
                     b[at..at + n as usize].fill(0);
+                    p.filled.push((offset, offset + n));
                 }
             }
             Ok(())
@@ -416,6 +464,8 @@ struct Health {
     reconnects: u64,
     timeouts: u64,
     last_error: String,
+    /// The TLS version and cipher suite of the last connection made.
+    tls_cipher: Option<String>,
 }
 
 /// A write acknowledged and not yet covered by a completed flush.
@@ -478,8 +528,8 @@ impl Drop for RemoteDev {
 }
 
 /// Opens a stream to the server and negotiates: STARTTLS first when asked, then structured
-/// replies, `base:allocation` and the export.
-async fn connect(spec: &RemoteSpec) -> std::io::Result<(BoxStream, ExportInfo)> {
+/// replies, `base:allocation` and the export. Also returns the TLS version and cipher agreed.
+async fn connect(spec: &RemoteSpec) -> std::io::Result<(BoxStream, ExportInfo, Option<String>)> {
     let mut s: BoxStream = match &spec.address {
         Address::Tcp { host, port } => {
             let t = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
@@ -489,18 +539,28 @@ async fn connect(spec: &RemoteSpec) -> std::io::Result<(BoxStream, ExportInfo)> 
         Address::Unix(p) => Box::new(tokio::net::UnixStream::connect(p).await?),
     };
     greet(&mut s).await?;
+    let mut cipher = None;
     if let Some(tls) = &spec.tls {
         start_tls(&mut s).await?;
         let host = match &spec.address {
             Address::Tcp { host, .. } => host.as_str(),
             Address::Unix(_) => "localhost",
         };
-        s = Box::new(tls.connect(host, s).await?);
+        let t = tls.connect(host, s).await?;
+        cipher = Some(t.cipher());
+        s = Box::new(t);
     }
     let info =
         choose(&mut s, &Want { export: &spec.export, structured: true, base_allocation: true, block_sizes: true })
             .await?;
-    Ok((s, info))
+    Ok((s, info, cipher))
+}
+
+/// Whether a failed connect means no server answered (rather than one that said no).
+fn is_unreachable(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(kind, ConnectionRefused | NotFound | ConnectionReset | ConnectionAborted | TimedOut | AddrNotAvailable)
+        || matches!(kind, UnexpectedEof | BrokenPipe | Other)
 }
 
 fn eio(msg: String) -> Error {
@@ -514,16 +574,24 @@ fn unavailable(msg: String) -> Error {
 
 impl RemoteDev {
     /// Connects (one attempt, within the request timeout) and starts the connections.
+    ///
+    /// A server that cannot be reached now is an error, as it is for qemu and nbd-client:
+    /// the export's size and abilities come from it, and a mistyped address should not look
+    /// like an outage. Outages after the first connection are ridden out (`Tuning::outage`).
     pub async fn open(spec: RemoteSpec) -> Result<RemoteDev> {
         let shown = spec.uri();
-        let (stream, info) = match tokio::time::timeout(spec.tuning.timeout, connect(&spec)).await {
+        let unreachable = |why: String| {
+            let hint = "a remote origin must answer when it is opened; outages after that are waited out";
+            format!("{shown}: cannot reach the server: {why} ({hint})")
+        };
+        let (stream, info, cipher) = match tokio::time::timeout(spec.tuning.timeout, connect(&spec)).await {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                let kind =
-                    if e.kind() == std::io::ErrorKind::PermissionDenied { ErrorKind::ReadOnly } else { ErrorKind::Io };
-                return Err(Error::new(kind, format!("{shown}: {e}")));
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(Error::new(ErrorKind::ReadOnly, format!("{shown}: {e}")));
             }
-            Err(_) => return Err(eio(format!("{shown}: no answer within {:?}", spec.tuning.timeout))),
+            Ok(Err(e)) if is_unreachable(e.kind()) => return Err(eio(unreachable(e.to_string()))),
+            Ok(Err(e)) => return Err(eio(format!("{shown}: {e}"))),
+            Err(_) => return Err(eio(unreachable(format!("no answer within {:?}", spec.tuning.timeout)))),
         };
         let multi = info.flags & TFLAG_CAN_MULTI_CONN != 0;
         let n = spec.tuning.connections.unwrap_or(if multi { 4 } else { 1 }).max(1);
@@ -540,7 +608,7 @@ impl RemoteDev {
             live: AtomicUsize::new(0),
             next_slot: AtomicUsize::new(0),
             cookie: AtomicU64::new(1),
-            health: Mutex::new(Health::default()),
+            health: Mutex::new(Health { tls_cipher: cipher, ..Health::default() }),
             gate: tokio::sync::RwLock::new(()),
             log: Mutex::new(ReplayLog::default()),
             bytes_read: AtomicU64::new(0),
@@ -586,7 +654,8 @@ async fn maintain(inner: Arc<Inner>, i: usize, mut conn: Option<Arc<Conn>>) {
         }
         let timeout = inner.spec.tuning.timeout;
         let attempt = async {
-            let (stream, info) = connect(&inner.spec).await.map_err(|e| e.to_string())?;
+            let (stream, info, cipher) = connect(&inner.spec).await.map_err(|e| e.to_string())?;
+            inner.health.lock().tls_cipher = cipher;
             if info.size != inner.info.size || info.structured != inner.info.structured {
                 return Err(format!(
                     "the export changed: {} bytes (was {}), structured replies {} (was {})",
@@ -1085,6 +1154,7 @@ impl BlockDev for RemoteDev {
         Some(serde_json::json!({
             "origin": i.spec.uri(),
             "tls": i.spec.tls.is_some(),
+            "tls_cipher": h.tls_cipher,
             "state": if live > 0 { "up" } else { "down" },
             "connections": i.slots.len(),
             "connections_up": live,
@@ -1155,6 +1225,48 @@ impl BlockDev for RemoteDev {
     }
 }
 
+/// Undoes an NBD URI's percent-encoding (RFC 3986, as the NBD URI format says): the export
+/// name and query values are percent-decoded. A `%` not followed by two hex digits, a result
+/// that is not UTF-8, or a NUL (no export name or path may hold one) is an error.
+pub fn percent_decode(s: &str) -> std::result::Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            let v = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(v.ok_or_else(|| format!("bad percent-escape in {s:?} (% and two hex digits)"))?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    if out.contains(&0) {
+        return Err(format!("{s:?} decodes to a NUL byte"));
+    }
+    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
+}
+
+/// Percent-encodes what an NBD URI's path (`in_query` false) or a query value (true) cannot
+/// hold as it is; `percent_decode` gives `s` back.
+pub fn percent_encode(s: &str, in_query: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &c in s.as_bytes() {
+        let plain = c.is_ascii_alphanumeric()
+            || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/' | b':' | b'@' | b'!' | b'$' | b'\'' | b'(' | b')')
+            || matches!(c, b'*' | b'+' | b',' | b';')
+            || (!in_query && matches!(c, b'&' | b'='));
+        if plain {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
+}
+
 /// Reads a duration: `30`, `30s`, `500ms`, `2m` (seconds when no unit).
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
@@ -1180,5 +1292,48 @@ pub fn format_duration(d: Duration) -> String {
         format!("{}s", d.as_secs())
     } else {
         format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_of(buf: Buf, filled: &[(u64, u64)]) -> std::result::Result<Done, Failure> {
+        let (tx, mut rx) = oneshot::channel();
+        let len = buf.len() as u32;
+        let mut p = Pending {
+            kind: CMD_READ,
+            offset: 8192,
+            len,
+            buf: Some(buf),
+            filled: filled.to_vec(),
+            extents: vec![],
+            error: None,
+            done: Some(tx),
+        };
+        p.finish();
+        rx.try_recv().unwrap()
+    }
+
+    /// A READ's buffer may hold an earlier request's bytes: a structured reply that leaves
+    /// any of it unfilled (or fills some twice and some not) is an error, never an answer.
+    #[test]
+    fn a_read_reply_must_cover_its_whole_buffer() {
+        let stale = || Buf::from_slice(&[0xAA; 8192]);
+        assert!(read_of(stale(), &[(8192, 16384)]).is_ok());
+        assert!(read_of(stale(), &[(12288, 16384), (8192, 12288)]).is_ok());
+        for gaps in [
+            &[][..],
+            &[(8192, 12288)],
+            &[(12288, 16384)],
+            &[(8192, 12288), (8192, 12288)],
+            &[(8192, 16384), (12288, 16384)],
+        ] {
+            match read_of(stale(), gaps) {
+                Err(Failure::Server(e, msg)) => assert!(e == EIO && msg.contains("did not cover"), "{msg}"),
+                _ => panic!("{gaps:?} taken as a whole reply"),
+            }
+        }
     }
 }

@@ -10,6 +10,12 @@
 //! so a client that stops reading replies stalls only itself, with bounded memory. Pending
 //! requests always run to completion, even after the client has gone, so no device ever sees
 //! a request abandoned halfway.
+//!
+//! Payload buffers come from the connection's pool and go back to it once their reply is
+//! out (or, for a write, once it completed): a steady stream of large requests neither
+//! zeroes nor faults in a buffer per request. A pooled buffer is only ever handed out to be
+//! overwritten whole, by a device read or by a write's payload, so no request's bytes can
+//! reach another's reply.
 
 use crate::errno;
 use crate::export::{block_sizes, stopped, Negotiated, Shared};
@@ -21,7 +27,7 @@ use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use strata_io::{BlockDev, Buf, Error, ErrorKind, Extent, ZeroFlags};
+use strata_io::{BlockDev, Buf, BufPool, Error, ErrorKind, Extent, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -34,11 +40,16 @@ const EXTENTS_MAX: usize = 1 << 16;
 const INPUT_BYTES: usize = 256 << 10;
 /// Buffers handed to one vectored write.
 const IOV_MAX: usize = 64;
+/// Payload buffers a connection keeps for reuse, at most.
+const POOL_BYTES: usize = 16 << 20;
 
 /// A reply ready to be written, with the payload budget it holds until then.
 struct Reply {
     head: Vec<u8>,
     data: Option<Buf>,
+    /// A buffer the request no longer needs (a write's payload, a failed read's): back to
+    /// the pool as soon as the reply is queued.
+    spare: Option<Buf>,
     _budget: Option<OwnedSemaphorePermit>,
 }
 
@@ -132,8 +143,9 @@ impl Outbox {
         n
     }
 
-    /// Marks `n` bytes written; returns how many replies are now wholly out.
-    fn advance(&mut self, mut n: usize) -> usize {
+    /// Marks `n` bytes written; returns how many replies are now wholly out. Their payload
+    /// buffers go back to `pool`.
+    fn advance(&mut self, mut n: usize, pool: &mut BufPool) -> usize {
         let mut done = 0;
         while let Some(r) = self.queue.front() {
             let left = r.len() - self.off;
@@ -143,7 +155,9 @@ impl Outbox {
             }
             n -= left;
             self.off = 0;
-            self.queue.pop_front();
+            if let Some(data) = self.queue.pop_front().and_then(|r| r.data) {
+                pool.give(data);
+            }
             done += 1;
         }
         done
@@ -159,6 +173,10 @@ struct Session {
     out: Outbox,
     /// Requests taken whose replies are not yet written (running or queued).
     held: usize,
+    pool: BufPool,
+    /// Written since the last flush: a stream that buffers (TLS) holds the last replies
+    /// until it is flushed.
+    unflushed: bool,
 }
 
 pub async fn transmit<R, W>(mut rd: R, mut wr: W, early: &[u8], neg: Negotiated, shared: Arc<Shared>)
@@ -185,6 +203,8 @@ where
         running: FuturesUnordered::new(),
         out: Outbox::default(),
         held: 0,
+        pool: BufPool::new(POOL_BYTES),
+        unflushed: false,
     };
     // `early`: what the handshake read ahead into the first requests.
     let mut inbox = Inbox { data: vec![0; INPUT_BYTES.max(early.len())], lo: 0, hi: early.len() };
@@ -218,12 +238,17 @@ where
                 if client_gone {
                     s.held -= 1;
                 } else {
-                    s.out.queue.push_back(reply);
+                    s.queue(reply);
                 }
             }
-            written = write_out(&mut wr, &s.out), if !s.out.queue.is_empty() => match written {
-                Ok(n) if n > 0 => s.held -= s.out.advance(n),
+            written = write_out(&mut wr, &s.out), if !s.out.queue.is_empty() || s.unflushed => match written {
+                Ok(Some(n)) if n > 0 => {
+                    s.held -= s.out.advance(n, &mut s.pool);
+                    s.unflushed = true;
+                }
+                Ok(None) => s.unflushed = false,
                 _ => {
+                    s.unflushed = false;
                     // The client is gone: what is running still runs to completion.
                     client_gone = true;
                     s.held -= s.out.queue.len();
@@ -334,23 +359,26 @@ impl Session {
         } else if req.kind == CMD_READ {
             return Input::Budget(req);
         } else {
-            self.run(Box::pin(execute(self.dev.clone(), self.conn, req, None)));
+            self.run(Box::pin(execute(self.dev.clone(), self.conn, req, None, None)));
         }
         Input::Header
     }
 
     /// A READ or WRITE that has its payload budget.
     fn start(&mut self, req: Request, budget: OwnedSemaphorePermit) -> Input {
+        // Overwritten whole before anyone reads it: by the payload or by the device.
+        let buf = self.pool.take(req.length as usize);
         if req.kind == CMD_WRITE {
-            return Input::Payload { req, buf: Buf::zeroed(req.length as usize), filled: 0, budget };
+            return Input::Payload { req, buf, filled: 0, budget };
         }
-        self.run(Box::pin(execute(self.dev.clone(), self.conn, req, Some(budget))));
+        self.run(Box::pin(execute(self.dev.clone(), self.conn, req, Some(budget), Some(buf))));
         Input::Header
     }
 
     /// A WRITE whose payload has arrived.
     fn write(&mut self, req: Request, buf: Buf, budget: OwnedSemaphorePermit) {
         if let Err((errno, msg)) = validate(&self.conn, &req) {
+            self.pool.give(buf);
             self.reply(error_reply(&self.conn, &req, errno, &msg, Some(budget)));
             return;
         }
@@ -358,7 +386,7 @@ impl Session {
         self.run(Box::pin(async move {
             let fua = req.flags & CMD_FLAG_FUA != 0;
             match dev.write(req.offset, buf, fua).await {
-                Ok(_) => ok_reply(&req, Some(budget)),
+                Ok(buf) => Reply { spare: Some(buf), ..ok_reply(&req, Some(budget)) },
                 Err(e) => io_error_reply(&conn, &req, &e, Some(budget)),
             }
         }));
@@ -369,13 +397,21 @@ impl Session {
     fn run(&mut self, mut fut: Running) {
         self.held += 1;
         match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(reply) => self.out.queue.push_back(reply),
+            Poll::Ready(reply) => self.queue(reply),
             Poll::Pending => self.running.push(fut),
         }
     }
 
     fn reply(&mut self, reply: Reply) {
         self.held += 1;
+        self.queue(reply);
+    }
+
+    /// Queues a reply to be written; a buffer it no longer needs goes back to the pool.
+    fn queue(&mut self, mut reply: Reply) {
+        if let Some(b) = reply.spare.take() {
+            self.pool.give(b);
+        }
         self.out.queue.push_back(reply);
     }
 }
@@ -388,10 +424,15 @@ async fn take_budget(shared: &Shared, bytes: u32) -> OwnedSemaphorePermit {
     shared.buffers.clone().acquire_many_owned(bytes).await.expect("semaphore never closed")
 }
 
-async fn write_out<W: AsyncWrite + Unpin>(wr: &mut W, out: &Outbox) -> std::io::Result<usize> {
+/// Writes what is queued (`Some(bytes written)`), or with nothing queued flushes what the
+/// stream may still hold (`None`).
+async fn write_out<W: AsyncWrite + Unpin>(wr: &mut W, out: &Outbox) -> std::io::Result<Option<usize>> {
+    if out.queue.is_empty() {
+        return wr.flush().await.map(|()| None);
+    }
     let mut slices = [IoSlice::new(&[]); IOV_MAX];
     let n = out.slices(&mut slices);
-    wr.write_vectored(&slices[..n]).await
+    wr.write_vectored(&slices[..n]).await.map(Some)
 }
 
 /// Flags each command may carry.
@@ -447,11 +488,18 @@ fn validate(c: &Conn, req: &Request) -> Result<(), (u32, String)> {
     Ok(())
 }
 
-async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, budget: Option<OwnedSemaphorePermit>) -> Reply {
+/// Runs a validated request other than WRITE; `buf` is a READ's buffer of its length.
+async fn execute(
+    dev: Arc<dyn BlockDev>,
+    c: Conn,
+    req: Request,
+    budget: Option<OwnedSemaphorePermit>,
+    buf: Option<Buf>,
+) -> Reply {
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let (off, len) = (req.offset, req.length as u64);
     let result: Result<(), Error> = match req.kind {
-        CMD_READ => match dev.read(off, Buf::zeroed(len as usize)).await {
+        CMD_READ => match dev.read(off, buf.unwrap_or_else(|| Buf::zeroed(len as usize))).await {
             Ok(buf) => {
                 let mut head = Vec::with_capacity(32);
                 if c.structured {
@@ -460,7 +508,7 @@ async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, budget: Option<O
                 } else {
                     simple_reply(&mut head, 0, req.cookie);
                 }
-                return Reply { head, data: Some(buf), _budget: budget };
+                return Reply { head, data: Some(buf), spare: None, _budget: budget };
             }
             Err(e) => Err(e),
         },
@@ -489,7 +537,7 @@ async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, budget: Option<O
         CMD_BLOCK_STATUS => match dev.block_status(off, len).await {
             Ok(extents) => {
                 let head = block_status_reply(&req, &extents, len);
-                return Reply { head, data: None, _budget: budget };
+                return Reply { head, data: None, spare: None, _budget: budget };
             }
             Err(e) => Err(e),
         },
@@ -544,7 +592,7 @@ fn block_status_reply(req: &Request, extents: &[Extent], len: u64) -> Vec<u8> {
 fn ok_reply(req: &Request, budget: Option<OwnedSemaphorePermit>) -> Reply {
     let mut head = Vec::with_capacity(16);
     simple_reply(&mut head, 0, req.cookie);
-    Reply { head, data: None, _budget: budget }
+    Reply { head, data: None, spare: None, _budget: budget }
 }
 
 fn io_error_reply(c: &Conn, req: &Request, e: &Error, budget: Option<OwnedSemaphorePermit>) -> Reply {
@@ -559,5 +607,5 @@ fn error_reply(c: &Conn, req: &Request, errno: u32, msg: &str, budget: Option<Ow
     } else {
         simple_reply(&mut head, errno, req.cookie);
     }
-    Reply { head, data: None, _budget: budget }
+    Reply { head, data: None, spare: None, _budget: budget }
 }

@@ -618,3 +618,50 @@ async fn shutdown_finishes_inflight_requests() {
     late.send_opt(OPT_GO, &go_data("mem", &[])).await;
     assert_eq!(late.opt_replies().await[0].kind, REP_ERR_SHUTDOWN);
 }
+
+/// Payload buffers are reused per connection without being zeroed: after reads and writes
+/// that failed in the device, refused requests and a client that vanished mid-payload, every
+/// reply still carries exactly its own bytes.
+#[tokio::test]
+async fn reused_buffers_never_carry_one_requests_bytes_into_another_reply() {
+    use strata_io::fault::{FaultDev, Rule};
+    let (dev, faults) = FaultDev::new(MemDev::new(SIZE));
+    faults.add(Rule::read_error(1 << 20..(1 << 20) + 4096));
+    faults.add(Rule::write_error(2 << 20..(2 << 20) + 4096));
+    let export = Export { name: "f".into(), description: String::new(), dev: Arc::new(dev), read_only: false };
+    let s = Server::new(vec![export], Limits::default()).unwrap();
+    let secret = vec![0x5Au8; 64 << 10];
+    let mut got = vec![0u8; 64 << 10];
+    let mut c = Client::new(&s).await;
+    c.go("f", &[]).await;
+    c.request(CMD_WRITE, 0, 1, 0, 64 << 10, &secret).await;
+    assert_eq!(c.simple().await, (0, 1));
+    for round in 0..3u64 {
+        let cookie = 10 * (round + 1);
+        c.request(CMD_READ, 0, cookie, 0, 64 << 10, &[]).await;
+        assert_eq!(c.simple().await, (0, cookie));
+        c.s.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, secret);
+        c.request(CMD_READ, 0, cookie + 1, 1 << 20, 64 << 10, &[]).await;
+        assert_eq!(c.simple().await, (EIO, cookie + 1), "a failed read has no payload");
+        c.request(CMD_WRITE, 0, cookie + 2, 2 << 20, 64 << 10, &secret).await;
+        assert_eq!(c.simple().await, (EIO, cookie + 2));
+        c.request(CMD_WRITE, 1 << 9, cookie + 3, 3 << 20, 64 << 10, &secret).await;
+        assert_eq!(c.simple().await, (EINVAL, cookie + 3), "a refused write");
+        for (i, at) in [3u64 << 20, 2 << 20, (1 << 20) + 65536].into_iter().enumerate() {
+            c.request(CMD_READ, 0, cookie + 4 + i as u64, at, 64 << 10, &[]).await;
+            assert_eq!(c.simple().await, (0, cookie + 4 + i as u64));
+            c.s.read_exact(&mut got).await.unwrap();
+            assert!(got.iter().all(|&b| b == 0), "round {round}: stale bytes in the read at {at}");
+        }
+    }
+    // A write cut short by a vanishing client writes nothing.
+    let mut cut = Client::new(&s).await;
+    cut.go("f", &[]).await;
+    cut.request(CMD_WRITE, 0, 1, 4 << 20, 64 << 10, &secret[..30000]).await;
+    drop(cut);
+    c.request(CMD_READ, 0, 99, 4 << 20, 64 << 10, &[]).await;
+    assert_eq!(c.simple().await, (0, 99));
+    c.s.read_exact(&mut got).await.unwrap();
+    assert!(got.iter().all(|&b| b == 0));
+}

@@ -48,15 +48,6 @@ enum Command {
 }
 
 fn main() {
-    // IO buffers of a MiB and more come from the heap and are reused, rather than mapped and
-    // faulted in afresh for every request (glibc maps anything over 128 KiB by default, and
-    // a 1 MiB read then spends more time in page faults than in copying: sequential 1 MiB
-    // reads through a remote origin went from 0.3 to 0.6 of the export read directly).
-    // SAFETY: mallopt only changes allocator thresholds; called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),

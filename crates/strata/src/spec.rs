@@ -75,7 +75,9 @@ use strata_io::units::{format_size_exact, parse_size};
 use strata_io::{Error, Result};
 use strata_qos::QosOptions;
 
-use strata_nbd::remote::{format_duration, parse_duration, Address, RemoteSpec, Tuning, DEFAULT_PORT};
+use strata_nbd::remote::{
+    format_duration, parse_duration, percent_decode, percent_encode, Address, RemoteSpec, Tuning, DEFAULT_PORT,
+};
 use strata_nbd::tls::ClientTls;
 
 /// The kinds of spec, as an error lists them.
@@ -386,11 +388,16 @@ fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
     let (body, q) = split_query(rest);
     let mut opts = Options::parse(s, q);
     let (authority, export) = body.split_once('/').unwrap_or((body, ""));
+    // The export name and the values of the URI's own options are percent-encoded.
+    let export = percent_decode(export).map_err(|e| invalid(&format!("export name: {e}")))?;
+    let take = |opts: &mut Options, key: &str| -> Result<Option<String>> {
+        opts.take(key).map(|v| percent_decode(&v).map_err(|e| invalid(&format!("{key}: {e}")))).transpose()
+    };
     let address = if unix {
         if !authority.is_empty() {
             return Err(invalid("a Unix socket URI has no host: nbd+unix:///EXPORT?socket=PATH"));
         }
-        let socket = opts.take("socket").filter(|p| !p.is_empty());
+        let socket = take(&mut opts, "socket")?.filter(|p| !p.is_empty());
         Address::Unix(socket.ok_or_else(|| invalid("no socket=PATH"))?.into())
     } else {
         let (host, port) = match authority.strip_prefix('[') {
@@ -428,9 +435,9 @@ fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
         replay_bytes: opts.take_size("replay")?.unwrap_or(d.replay_bytes),
     };
     let tls = ClientTls {
-        psk_file: opts.take("tls-psk-file").map(PathBuf::from),
-        username: opts.take("tls-username"),
-        certificates: opts.take("tls-certificates").map(PathBuf::from),
+        psk_file: take(&mut opts, "tls-psk-file")?.map(PathBuf::from),
+        username: take(&mut opts, "tls-username")?,
+        certificates: take(&mut opts, "tls-certificates")?.map(PathBuf::from),
         verify: opts.take_bool("tls-verify")?.unwrap_or(true),
     };
     let secure = kind.starts_with("nbds");
@@ -441,7 +448,7 @@ fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
         return Err(invalid("give tls-psk-file or tls-certificates, not both"));
     }
     opts.finish()?;
-    let spec = RemoteSpec { address, export: export.to_string(), tls: secure.then_some(tls), tuning };
+    let spec = RemoteSpec { address, export, tls: secure.then_some(tls), tuning };
     Ok(Spec::Nbd(Box::new(spec)))
 }
 
@@ -453,11 +460,11 @@ fn write_nbd(f: &mut fmt::Formatter<'_>, r: &RemoteSpec) -> fmt::Result {
         Address::Tcp { host, port } => {
             let host = if host.contains(':') { format!("[{host}]") } else { host.clone() };
             let port = if *port == DEFAULT_PORT { String::new() } else { format!(":{port}") };
-            write!(f, "nbd{s}://{host}{port}/{}", r.export)?;
+            write!(f, "nbd{s}://{host}{port}/{}", percent_encode(&r.export, false))?;
         }
         Address::Unix(p) => {
-            write!(f, "nbd{s}+unix:///{}", r.export)?;
-            w.pair("socket", p.display());
+            write!(f, "nbd{s}+unix:///{}", percent_encode(&r.export, false))?;
+            w.pair("socket", encoded_path(p));
         }
     }
     let (t, d) = (&r.tuning, Tuning::default());
@@ -471,19 +478,23 @@ fn write_nbd(f: &mut fmt::Formatter<'_>, r: &RemoteSpec) -> fmt::Result {
     }
     if let Some(tls) = &r.tls {
         if let Some(p) = &tls.psk_file {
-            w.pair("tls-psk-file", p.display());
+            w.pair("tls-psk-file", encoded_path(p));
         }
         if let Some(u) = &tls.username {
-            w.pair("tls-username", u);
+            w.pair("tls-username", percent_encode(u, true));
         }
         if let Some(p) = &tls.certificates {
-            w.pair("tls-certificates", p.display());
+            w.pair("tls-certificates", encoded_path(p));
         }
         if !tls.verify {
             w.pair("tls-verify", "off");
         }
     }
     write!(f, "{w}")
+}
+
+fn encoded_path(p: &Path) -> String {
+    percent_encode(&p.to_string_lossy(), true)
 }
 
 /// Splits a target's options into those before `key` (`origin=`, `data=`) and the nested
@@ -679,6 +690,11 @@ mod tests {
             ("nbds://h/v?tls-psk-file=/k.psk&tls-username=bob", "nbds://h/v?tls-psk-file=/k.psk&tls-username=bob"),
             ("nbds+unix:///v?tls-certificates=/pki&socket=/s", "nbds+unix:///v?socket=/s&tls-certificates=/pki"),
             ("nbds://h/v?tls-verify=off", "nbds://h/v?tls-verify=off"),
+            ("nbd://h/hello%20world", "nbd://h/hello%20world"),
+            ("nbd://h/a%2fb%3F%25", "nbd://h/a/b%3F%25"),
+            ("nbd+unix:///v?socket=/run/my%20s%26%3d.sock", "nbd+unix:///v?socket=/run/my%20s%26%3D.sock"),
+            ("nbds://h/%C3%A9t%C3%A9?tls-username=b%20b", "nbds://h/%C3%A9t%C3%A9?tls-username=b%20b"),
+            ("nbds://h/v?tls-psk-file=/k%23.psk", "nbds://h/v?tls-psk-file=/k%23.psk"),
             (
                 "cache:/c.img?origin=nbd+unix:///v?socket=/s&timeout=2s",
                 "cache:/c.img?origin=nbd+unix:///v?socket=/s&timeout=2s",
@@ -702,6 +718,10 @@ mod tests {
         let Spec::Fault { rules, inner } = parse("fault:read:eio:0-1MiB:once,flush:eio@mem:4MiB") else { panic!() };
         assert_eq!(rules, [Rule::read_error(0..1 << 20).once(), Rule::flush_error()]);
         assert_eq!(*inner, Spec::Mem { bytes: 4 << 20 });
+        let Spec::Nbd(r) = parse("nbd+unix:///hello%20world?socket=/run/a%26b.sock") else { panic!() };
+        assert_eq!((r.export.as_str(), r.address.clone()), ("hello world", Address::Unix("/run/a&b.sock".into())));
+        let Spec::Nbd(r) = parse("nbds://h/%C3%A9t%C3%A9?tls-psk-file=/k%20j.psk") else { panic!() };
+        assert_eq!((r.export.as_str(), r.tls.unwrap().psk_file.unwrap()), ("été", "/k j.psk".into()));
         let Spec::File(ro) = parse("/v.img?ro&shared&direct=off&engine=pool") else { panic!() };
         assert!(ro.ro && ro.shared && !ro.direct && ro.engine == EngineKind::Pool && ro.size.is_none());
     }
@@ -776,6 +796,11 @@ mod tests {
             ("nbd+unix://host/vol?socket=/s", "has no host"),
             ("nbd:host/vol", "expected nbd://"),
             ("nbd:///vol", "no host"),
+            ("nbd://h/v%zz", "export name: bad percent-escape"),
+            ("nbd://h/v%4", "export name: bad percent-escape"),
+            ("nbd://h/a%00b", "NUL"),
+            ("nbd://h/%ff", "not decode to UTF-8"),
+            ("nbd+unix:///v?socket=/s%", "socket: bad percent-escape"),
             ("nbd://h:port/v", "bad port"),
             ("nbd://[::1/v", "unclosed"),
             ("nbd://h/v?timeout=soon", "timeout: expected a duration"),

@@ -560,3 +560,23 @@ fn the_admin_endpoint_wants_its_bearer_token() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     srv.stop();
 }
+
+/// A remote origin that does not answer when `strata serve` starts is an error at once, as
+/// for qemu and nbd-client, naming the origin and saying why.
+#[test]
+fn an_origin_unreachable_at_start_fails_serve_clearly() {
+    let dir = tempdir();
+    let missing = dir.path().join("no-server.sock");
+    let sock = dir.path().join("s.sock");
+    for vol in [
+        format!("r=nbd+unix:///vol?socket={}", missing.display()),
+        format!("r=nbd+unix:///a%20b?socket={}", missing.display()),
+    ] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
+        c.args(["serve", "--unix", &sock.display().to_string(), &vol]);
+        let o = output(&mut c, CMD_TIMEOUT);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{vol}: served without its origin");
+        assert!(err.contains("cannot reach the server") && err.contains("no-server.sock"), "{vol}: {err}");
+    }
+}

@@ -31,9 +31,14 @@ impl Inner {
         let pieces = self.pieces(offset, buf.len() as u64);
         if pieces.len() == 1 {
             let (b, within, n) = pieces[0];
-            return self.read_piece(b, within, n, bypass).await;
+            return self.read_piece(b, within, n, bypass, Some(buf)).await;
         }
-        let parts = futures_join(pieces.iter().map(|&(b, w, n)| self.read_piece(b, w, n, bypass))).await?;
+        if bypass && self.none_cached(&pieces) {
+            // A sequential stream past the cutoff over blocks the cache does not hold: one
+            // origin request for the whole range rather than one per cache block.
+            return self.origin_read(offset, buf, Kind::Foreground).await;
+        }
+        let parts = futures_join(pieces.iter().map(|&(b, w, n)| self.read_piece(b, w, n, bypass, None))).await?;
         let mut pos = 0;
         for p in parts {
             buf[pos..pos + p.len()].copy_from_slice(&p);
@@ -42,7 +47,32 @@ impl Inner {
         Ok(buf)
     }
 
-    fn read_piece(self: &Arc<Self>, b: u64, within: u64, n: u64, bypass: bool) -> BoxFut<'_, Result<Buf>> {
+    /// Whether no block of `pieces` is in the cache, counting each as a bypassed miss when
+    /// none is. The origin then holds every one of them as it is now: a block written since
+    /// is in the cache (write-back) or was written to the origin before its write completed.
+    fn none_cached(&self, pieces: &[(u64, u64, u64)]) -> bool {
+        let st = self.state.lock();
+        if pieces.iter().any(|(b, _, _)| st.map.contains_key(b)) {
+            return false;
+        }
+        for _ in pieces {
+            Counters::bump(&self.counters.read_misses);
+            Counters::bump(&self.counters.bypassed);
+        }
+        true
+    }
+
+    /// Reads `n` bytes at `within` of block `b`, into `buf` (of `n` bytes) when given: the
+    /// caller's own buffer when the request is this one piece, so a hit costs no allocation.
+    fn read_piece(
+        self: &Arc<Self>,
+        b: u64,
+        within: u64,
+        n: u64,
+        bypass: bool,
+        buf: Option<Buf>,
+    ) -> BoxFut<'_, Result<Buf>> {
+        let buf = buf.unwrap_or_else(|| Buf::zeroed(n as usize));
         Box::pin(async move {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;
@@ -55,7 +85,7 @@ impl Inner {
             };
             match plan {
                 ReadPlan::Hit(s) => {
-                    let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(n as usize)).await;
+                    let r = self.cache.read(self.slot_offset(s) + within, buf).await;
                     self.refs[s as usize].fetch_sub(1, Relaxed);
                     match r {
                         Ok(data) => Ok(data),
@@ -67,18 +97,16 @@ impl Inner {
                                 self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground)
                                     .await
                             } else {
-                                self.read_piece(b, within, n, bypass).await
+                                self.read_piece(b, within, n, bypass, None).await
                             }
                         }
                     }
                 }
-                ReadPlan::Miss => {
-                    self.origin_read(b * self.block + within, Buf::zeroed(n as usize), Kind::Foreground).await
-                }
+                ReadPlan::Miss => self.origin_read(b * self.block + within, buf, Kind::Foreground).await,
                 ReadPlan::Promote(s) => {
                     drop(guard);
                     let exclusive = shard.write_owned().await;
-                    self.promote_on_read(b, within, n, s, exclusive, bypass).await
+                    self.promote_on_read((b, within, n), s, exclusive, bypass, buf).await
                 }
                 ReadPlan::Refused => Err(self.state.lock().stopped().expect_err("refused only once stopped")),
                 ReadPlan::NeedSlot => unreachable!("resolved above"),
@@ -130,15 +158,15 @@ impl Inner {
 
     /// A read miss the policy promotes: read the whole block from the origin once (with
     /// its readahead neighbours, see `fill_ahead`), answer from it, and fill the cache slots
-    /// in the background while still holding the blocks.
+    /// in the background while still holding the blocks. `answer` gets the `n` bytes at
+    /// `within` of block `b` (the piece).
     async fn promote_on_read(
         self: &Arc<Self>,
-        b: u64,
-        within: u64,
-        n: u64,
+        (b, within, n): (u64, u64, u64),
         s: u32,
         exclusive: OwnedRwLockWriteGuard<()>,
         bypass: bool,
+        mut answer: Buf,
     ) -> Result<Buf> {
         let still_wanted = {
             let st = self.state.lock();
@@ -147,7 +175,7 @@ impl Inner {
         if !still_wanted {
             self.state.lock().release(s);
             drop(exclusive);
-            return self.read_piece(b, within, n, bypass).await;
+            return self.read_piece(b, within, n, bypass, Some(answer)).await;
         }
         let known_zero = self.state.lock().zeroed.contains(&b);
         let mut fills = vec![(b, s, exclusive)];
@@ -179,7 +207,7 @@ impl Inner {
             at..at + self.block_len(fb) as usize
         };
         let at_b = range(b).start;
-        let answer = Buf::from_slice(&data[at_b + within as usize..at_b + (within + n) as usize]);
+        answer.copy_from_slice(&data[at_b + within as usize..at_b + (within + n) as usize]);
         let writes: Vec<(u64, u32, OwnedRwLockWriteGuard<()>, Buf)> = if fills.len() == 1 {
             let (fb, fs, g) = fills.pop().expect("b is there");
             vec![(fb, fs, g, data)]
