@@ -47,6 +47,8 @@ impl WritecacheDev {
         }
         st.seq = found.max_seq;
         st.commit = found.max_commit;
+        let untrusted = !found.garbage.is_empty();
+        drop(found);
         let inner = Arc::new(Inner {
             block: sb.block_bytes as u64,
             size: origin.size(),
@@ -68,10 +70,12 @@ impl WritecacheDev {
             last_error: Mutex::new(None),
             sb,
         });
-        if !found.garbage.is_empty() {
+        if untrusted {
             // Nothing else is dirty yet: this commit only zeroes the untrusted entries.
             inner.commit_force().await?;
         }
+        // Recovery's maps are gone: give their pages back, so the books are what stays.
+        strata_io::buf::trim_heap();
         if !o.no_background {
             tokio::spawn(writeback::background(Arc::downgrade(&inner)));
         }
