@@ -251,3 +251,27 @@ async fn tunables_set_live_are_kept_across_a_reopen() {
     let dev = WritecacheDev::open(cache, origin, o()).await.unwrap();
     assert_eq!(status(&dev).tunables, strata_writecache::Tunables::default());
 }
+
+/// A request of whole blocks goes to the log together: consecutive free slots take one write
+/// of the fast device, not one write per block, and the blocks read back from the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_blocks_of_one_request_go_to_the_log_in_one_write() {
+    use strata_io::testing::Recording;
+    let origin = Arc::new(MemDev::new(8 << 20));
+    let cache = Arc::new(Recording::new(MemDev::new(1 << 20)));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    let o = OpenOptions { no_background: true, ..OpenOptions::default() };
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), o).await.unwrap();
+    cache.take();
+    // A partial head block, 16 whole blocks, a partial tail block.
+    let at = 3 * BLOCK + 512;
+    let data: Vec<u8> = (0..(17 * BLOCK) as usize).map(|i| (i % 251) as u8).collect();
+    dev.write(at, Buf::from_slice(&data), false).await.unwrap();
+    let (_, writes) = cache.take();
+    assert_eq!(writes.len(), 3, "head, the 16 whole blocks at once, tail: {writes:?}");
+    assert_eq!(writes.iter().filter(|&&(_, n)| n == 16 * BLOCK).count(), 1, "{writes:?}");
+    let s = status(&dev);
+    assert_eq!((s.write_misses, s.dirty_blocks, s.writes_around), (18, 18, 0), "{s:?}");
+    assert_eq!(dev.read(at, Buf::zeroed(data.len())).await.unwrap().to_vec(), data);
+    dev.check_state().unwrap();
+}

@@ -13,6 +13,8 @@ use strata_io::{check_range, Buf, Error, ErrorKind, Result, ZeroFlags};
 
 /// Blocks in one write around the log that make it a stream (64 KiB of 4 KiB blocks).
 const STREAM_BLOCKS: u64 = 16;
+/// Most whole blocks of one request logged together (`write_run`).
+const RUN_BLOCKS: usize = 256;
 
 /// One request's part inside one cache block.
 #[derive(Debug, Clone, Copy)]
@@ -121,7 +123,8 @@ impl Inner {
         self.state.lock().check_running()?;
         let total = pieces(offset, buf.len() as u64, self.block).count() as u64;
         let mut generation = 0;
-        for (k, p) in pieces(offset, buf.len() as u64, self.block).enumerate() {
+        let mut pieces = pieces(offset, buf.len() as u64, self.block).enumerate().peekable();
+        while let Some((k, p)) = pieces.next() {
             // What the log has no room for goes around it as one write.
             let left = total - k as u64;
             if left > 1 && self.state.lock().counts().0 < left {
@@ -132,6 +135,21 @@ impl Inner {
                 self.write_around(offset + p.at, rest, fua).await?;
                 break;
             }
+            // Whole blocks in a row go to the log together (`write_run`).
+            let whole = |p: &Piece| p.within == 0 && p.len == self.block_len(p.block);
+            if whole(&p) {
+                let mut run = 1;
+                while run < RUN_BLOCKS && pieces.peek().is_some_and(|(_, q)| whole(q)) {
+                    pieces.next();
+                    run += 1;
+                }
+                if run > 1 {
+                    let end = (p.at + run as u64 * self.block).min(buf.len() as u64);
+                    let g = self.write_run(p.block, &buf[p.at as usize..end as usize]).await?;
+                    generation = generation.max(g);
+                    continue;
+                }
+            }
             let data = &buf[p.at as usize..(p.at + p.len) as usize];
             if let Some(g) = self.write_piece(p, Some(data), fua).await? {
                 generation = generation.max(g);
@@ -141,6 +159,102 @@ impl Inner {
             self.commit_upto(generation).await?;
         }
         Ok(buf)
+    }
+
+    /// Logs the whole blocks from `b0` that `data` covers, all at once: their locks taken
+    /// together (ascending, as every path takes them), one slot each, the slot writes of
+    /// consecutive slots merged and all issued together, then installed under one state lock.
+    /// Returns the generation to commit. Without a slot for each (another writer took them
+    /// since the caller looked) the blocks go one by one (`write_piece`).
+    async fn write_run(&self, b0: u64, data: &[u8]) -> Result<u64> {
+        let n = data.len().div_ceil(self.block as usize) as u64;
+        let mut stripes: Vec<usize> = (b0..b0 + n).map(|b| self.stripe(b)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for &i in &stripes {
+            guards.push(self.stripes[i].lock().await);
+        }
+        let slots: Option<Vec<u32>> = {
+            let mut st = self.state.lock();
+            st.check_running()?;
+            let mut got = Vec::with_capacity(n as usize);
+            while (got.len() as u64) < n {
+                match st.alloc() {
+                    Some(s) => got.push(s),
+                    None => break,
+                }
+            }
+            if (got.len() as u64) < n {
+                for &s in &got {
+                    st.unalloc(s);
+                }
+                None
+            } else {
+                for b in b0..b0 + n {
+                    let hit = st.lookup(b).is_some();
+                    relaxed(if hit { &self.counters.write_hits } else { &self.counters.write_misses });
+                }
+                Some(got)
+            }
+        };
+        let Some(slots) = slots else {
+            drop(guards);
+            let mut generation = 0;
+            for (i, b) in (b0..b0 + n).enumerate() {
+                let at = i * self.block as usize;
+                let len = self.block_len(b);
+                let p = Piece { block: b, within: 0, len, at: at as u64 };
+                if let Some(g) = self.write_piece(p, Some(&data[at..at + len as usize]), false).await? {
+                    generation = generation.max(g);
+                }
+            }
+            return Ok(generation);
+        };
+        let bs = self.block as usize;
+        let block_data = |i: usize| &data[i * bs..((i + 1) * bs).min(data.len())];
+        // Consecutive slots take one write.
+        let mut writes = Vec::new();
+        let mut i = 0;
+        while i < slots.len() {
+            let mut j = i + 1;
+            while j < slots.len() && slots[j] == slots[j - 1] + 1 {
+                j += 1;
+            }
+            let end = (j * bs).min(data.len());
+            writes.push(self.cache.write(self.slot_offset(slots[i]), Buf::from_slice(&data[i * bs..end]), false));
+            i = j;
+        }
+        let crcs: Vec<u32> = (0..slots.len()).map(|i| crc32c::crc32c(block_data(i))).collect();
+        let mut failed = None;
+        for r in futures::future::join_all(writes).await {
+            if let Err(e) = r {
+                failed = failed.or(Some(e));
+            }
+        }
+        let mut st = self.state.lock();
+        if let Some(e) = failed {
+            for &s in &slots {
+                st.unalloc(s);
+            }
+            return Err(e);
+        }
+        let mut generation = 0;
+        for (i, (&s, &crc)) in slots.iter().zip(&crcs).enumerate() {
+            generation = st.install(b0 + i as u64, s, crc, false);
+        }
+        self.kick_if_due(&st, generation);
+        Ok(generation)
+    }
+
+    /// Wakes the background task when the log is past `high_watermark` or `autocommit_blocks`
+    /// changes wait for a commit (generation `g` just installed).
+    fn kick_if_due(&self, st: &super::state::State, g: u64) {
+        let (free, _) = st.counts();
+        let t = *self.tunables.lock();
+        if free * 100 < self.sb.slots * (100 - t.high_watermark as u64) || g - st.durable_gen >= t.autocommit_blocks {
+            self.kick.notify_one();
+        }
     }
 
     /// Writes one piece (`None`: zeroes) under its block's lock. Returns the generation to
@@ -193,12 +307,7 @@ impl Inner {
         let generation = {
             let mut st = self.state.lock();
             let g = st.install(b, s, crc, zero);
-            let (free, _) = st.counts();
-            let t = *self.tunables.lock();
-            if free * 100 < self.sb.slots * (100 - t.high_watermark as u64) || g - st.durable_gen >= t.autocommit_blocks
-            {
-                self.kick.notify_one();
-            }
+            self.kick_if_due(&st, g);
             g
         };
         Ok(Some(generation))
