@@ -75,8 +75,8 @@ def grouped_bars(path, title, groups, bars, values, ylabel, xlabel, log=False, h
     """Bars grouped on the x axis. `values[(panel, group, bar)] = y` (None = not measured).
     `panels` splits the figure into side-by-side axes (e.g. one per workload)."""
     panels = panels or [None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(min(15, 4.6 * len(panels) + 1.5), 4.6), squeeze=False,
-                             sharey=False)
+    width_in = min(15, 4.6 * len(panels) + 1.5)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width_in, 4.6), squeeze=False, sharey=False)
     width = 0.8 / max(1, len(bars))
     for pi, panel in enumerate(panels):
         ax = axes[0][pi]
@@ -108,7 +108,7 @@ def grouped_bars(path, title, groups, bars, values, ylabel, xlabel, log=False, h
             ax.set_title(str(panel), fontsize=9)
         ax.set_ylabel(ylabel)
         ax.set_xlabel(xlabel)
-    fig.suptitle(wrap(title, 150), fontsize=10)
+    fig.suptitle(wrap(title, min(150, int(12 * width_in))), fontsize=10)
     handles, labels = [], []
     for ax in axes[0]:
         h, lab = ax.get_legend_handles_labels()

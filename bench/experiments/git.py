@@ -1,15 +1,24 @@
 """git (seed 003's git extract test): ext4 on the cached volume through nbdfuse + a loop
 device, made without discard; a large git repository is cloned onto it (a write load as
 far as the cache is concerned), the file system is remounted cold, and 20 tags are checked
-out one after another (reads of what was written, and writes). Each phase is timed with
-its final sync, for a sweep of cache sizes (strata, writeback) and for the hdd: origin
-alone.
+out one after another (reads of what was written, and writes), each followed by a sync
+(the seed's repository was large enough to go past the kernel's dirty limits; here the
+page cache would otherwise hold all of it until the end). Each phase is timed with its
+syncs. Rows, all in one run: the hdd: origin alone; the fast device alone (the volume as a
+plain file on the file system that holds the cache files: the seed's "raw NVMe"); and, for
+a sweep of fast device sizes from far below to above the working set, strata's `cache`
+(writeback, 64 KiB blocks) and `writecache` (the write log, 4 KiB blocks, default
+tunables), each over the same origin. Every fast file is written through first (a device has
+no holes).
 
 The repository is generated deterministically here (git fast-import from a seeded PRNG):
-thousands of files in nested folders, hundreds of commits that each rewrite part of a few
-dozen files and add or remove some, and 20 tags spread over the history.
+thousands of small files in nested folders, commits that each rewrite a part of a
+thousand files or so and add or remove some, and 20 tags spread over the history. The
+working set is reported as the repository's size on disk after the clone and the bytes
+the clone and the checkouts write.
 
-Scale 1: 3000 files, 300 commits, 20 tags; a 2 GiB volume; caches 16, 64 and 256 MiB.
+Scale 1: 30,000 files, 200 commits of 1,200 files each, 20 tags; a 2 GiB volume; fast
+devices of 32, 256, 1024 and 2048 MiB (the last holds the whole volume).
 Needs root, /dev/fuse, a free loop device, nbdfuse, mkfs.ext4 and git; skipped otherwise.
 """
 
@@ -24,23 +33,32 @@ import plots
 NAME = "git"
 TITLE = "git clone + checkout of 20 tags on ext4 over the cached volume"
 BLOCK = 64 * b.KIB
+WRITECACHE_BLOCK = 4 * b.KIB
 TAGS = 20
 TOOLS = ["nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "fusermount3", "git", "sync"]
 ORIGIN = "origin alone"
+FAST = "fast alone"
+TARGETS = ["cache", "writecache"]
 
 
 def params(scale):
-    files = max(200, int(3000 * scale))
-    commits = max(TAGS, int(300 * scale))
+    files = max(200, int(30000 * scale))
+    commits = max(TAGS, int(200 * scale))
     vol = max(128, int(2048 * scale)) * b.MIB
-    caches = [max(4, int(c * scale)) for c in (16, 64, 256)] if scale >= 0.25 else [8]
+    caches = [max(4, int(c * scale)) for c in (32, 256, 1024, 2048)] if scale >= 0.25 else [8]
     return files, commits, vol, [c * b.MIB for c in caches]
+
+
+def per_commit(files):
+    """Files rewritten by each commit after the first."""
+    return max(3, files // 25)
 
 
 def expected_seconds(scale):
     files, commits, vol, caches = params(scale)
-    per_run = 4 + files / 300 + commits / 10 + vol / (60 * b.MIB)
-    return (len(caches) + 1) * per_run + files / 200 + commits / 20
+    blobs = files + commits * per_commit(files)
+    per_run = 4 + blobs / 4000 + vol / (60 * b.MIB)
+    return (2 * len(caches) + 2) * per_run + blobs / 2500
 
 
 def unavailable():
@@ -76,7 +94,7 @@ def generate_repo(dest, files, commits, seed=5):
     b.run(["git", "init", "-q", "--bare", "-b", "main", dest])
     dirs = [f"src/m{i:02d}/s{j}" for i in range(max(2, files // 150)) for j in range(3)]
     paths = [f"{rng.choice(dirs)}/f{i:05d}.rs" for i in range(files)]
-    content = {p: _text(rng, rng.randint(20, 200)) for p in paths}
+    content = {p: _text(rng, rng.randint(5, 60)) for p in paths}
     tag_at = {round(commits * (k + 1) / TAGS): f"v{k + 1:02d}" for k in range(TAGS)}
     chunks = []
     mark = 0
@@ -94,7 +112,7 @@ def generate_repo(dest, files, commits, seed=5):
         if c == 1:
             touched = list(content)
         else:
-            touched = rng.sample(sorted(content), k=min(len(content), max(3, files // 60)))
+            touched = rng.sample(sorted(content), k=min(len(content), per_commit(files)))
             for p in touched:
                 lines = content[p].splitlines(keepends=True)
                 for _ in range(rng.randint(1, 6)):
@@ -107,7 +125,7 @@ def generate_repo(dest, files, commits, seed=5):
             for _ in range(rng.randint(0, 3)):  # new files
                 p = f"{rng.choice(dirs)}/f{next_file:05d}.rs"
                 next_file += 1
-                content[p] = _text(rng, rng.randint(20, 200))
+                content[p] = _text(rng, rng.randint(5, 60))
                 touched.append(p)
             for p in rng.sample(sorted(content), k=rng.randint(0, 2)):  # removals
                 if p not in touched:
@@ -128,6 +146,7 @@ def generate_repo(dest, files, commits, seed=5):
             chunks.append(b"tag %s\nfrom :%d\ntagger Bench <bench@strata> %d +0000\ndata %d\n%s\n"
                           % (tag_at[c].encode(), 100000000 + c, when, len(tmsg), tmsg))
     stream = b"".join(chunks)
+    del chunks
     b.run(["git", "-C", dest, "fast-import", "--quiet"], input=stream.decode(), timeout=1800)
     b.run(["git", "-C", dest, "repack", "-adq"], timeout=1800)
     return sorted(tag_at.values())
@@ -195,6 +214,21 @@ def io_counts(server):
     return {f"{op}_{k}": v["ops"][op][k] for op in ("read", "write") for k in ("requests", "bytes")}
 
 
+def target_figures(server, spec):
+    """The target's counters at the end of a run, under the CSV's names."""
+    if spec.startswith("cache:"):
+        t = server.target("vol")
+        return {"hit_ratio": t.get("hit_ratio_total"), "promotions": t.get("promotions"),
+                "dirty_blocks_end": t.get("dirty_blocks"), "bypassed": t.get("bypassed")}
+    if spec.startswith("writecache:"):
+        t = server.target("vol")
+        reads = t["read_hits"] + t["read_misses"]
+        return {"hit_ratio": t["read_hits"] / reads if reads else None, "writes_around": t["writes_around"],
+                "dirty_blocks_end": t["dirty_blocks"], "writebacks": t["writebacks"],
+                "write_hits": t["write_hits"]}
+    return {}
+
+
 def one_run(ctx, label, spec, src, tags, work):
     """mkfs, clone (timed), cold remount, checkout of every tag (timed) on `spec`."""
     p = ctx.progress
@@ -215,6 +249,7 @@ def one_run(ctx, label, spec, src, tags, work):
             b.run(["sync", "-f", fl.mnt / "repo"], timeout=3600)
             r["clone_s"] = time.time() - t0
             c1 = io_counts(s)
+            r["repo_disk_bytes"] = int(b.run(["du", "-sb", fl.mnt / "repo"], timeout=600).stdout.split()[0])
             # Cold caches for the checkout phase: unmount, fresh loop device, mount again.
             fl.umount()
             fl.detach()
@@ -225,14 +260,11 @@ def one_run(ctx, label, spec, src, tags, work):
             for i, tag in enumerate(tags):
                 p.set(step=f"{label}: git checkout {tag} ({i + 1}/{len(tags)})")
                 b.run(["git", "-C", fl.mnt / "repo", "checkout", "-q", tag], timeout=3600)
-            b.run(["sync", "-f", fl.mnt / "repo"], timeout=3600)
+                b.run(["sync", "-f", fl.mnt / "repo"], timeout=3600)
             r["checkout_s"] = time.time() - t0
             c3 = io_counts(s)
             r |= {f"clone_{k}": c1[k] - c0[k] for k in c0} | {f"checkout_{k}": c3[k] - c2[k] for k in c2}
-            t = s.target("vol") if spec.startswith("cache:") else {}
-            if t:
-                r |= {"hit_ratio_total": t.get("hit_ratio_total"), "promotions": t.get("promotions"),
-                      "dirty_blocks_end": t.get("dirty_blocks"), "bypassed": t.get("bypassed")}
+            r |= target_figures(s, spec)
         finally:
             fl.close()
     return r
@@ -254,36 +286,68 @@ def run(ctx):
     origin = work / "origin.img"
     cachef = work / "cache.img"
     rows = []
+
+    def done(row):
+        rows.append(row)
+        p.note(f"  {NAME}: {row['config']}: clone {row['clone_s']:.1f} s, checkout {row['checkout_s']:.1f} s")
+
     p.set(step="writing the origin")
     b.fill_random(origin, vol)
-    rows.append(one_run(ctx, ORIGIN, f"hdd:{origin}", src, tags, work))
-    p.note(f"  {NAME}: {ORIGIN}: clone {rows[-1]['clone_s']:.1f} s, checkout {rows[-1]['checkout_s']:.1f} s")
+    done(one_run(ctx, ORIGIN, f"hdd:{origin}", src, tags, work) | {"target": ORIGIN})
+    fast = work / "fast.img"
+    b.fill_random(fast, vol)
+    done(one_run(ctx, FAST, str(fast), src, tags, work) | {"target": FAST})
+    fast.unlink()
     for c in caches:
-        if cachef.exists():
-            cachef.unlink()
-        b.cache_create(ctx, f"hdd:{origin}", f"{cachef}?size={b.size_str(b.cache_file_bytes(c, BLOCK))}")
-        label = f"strata {c // b.MIB} MiB"
-        rows.append(one_run(ctx, label, f"cache:{cachef}", src, tags, work) | {"cache_mib": c // b.MIB})
-        p.note(f"  {NAME}: {label}: clone {rows[-1]['clone_s']:.1f} s, checkout {rows[-1]['checkout_s']:.1f} s")
+        for target in TARGETS:
+            if cachef.exists():
+                cachef.unlink()
+            # Written through before the target is made, as the fast device alone: a device
+            # has no holes, and first writes into a sparse file cost the host file system
+            # block allocations (the write log's clone took 1.2-1.4x as long on one).
+            if target == "cache":
+                b.fill_random(cachef, b.cache_file_bytes(c, BLOCK))
+                b.cache_create(ctx, f"hdd:{origin}", str(cachef))
+            else:
+                b.fill_random(cachef, b.cache_file_bytes(c, WRITECACHE_BLOCK))
+                b.writecache_create(ctx, f"hdd:{origin}", str(cachef))
+            label = f"strata {target} {c // b.MIB} MiB"
+            done(one_run(ctx, label, f"{target}:{cachef}", src, tags, work)
+                 | {"target": target, "cache_mib": c // b.MIB})
 
-    b.write_csv(out / "times.csv", rows, ["config", "cache_mib", "clone_s", "checkout_s", "hit_ratio_total",
-                                          "promotions", "bypassed", "dirty_blocks_end", "clone_write_bytes",
+    b.write_csv(out / "times.csv", rows, ["config", "target", "cache_mib", "clone_s", "checkout_s", "hit_ratio",
+                                          "promotions", "bypassed", "writes_around", "writebacks", "write_hits",
+                                          "dirty_blocks_end", "repo_disk_bytes", "clone_write_bytes",
                                           "clone_read_bytes", "checkout_read_bytes", "checkout_write_bytes",
                                           "checkout_read_requests", "checkout_write_requests"])
-    groups = [r["config"] for r in rows]
+    # The seed's table: one group per fast device size (and the two devices alone), one bar
+    # per target, a panel per phase.
+    phases = [("clone", "clone_s"), (f"checkout of {TAGS} tags", "checkout_s")]
+    groups = [f"{c // b.MIB} MiB" for c in caches] + [FAST, ORIGIN]
     values = {}
     for r in rows:
-        values[(None, r["config"], "clone")] = r["clone_s"]
-        values[(None, r["config"], f"checkout of {TAGS} tags")] = r["checkout_s"]
+        group = f"{r['cache_mib']} MiB" if r.get("cache_mib") else r["target"]
+        bar = r["target"] if r.get("cache_mib") else "device alone"
+        for phase, key in phases:
+            values[(phase, group, bar)] = r[key]
     plots.grouped_bars(out / "times.png",
-                       f"git on ext4 over nbdfuse + loop: clone of a generated repository ({files} files, {commits} "
-                       f"commits, pack {pack_bytes / b.MIB:.0f} MiB), then checkout of {TAGS} tags; {vol // b.MIB} "
-                       f"MiB hdd: volume, strata writeback cache, 64 KiB blocks (scale {ctx.scale:g}); lower is better",
-                       groups, ["clone", f"checkout of {TAGS} tags"], values, "time (s, including the final sync)",
-                       "configuration")
+                       f"git on ext4 over nbdfuse + loop, {vol // b.MIB} MiB hdd: volume: clone of a generated "
+                       f"repository ({files} files, {commits} commits, pack {pack_bytes / b.MIB:.0f} MiB), then "
+                       f"checkout of {TAGS} tags; cache: writeback, {BLOCK // b.KIB} KiB blocks; writecache: "
+                       f"{WRITECACHE_BLOCK // b.KIB} KiB blocks (scale {ctx.scale:g}); lower is better",
+                       groups, TARGETS + ["device alone"], values, "time (s, including the syncs)",
+                       "fast device size, or the device alone",
+                       panels=[ph for ph, _ in phases], colors=["#1f77b4", "#d62728", "#7f7f7f"])
+    origin_row = rows[0]
     return {
-        "setup": {"files": files, "commits": commits, "tags": TAGS, "pack_bytes": pack_bytes, "volume_bytes": vol,
-                  "cache_sizes_bytes": caches, "mode": "writeback", "block_bytes": BLOCK},
+        "setup": {"files": files, "commits": commits, "files_per_commit": per_commit(files), "tags": TAGS,
+                  "pack_bytes": pack_bytes, "volume_bytes": vol, "cache_sizes_bytes": caches,
+                  "cache": {"mode": "writeback", "block_bytes": BLOCK},
+                  "writecache": {"block_bytes": WRITECACHE_BLOCK, "tunables": "default"}},
+        "working_set": {"repo_disk_bytes": origin_row["repo_disk_bytes"],
+                        "checkout_write_bytes": origin_row["checkout_write_bytes"],
+                        "clone_write_bytes": origin_row["clone_write_bytes"]},
+        "table_s": {r["config"]: {"clone": r["clone_s"], "checkout": r["checkout_s"]} for r in rows},
         "rows": rows,
         "files": ["times.csv", "times.png"],
     }

@@ -232,12 +232,14 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
         assert!(n.parse::<u64>().unwrap() > 0, "a pass did no IO");
     }
 
-    // git: the origin and at least one cache size, both phases timed.
+    // git: the origin, the fast device alone and at least one size of each target, both
+    // phases timed.
     if git_skip.is_none() {
         let (h, rows) = read_csv(&out.join("git/times.csv"));
-        let configs = column(&h, &rows, "config");
-        assert!(configs.iter().any(|x| x == "origin alone"));
-        assert!(configs.iter().any(|x| x.starts_with("strata ")));
+        let targets = column(&h, &rows, "target");
+        for t in ["origin alone", "fast alone", "cache", "writecache"] {
+            assert!(targets.iter().any(|x| x == t), "git: no {t} row in {targets:?}");
+        }
         for col in ["clone_s", "checkout_s"] {
             for t in column(&h, &rows, col) {
                 assert!(t.parse::<f64>().unwrap() > 0.0, "git: {col} = {t}");
