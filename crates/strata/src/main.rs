@@ -41,7 +41,7 @@ enum Command {
     Qos(cmd::qos::QosArgs),
     /// Replay a block trace (or a synthetic workload) through cache policies.
     Sim(cmd::sim::SimArgs),
-    /// Crash a writeback cache at seeded points and count lost writes.
+    /// Crash a cache, a write log or a thin volume at seeded points and count lost writes.
     Crashtest(cmd::crashtest::CrashtestArgs),
     /// Drive an NBD export with random IO, FUA on every write if asked (benchmarks' sync rows).
     Load(cmd::load::LoadArgs),
