@@ -24,8 +24,9 @@ pub struct Tunables {
     pub writeback_jobs: u32,
     /// A block dirty longer than this is written back whatever the dirty share (0: no limit).
     pub max_age_ms: u64,
-    /// Background write-back on (bcache's `writeback_running`); off, nothing is written back
-    /// but by `flush` or the cleaner, and writes still go around a full log.
+    /// Background write-back on (bcache's `writeback_running`); off, no background write-back
+    /// at all, the cleaner's included (`flush` still writes back), and writes still go around
+    /// a full log.
     pub writeback_running: bool,
     /// How long write-back pauses after a large write went around a full log (a stream then
     /// has the origin to itself), as dm-writecache's `pause_writeback`; 0: no pause.

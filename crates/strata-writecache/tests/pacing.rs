@@ -138,11 +138,18 @@ async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
 async fn full_log_of_scattered_blocks(
     settings: &[&str],
 ) -> (WritecacheDev, Arc<strata_io::testing::Recording<MemDev>>, u64) {
+    full_log_opened_with(settings, OpenOptions::default()).await
+}
+
+async fn full_log_opened_with(
+    settings: &[&str],
+    o: OpenOptions,
+) -> (WritecacheDev, Arc<strata_io::testing::Recording<MemDev>>, u64) {
     use strata_io::testing::Recording;
     let origin = Arc::new(Recording::new(MemDev::new(8 << 20)));
     let cache = Arc::new(MemDev::new(1 << 20));
     create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
-    let dev = WritecacheDev::open(cache, origin.clone(), OpenOptions::default()).await.unwrap();
+    let dev = WritecacheDev::open(cache, origin.clone(), o).await.unwrap();
     dev.message("writeback_running off").await.unwrap();
     for m in settings {
         dev.message(m).await.unwrap();
@@ -180,6 +187,26 @@ async fn a_stream_around_a_full_log_pauses_write_back_for_pause_writeback() {
     // No pause: write-back runs again.
     dev.message("pause_writeback 0").await.unwrap();
     eventually(&dev, "write-back after the pause is lifted", |s| s.writebacks > 0 && s.writeback_held.is_none()).await;
+}
+
+/// Only a stream going around the log starts the pause: with write-back on (and no background
+/// task to write back), writes of one and of four blocks around it leave it unpaused, 16
+/// blocks pause it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_block_around_the_log_does_not_pause_write_back_and_a_stream_does() {
+    let o = OpenOptions { no_background: true, ..OpenOptions::default() };
+    let (dev, _origin, slots) = full_log_opened_with(&["pause_writeback 600000"], o).await;
+    dev.message("writeback_running on").await.unwrap();
+    let past = 2 * slots + 8;
+    dev.write(past * BLOCK, Buf::from_slice(&[9; BLOCK as usize]), false).await.unwrap();
+    assert_eq!(status(&dev).writes_around, 1);
+    assert_eq!(status(&dev).writeback_held, None, "one block is not a stream");
+    dev.write((past + 1) * BLOCK, Buf::from_slice(&[7; 4 * BLOCK as usize]), false).await.unwrap();
+    assert_eq!(status(&dev).writes_around, 5);
+    assert_eq!(status(&dev).writeback_held, None, "nor are four");
+    dev.write((past + 5) * BLOCK, Buf::from_slice(&[8; 16 * BLOCK as usize]), false).await.unwrap();
+    let held = status(&dev).writeback_held.expect("held after a stream");
+    assert!(held.contains("pause_writeback"), "{held}");
 }
 
 /// A paced write-back batch in progress stops at its next run once a stream waits to go

@@ -7,7 +7,8 @@
 //! the block; of an unlogged block it goes to the origin.
 
 use super::state::SlotState;
-use super::{relaxed, Inner};
+use super::writeback::Pick;
+use super::{lock_all, relaxed, Inner};
 use std::sync::atomic::Ordering::Relaxed;
 use strata_io::{check_range, Buf, Error, ErrorKind, Result, ZeroFlags};
 
@@ -121,7 +122,10 @@ impl Inner {
     pub(super) async fn write(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         check_range("writecache write", offset, buf.len() as u64, self.size)?;
         self.state.lock().check_running()?;
-        let total = pieces(offset, buf.len() as u64, self.block).count() as u64;
+        let total = match buf.len() as u64 {
+            0 => 0,
+            len => (offset + len - 1) / self.block - offset / self.block + 1,
+        };
         let mut generation = 0;
         let mut pieces = pieces(offset, buf.len() as u64, self.block).enumerate().peekable();
         while let Some((k, p)) = pieces.next() {
@@ -168,35 +172,17 @@ impl Inner {
     /// since the caller looked) the blocks go one by one (`write_piece`).
     async fn write_run(&self, b0: u64, data: &[u8]) -> Result<u64> {
         let n = data.len().div_ceil(self.block as usize) as u64;
-        let mut stripes: Vec<usize> = (b0..b0 + n).map(|b| self.stripe(b)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let mut guards = Vec::with_capacity(stripes.len());
-        for &i in &stripes {
-            guards.push(self.stripes[i].lock().await);
-        }
-        let slots: Option<Vec<u32>> = {
+        let guards = lock_all(&self.stripes, &self.stripes_of_range(b0, b0 + n - 1)).await;
+        let slots = {
             let mut st = self.state.lock();
             st.check_running()?;
-            let mut got = Vec::with_capacity(n as usize);
-            while (got.len() as u64) < n {
-                match st.alloc() {
-                    Some(s) => got.push(s),
-                    None => break,
-                }
-            }
-            if (got.len() as u64) < n {
-                for &s in &got {
-                    st.unalloc(s);
-                }
-                None
-            } else {
+            let slots = st.alloc_n(n as usize);
+            if slots.is_some() {
                 for b in b0..b0 + n {
-                    let hit = st.lookup(b).is_some();
-                    relaxed(if hit { &self.counters.write_hits } else { &self.counters.write_misses });
+                    self.count_write(st.lookup(b).is_some());
                 }
-                Some(got)
             }
+            slots
         };
         let Some(slots) = slots else {
             drop(guards);
@@ -247,6 +233,11 @@ impl Inner {
         Ok(generation)
     }
 
+    /// Counts a write to a block the log holds (`hit`) or not.
+    fn count_write(&self, hit: bool) {
+        relaxed(if hit { &self.counters.write_hits } else { &self.counters.write_misses });
+    }
+
     /// Wakes the background task when the log is past `high_watermark` or `autocommit_blocks`
     /// changes wait for a commit (generation `g` just installed).
     fn kick_if_due(&self, st: &super::state::State, g: u64) {
@@ -265,8 +256,7 @@ impl Inner {
         let _lock = self.stripes[self.stripe(b)].lock().await;
         self.state.lock().check_running()?;
         let len = self.block_len(b) as usize;
-        let hit = self.state.lock().lookup(b).is_some();
-        relaxed(if hit { &self.counters.write_hits } else { &self.counters.write_misses });
+        self.count_write(self.state.lock().lookup(b).is_some());
         let block_data = if whole {
             match data {
                 Some(d) => Buf::from_slice(d),
@@ -325,17 +315,9 @@ impl Inner {
             // Before waiting for the locks: a write-back batch holding some stops at its next run.
             self.last_stream.store(self.now_ns(), Relaxed);
         }
-        let mut stripes: Vec<usize> = (first..=last).map(|b| self.stripe(b)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let mut guards = Vec::with_capacity(stripes.len());
-        for &i in &stripes {
-            guards.push(self.stripes[i].lock().await);
-        }
-        let mut origin_guards = Vec::with_capacity(stripes.len());
-        for &i in &stripes {
-            origin_guards.push(self.origin_locks[i].lock().await);
-        }
+        let stripes = self.stripes_of_range(first, last);
+        let _guards = lock_all(&self.stripes, &stripes).await;
+        let _origin_guards = lock_all(&self.origin_locks, &stripes).await;
         self.state.lock().check_running()?;
         for b in first..=last {
             if self.state.lock().logged_anywhere(b) {
@@ -374,31 +356,23 @@ impl Inner {
     /// Writes back live slot `s` of block `b` now if it is dirty (block and origin-write locks
     /// held).
     async fn writeback_slot(&self, b: u64, s: u32) -> Result<()> {
-        let (seq, crc, zero) = {
+        let pick = {
             let mut st = self.state.lock();
             if st.state(s) != (SlotState::Live { dirty: true }) {
                 return Ok(());
             }
             st.pin(s);
-            (st.slot(s).seq, st.slot(s).data_crc, st.zero(s))
+            Pick { block: b, slot: s, seq: st.slot(s).seq, crc: st.slot(s).data_crc, zero: st.zero(s) }
         };
-        let len = self.block_len(b);
         let r = async {
-            if zero {
-                self.origin.write_zeroes(b * self.block, len, ZeroFlags::default()).await?;
-            } else {
-                let data = self.cache.read(self.slot_offset(s), Buf::zeroed(len as usize)).await?;
-                super::writeback::verify_slot(b, s, crc, &data)?;
-                self.origin.write(b * self.block, data, false).await?;
-            }
-            self.origin_writes.fetch_add(1, Relaxed);
+            self.copy_run(&[&pick]).await?;
             self.origin_flush().await
         }
         .await;
         let mut st = self.state.lock();
         st.unpin(s);
         r?;
-        if st.mark_clean(s, seq) {
+        if st.mark_clean(s, pick.seq) {
             relaxed(&self.counters.writebacks);
         }
         Ok(())

@@ -60,7 +60,8 @@ pub(crate) struct Inner {
     stripes: Vec<tokio::sync::Mutex<()>>,
     /// Origin-write locks, by the same hash: write-back and a write going around the log
     /// hold a block's while they write it to the origin, so an older copy never lands after
-    /// a newer one. Logged writes do not take them (a write-back never delays one).
+    /// a newer one. Logged writes do not take them; one waits for a write-back only behind a
+    /// write around the log that holds its block lock while it waits for the write-back.
     origin_locks: Vec<tokio::sync::Mutex<()>>,
     /// One commit at a time.
     commit_lock: tokio::sync::Mutex<()>,
@@ -83,6 +84,27 @@ pub(crate) struct Inner {
     pub(crate) last_error: Mutex<Option<String>>,
 }
 
+/// The lock stripe of 1 MiB range `r` (see `Inner::stripe`).
+fn range_stripe(r: u64) -> usize {
+    (r.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % STRIPES
+}
+
+fn ascending(stripes: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut v: Vec<usize> = stripes.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Locks `stripes` of `locks` in the order given (ascending, as every path takes them).
+async fn lock_all<'a>(locks: &'a [tokio::sync::Mutex<()>], stripes: &[usize]) -> Vec<tokio::sync::MutexGuard<'a, ()>> {
+    let mut guards = Vec::with_capacity(stripes.len());
+    for &i in stripes {
+        guards.push(locks[i].lock().await);
+    }
+    guards
+}
+
 /// The writecache target over an already-opened fast device and origin.
 pub struct WritecacheDev {
     inner: Arc<Inner>,
@@ -91,11 +113,25 @@ pub struct WritecacheDev {
 
 impl Inner {
     /// The lock stripe of block `b`: blocks of one aligned `STRIPE_BYTES` range share one,
-    /// so a large request takes one or two locks and requests of a stream in flight together
-    /// do not queue behind each other on shared stripes.
+    /// so a large request takes one or two locks.
     fn stripe(&self, b: u64) -> usize {
-        let range = b / (STRIPE_BYTES / self.block).max(1);
-        (range.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % STRIPES
+        range_stripe(b / self.blocks_per_stripe())
+    }
+
+    fn blocks_per_stripe(&self) -> u64 {
+        (STRIPE_BYTES / self.block).max(1)
+    }
+
+    /// The stripes of blocks `first..=last`, ascending, each once (one per range, not per
+    /// block).
+    fn stripes_of_range(&self, first: u64, last: u64) -> Vec<usize> {
+        let per = self.blocks_per_stripe();
+        ascending((first / per..=last / per).map(range_stripe))
+    }
+
+    /// The stripes of `blocks`, ascending, each once.
+    fn stripes_of(&self, blocks: impl Iterator<Item = u64>) -> Vec<usize> {
+        ascending(blocks.map(|b| self.stripe(b)))
     }
 
     fn slot_offset(&self, s: u32) -> u64 {
@@ -110,7 +146,7 @@ impl Inner {
     /// Whether a large write went around the log within the last `ms` milliseconds.
     fn streamed_within(&self, ms: u64) -> bool {
         let last = self.last_stream.load(std::sync::atomic::Ordering::Relaxed);
-        last != 0 && self.now_ns() - last < ms.saturating_mul(1_000_000)
+        last != 0 && self.now_ns().saturating_sub(last) < ms.saturating_mul(1_000_000)
     }
 
     /// Bytes of block `b` inside the volume (the last block may be short).

@@ -250,6 +250,23 @@ impl State {
         Some(s)
     }
 
+    /// `n` slots, or none if fewer are free.
+    pub fn alloc_n(&mut self, n: usize) -> Option<Vec<u32>> {
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            match self.alloc() {
+                Some(s) => got.push(s),
+                None => {
+                    for &s in &got {
+                        self.unalloc(s);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(got)
+    }
+
     /// Gives back a slot `alloc` handed out and nothing was installed in.
     pub fn unalloc(&mut self, s: u32) {
         debug_assert_eq!(self.state(s), SlotState::Free);

@@ -31,7 +31,7 @@ impl Inner {
             writeback_errors: c.writeback_errors.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
             commits: c.commits.load(Relaxed),
-            writeback_held: self.held_reason(&tunables),
+            writeback_held: self.held(&tunables).map(|h| h.to_string()),
             tunables,
             memory_bytes: memory,
             last_error: self.last_error.lock().clone(),
@@ -61,13 +61,16 @@ impl Inner {
             }
             [name, value] => {
                 let _one = self.commit_lock.lock().await;
-                let t = {
+                let (old, t) = {
                     let mut t = self.tunables.lock();
+                    let old = *t;
                     t.set(name, value)?;
-                    *t
+                    (old, *t)
                 };
                 self.kick.notify_one();
-                self.keep_tunables(&t).await?;
+                if t != old {
+                    self.keep_tunables(&t).await?;
+                }
                 Ok(format!("{name} = {value}"))
             }
             _ => Err(Error::new(

@@ -12,7 +12,7 @@
 //! origin write leaves its blocks dirty and the volume serving.
 
 use super::state::SlotState;
-use super::{relaxed, Inner};
+use super::{lock_all, relaxed, Inner};
 use crate::status::Tunables;
 use futures::StreamExt;
 use std::collections::VecDeque;
@@ -35,12 +35,12 @@ const RUNS_IN_FLIGHT: usize = 4;
 const TICK: Duration = Duration::from_millis(20);
 
 /// A dirty slot taken for write-back, with what its entry said when it was taken.
-struct Pick {
-    block: u64,
-    slot: u32,
-    seq: u64,
-    crc: u32,
-    zero: bool,
+pub(super) struct Pick {
+    pub block: u64,
+    pub slot: u32,
+    pub seq: u64,
+    pub crc: u32,
+    pub zero: bool,
 }
 
 /// Checks data read from slot `s` against its entry's checksum `crc` before it goes to the
@@ -110,13 +110,7 @@ impl Inner {
             return Ok(0);
         }
         picks.sort_unstable_by_key(|p| p.block);
-        let mut stripes: Vec<usize> = picks.iter().map(|p| self.stripe(p.block)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let mut guards = Vec::with_capacity(stripes.len());
-        for i in stripes {
-            guards.push(self.origin_locks[i].lock().await);
-        }
+        let guards = lock_all(&self.origin_locks, &self.stripes_of(picks.iter().map(|p| p.block))).await;
         let result = self.copy_out(&picks, yield_to_streams).await;
         drop(guards);
         let mut st = self.state.lock();
@@ -163,7 +157,7 @@ impl Inner {
                 .collect()
         };
         let mut written = Vec::with_capacity(current.len());
-        let started = self.now_ns();
+        let seen = self.last_stream.load(Relaxed);
         let mut runs =
             current.chunk_by(|a, b| b.block == a.block + 1 && b.zero == a.zero).flat_map(|r| r.chunks(BATCH_MAX));
         // Up to RUNS_IN_FLIGHT runs at once, started in address order, so the origin sees a
@@ -172,7 +166,7 @@ impl Inner {
         let mut failed = None;
         loop {
             while in_flight.len() < RUNS_IN_FLIGHT && failed.is_none() {
-                if yield_to_streams && self.last_stream.load(Relaxed) > started {
+                if yield_to_streams && self.last_stream.load(Relaxed) != seen {
                     break;
                 }
                 let Some(run) = runs.next() else { break };
@@ -194,7 +188,7 @@ impl Inner {
     }
 
     /// Copies one run of adjacent picked blocks to the origin as one write.
-    async fn copy_run(&self, run: &[&Pick]) -> Result<()> {
+    pub(super) async fn copy_run(&self, run: &[&Pick]) -> Result<()> {
         let at = run[0].block * self.block;
         let len: u64 = run.iter().map(|p| self.block_len(p.block)).sum();
         if run[0].zero {
@@ -273,7 +267,7 @@ impl Inner {
         let target = if t.cleaner { 0 } else { slots * t.low_watermark as u64 / 100 };
         let full = free * 100 < slots * (100 - t.high_watermark as u64).max(1);
         let flat_out = t.cleaner || idle || full;
-        let held = self.held(&t);
+        let held = self.held(&t).is_some();
         let rate = if held {
             r.pacer.update(0.0, 0.0, dt, false, 0.0)
         } else {
@@ -311,24 +305,16 @@ impl Inner {
         ok
     }
 
-    /// Whether background write-back is held: switched off, or paused after a stream went
-    /// around a full log (dm-writecache's pause: the stream has the origin to itself, as
+    /// Why background write-back is held, if it is: switched off, or paused after a stream
+    /// went around a full log (dm-writecache's pause: the stream has the origin to itself, as
     /// write-back's seeks would cost it more than the slots they free are worth). The cleaner
     /// is never paused by a stream.
-    fn held(&self, t: &Tunables) -> bool {
-        self.held_reason(t).is_some()
-    }
-
-    /// Why background write-back is held, if it is (see `held`).
-    pub(super) fn held_reason(&self, t: &Tunables) -> Option<String> {
+    pub(super) fn held(&self, t: &Tunables) -> Option<Held> {
         if !t.writeback_running {
-            return Some("writeback_running is off".into());
+            return Some(Held::Off);
         }
         if !t.cleaner && t.pause_writeback_ms > 0 && self.streamed_within(t.pause_writeback_ms) {
-            return Some(format!(
-                "a stream went around the full log less than pause_writeback ({} ms) ago",
-                t.pause_writeback_ms
-            ));
+            return Some(Held::Paused(t.pause_writeback_ms));
         }
         None
     }
@@ -336,13 +322,31 @@ impl Inner {
     /// Whether the background task has write-back to do at once (no tick's wait).
     fn behind(&self, r: &Rounds) -> bool {
         let t = *self.tunables.lock();
-        if self.held(&t) {
+        if self.held(&t).is_some() {
             return false;
         }
         let st = self.state.lock();
         let (free, dirty) = st.counts();
         let full = free * 100 < self.sb.slots * (100 - t.high_watermark as u64).max(1);
         dirty > 0 && (t.cleaner || full || r.pacer.rate() == f64::INFINITY)
+    }
+}
+
+/// Why background write-back waits (`writeback_held` in status).
+pub(super) enum Held {
+    Off,
+    /// Paused for `pause_writeback` (ms) after a stream went around the full log.
+    Paused(u64),
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Held::Off => write!(f, "writeback_running is off"),
+            Held::Paused(ms) => {
+                write!(f, "a stream went around the full log less than pause_writeback ({ms} ms) ago")
+            }
+        }
     }
 }
 
