@@ -126,7 +126,10 @@ async fn run_create(a: CreateArgs) -> Result<()> {
 }
 
 async fn detach(a: ControlArgs) -> Result<()> {
+    // The cleaner writes back in the background, which a log switched off holds (the
+    // setting is kept across restarts).
     http::message(&a.admin, &a.name, "cleaner on").await?;
+    http::message(&a.admin, &a.name, "writeback_running on").await?;
     loop {
         let v = http::status(&a.admin).await?;
         let target = v.volumes.into_iter().find(|x| x.name == a.name).and_then(|x| x.target);
