@@ -471,6 +471,22 @@ impl Metadata {
         Ok(())
     }
 
+    /// A new empty thin device of `size` bytes (its size recorded).
+    pub fn create_volume(&mut self, id: DevId, size: u64) -> Result<()> {
+        self.create_thin(id)?;
+        self.set_volume_size(id, size)
+    }
+
+    /// A snapshot `id` of `origin` (`create_snapshot`) of the origin's recorded size, if it
+    /// has one.
+    pub fn create_snapshot_sized(&mut self, id: DevId, origin: DevId) -> Result<()> {
+        self.create_snapshot(id, origin)?;
+        match self.record().sizes.get(&origin).copied() {
+            Some(size) => self.set_volume_size(id, size),
+            None => Ok(()),
+        }
+    }
+
     /// Deletes a device: its subtree loses a reference, and blocks no longer referenced
     /// are freed.
     pub fn delete(&mut self, id: DevId) -> Result<()> {

@@ -274,11 +274,7 @@ impl Pool {
 
     /// Creates an empty volume `id` of `size` bytes, committed.
     pub async fn create_volume(&self, id: DevId, size: u64) -> Result<()> {
-        self.change(|m| {
-            m.create_thin(id)?;
-            m.set_volume_size(id, size)
-        })
-        .await
+        self.change(|m| m.create_volume(id, size)).await
     }
 
     /// Snapshots `origin` as `id`, committed. The pool is quiesced meanwhile: the snapshot
@@ -288,15 +284,7 @@ impl Pool {
         for s in &self.stripes {
             held.push(s.write().await);
         }
-        let r = self
-            .change(|m| {
-                m.create_snapshot(id, origin)?;
-                match m.record().sizes.get(&origin).copied() {
-                    Some(size) => m.set_volume_size(id, size),
-                    None => Ok(()),
-                }
-            })
-            .await;
+        let r = self.change(|m| m.create_snapshot_sized(id, origin)).await;
         drop(held);
         r
     }

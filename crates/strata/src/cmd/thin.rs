@@ -208,25 +208,14 @@ pub fn run(args: ThinArgs) -> Result<()> {
                 let msg = format!("create {} {}", a.id, a.size);
                 let live = live(&a.admin, &a.pool, &msg).await?;
                 if !live {
-                    change(&a.pool, |m| {
-                        m.create_thin(a.id)?;
-                        m.set_volume_size(a.id, a.size)
-                    })
-                    .await?;
+                    change(&a.pool, |m| m.create_volume(a.id, a.size)).await?;
                 }
                 println!("created thin volume {} of {} in {}", a.id, format_size(a.size), a.pool.display());
                 Ok(())
             }
             ThinCommand::Snapshot(a) => {
                 if !live(&a.admin, &a.pool, &format!("snapshot {} {}", a.origin, a.id)).await? {
-                    change(&a.pool, |m| {
-                        m.create_snapshot(a.id, a.origin)?;
-                        match m.record().sizes.get(&a.origin).copied() {
-                            Some(size) => m.set_volume_size(a.id, size),
-                            None => Ok(()),
-                        }
-                    })
-                    .await?;
+                    change(&a.pool, |m| m.create_snapshot_sized(a.id, a.origin)).await?;
                 }
                 println!("created snapshot {} of thin volume {} in {}", a.id, a.origin, a.pool.display());
                 Ok(())
