@@ -412,20 +412,26 @@ impl Pool {
         f: impl FnOnce(&mut State) -> T,
     ) -> Result<T> {
         loop {
-            let missing = {
+            let (missing, limits) = {
                 let mut st = self.state.lock();
                 let missing = need(&st.meta)?;
                 if missing.is_empty() {
                     return Ok(f(&mut st));
                 }
-                missing
+                (missing, st.meta.limits())
             };
-            let limits = self.state.lock().meta.limits();
-            let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
-            let got = futures::future::try_join_all(reads).await?;
-            let nodes = missing.into_iter().zip(got).map(|((b, lo), bytes)| (b, lo, bytes)).collect();
-            self.state.lock().meta.load(nodes)?;
+            self.fetch_nodes(missing, limits).await?;
         }
+    }
+
+    /// Reads the nodes `missing` names (block, lowest key its parent allows) from the
+    /// metadata device, checked (`meta::fetch`), into memory; `limits`: `Metadata::limits`.
+    pub(crate) async fn fetch_nodes(&self, missing: Vec<(u64, u64)>, limits: (u64, u64)) -> Result<()> {
+        let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
+        let got = futures::future::try_join_all(reads).await?;
+        let nodes = missing.into_iter().map(|(b, _)| b).zip(got).collect();
+        self.state.lock().meta.load(nodes);
+        Ok(())
     }
 
     pub(crate) fn check_writable(&self) -> Result<()> {
