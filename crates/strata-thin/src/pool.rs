@@ -102,7 +102,10 @@ pub struct Pool {
     /// The metadata device's path, as the opener names the pool (status shows it, so the
     /// admin commands find the server's pool by its path).
     path: OnceLock<String>,
-    tunables: Mutex<Tunables>,
+    /// The `Tunables`, kept apart so the low-water mark is read without a lock on every
+    /// allocation: the mark in data blocks, and the commit period in ms.
+    low_water_blocks: AtomicU64,
+    commit_period_ms: AtomicU64,
     /// Set when the background committer should look again (a new period).
     kick: Arc<tokio::sync::Notify>,
     below_low_water: AtomicBool,
@@ -197,7 +200,8 @@ impl Pool {
             describe,
             data_spec: data_spec.to_string(),
             path: OnceLock::new(),
-            tunables: Mutex::new(Tunables::default()),
+            low_water_blocks: AtomicU64::new(Tunables::default().low_water_blocks),
+            commit_period_ms: AtomicU64::new(Tunables::default().commit_period.as_millis() as u64),
             kick: Arc::new(tokio::sync::Notify::new()),
             below_low_water: AtomicBool::new(false),
             last_commit_ms: AtomicU64::new(0),
@@ -213,12 +217,16 @@ impl Pool {
     }
 
     pub fn tunables(&self) -> Tunables {
-        *self.tunables.lock()
+        Tunables {
+            low_water_blocks: self.low_water_blocks.load(Relaxed),
+            commit_period: Duration::from_millis(self.commit_period_ms.load(Relaxed)),
+        }
     }
 
     /// Changes the settings; the low-water mark is looked at again at once.
     pub fn set_tunables(&self, t: Tunables) {
-        *self.tunables.lock() = t;
+        self.low_water_blocks.store(t.low_water_blocks, Relaxed);
+        self.commit_period_ms.store(t.commit_period.as_millis() as u64, Relaxed);
         self.kick.notify_one();
         let st = self.state.lock();
         self.watch_low_water(&st);
@@ -226,7 +234,7 @@ impl Pool {
 
     /// Logs the free data blocks crossing the low-water mark, either way.
     fn watch_low_water(&self, st: &State) {
-        let mark = self.tunables.lock().low_water_blocks;
+        let mark = self.low_water_blocks.load(Relaxed);
         let free = st.meta.tm.data.free();
         let below = mark > 0 && free <= mark;
         if self.below_low_water.swap(below, Relaxed) != below {
