@@ -443,7 +443,11 @@ impl Pool {
     }
 
     pub(crate) fn check_writable(&self) -> Result<()> {
-        match &self.state.lock().failed {
+        self.writable(&self.state.lock())
+    }
+
+    fn writable(&self, st: &State) -> Result<()> {
+        match &st.failed {
             Some(why) => Err(Error::new(ErrorKind::Io, format!("{}: the pool has failed: {why}", self.describe))),
             None => Ok(()),
         }
@@ -494,7 +498,7 @@ impl Pool {
     /// Commits for a FUA write to `vblock` of `id`: nothing if, once the commits before are
     /// done, one of them holds its mapping (FUA writes to new blocks at once share commits).
     pub(crate) async fn commit_for(&self, id: DevId, vblock: u64) -> Result<()> {
-        self.commit_unless(|| !self.uncommitted(id, vblock)).await
+        self.commit_unless(|| matches!(self.uncommitted(id, vblock), Ok(false))).await
     }
 
     /// `commit`, unless `done()` says so once the commit lock is held.
@@ -569,10 +573,13 @@ impl Pool {
         self.commit().await
     }
 
-    /// Whether the mapping of this block awaits a commit.
-    pub(crate) fn uncommitted(&self, id: DevId, vblock: u64) -> bool {
+    /// Whether the mapping of this block awaits a commit; an error once the pool has failed
+    /// (`check_writable`).
+    pub(crate) fn uncommitted(&self, id: DevId, vblock: u64) -> Result<bool> {
         let st = self.state.lock();
-        st.uncommitted.contains(&(id, vblock)) || st.committing.contains(&(id, vblock))
+        let uncommitted = st.uncommitted.contains(&(id, vblock)) || st.committing.contains(&(id, vblock));
+        self.writable(&st)?;
+        Ok(uncommitted)
     }
 
     pub fn status(&self) -> PoolStatus {

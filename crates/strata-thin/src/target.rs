@@ -189,11 +189,9 @@ impl ThinDev {
     /// commit flushes the data device first, so the write's data is durable with it). FUA
     /// writes to new blocks at once thus share commits.
     async fn commit_for_fua(&self, vblock: u64) -> Result<()> {
-        let uncommitted = self.pool.uncommitted(self.id, vblock);
         // A commit that failed meanwhile took the pool back to its last commit, which may
-        // not hold this mapping (the pool fails before it forgets).
-        self.pool.check_writable()?;
-        if uncommitted {
+        // not hold this mapping (the pool fails before it forgets): checked with the mapping.
+        if self.pool.uncommitted(self.id, vblock)? {
             self.pool.commit_for(self.id, vblock).await?;
         }
         Ok(())
