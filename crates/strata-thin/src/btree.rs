@@ -152,6 +152,33 @@ impl View<'_> {
     pub fn val64(&self, i: usize) -> u64 {
         le64(self.bytes, self.v0 + i * self.vs)
     }
+    /// Index of the last key not above `key` (None: all are above it, or none is there).
+    pub fn child(&self, key: u64) -> Option<usize> {
+        let (mut lo, mut hi) = (0, self.len);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.key(mid) <= key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo.checked_sub(1)
+    }
+}
+
+/// Where a walk toward a key ends (`Tm::descend`).
+pub enum Descent<'a> {
+    /// The leaf holding the key, and its index there.
+    Found(View<'a>, usize),
+    /// The key is not in the tree.
+    Absent,
+    /// The child node the walk needs is not in memory: its block, and its parent's key for it.
+    Unloaded(u64, u64),
+}
+
+pub fn not_loaded(b: u64) -> Error {
+    corrupt(format!("metadata block {b} is not a loaded node"))
 }
 
 enum Ins {
@@ -161,13 +188,13 @@ enum Ins {
 
 impl Tm {
     pub fn read(&self, b: u64) -> Result<Node> {
-        let bytes = self.blocks.get(&b).ok_or_else(|| corrupt(format!("metadata block {b} is not a loaded node")))?;
+        let bytes = self.blocks.get(&b).ok_or_else(|| not_loaded(b))?;
         Node::decode(bytes, b)
     }
 
     /// Node `b` in place (its counts checked to lie within the block).
     pub fn view(&self, b: u64) -> Result<View<'_>> {
-        let bytes = self.blocks.get(&b).ok_or_else(|| corrupt(format!("metadata block {b} is not a loaded node")))?;
+        let bytes = self.blocks.get(&b).ok_or_else(|| not_loaded(b))?;
         let h = NodeHeader::decode(bytes);
         let (n, max, vs) = (h.nr_entries as usize, h.max_entries as usize, h.value_size as usize);
         if (h.flags != LEAF_NODE && h.flags != INTERNAL_NODE) || n > max || NODE_HEADER + max * (8 + vs) > BLOCK {
@@ -265,33 +292,36 @@ impl Tm {
     /// The value of `key`, read from the node blocks in place (no decoding: this is every
     /// IO's path).
     pub fn lookup(&self, root: u64, key: u64) -> Result<Option<Vec<u8>>> {
-        let mut b = root;
+        Ok(self.find(root, key)?.map(|(n, i)| n.val(i).to_vec()))
+    }
+
+    /// `lookup` of a tree whose values are 8 bytes, without copying the value.
+    pub fn lookup64(&self, root: u64, key: u64) -> Result<Option<u64>> {
+        Ok(self.find(root, key)?.map(|(n, i)| n.val64(i)))
+    }
+
+    /// The leaf holding `key` and its index there.
+    fn find(&self, root: u64, key: u64) -> Result<Option<(View<'_>, usize)>> {
+        match self.descend(root, key)? {
+            Descent::Found(n, i) => Ok(Some((n, i))),
+            Descent::Absent => Ok(None),
+            Descent::Unloaded(b, _) => Err(not_loaded(b)),
+        }
+    }
+
+    /// Walks from `root` (in memory) toward `key`, stopping at the first node not in memory.
+    pub fn descend(&self, root: u64, key: u64) -> Result<Descent<'_>> {
+        let mut n = self.view(root)?;
         loop {
-            let bytes =
-                self.blocks.get(&b).ok_or_else(|| corrupt(format!("metadata block {b} is not a loaded node")))?;
-            let h = NodeHeader::decode(bytes);
-            let (n, max, vs) = (h.nr_entries as usize, h.max_entries as usize, h.value_size as usize);
-            if n > max || NODE_HEADER + max * (8 + vs) > BLOCK {
-                return Err(corrupt(format!("metadata block {b} is not a B-tree node")));
+            let Some(i) = n.child(key) else { return Ok(Descent::Absent) };
+            if n.leaf {
+                return Ok(if n.key(i) == key { Descent::Found(n, i) } else { Descent::Absent });
             }
-            let key_at = |i: usize| le64(bytes, NODE_HEADER + 8 * i);
-            // The number of keys not above `key`.
-            let (mut lo, mut hi) = (0, n);
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                if key_at(mid) <= key {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
+            let b = n.val64(i);
+            if !self.blocks.contains_key(&b) {
+                return Ok(Descent::Unloaded(b, n.key(i)));
             }
-            let val = |i: usize| &bytes[NODE_HEADER + 8 * max + i * vs..][..vs];
-            match h.flags {
-                LEAF_NODE if lo > 0 && key_at(lo - 1) == key => return Ok(Some(val(lo - 1).to_vec())),
-                LEAF_NODE => return Ok(None),
-                _ if lo == 0 => return Ok(None),
-                _ => b = le64(val(lo - 1), 0),
-            }
+            n = self.view(b)?;
         }
     }
 

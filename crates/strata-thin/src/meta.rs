@@ -8,7 +8,7 @@
 //! not reused until the commit that frees them is durable, so a crash at any point leaves
 //! the previous commit whole.
 
-use crate::btree::{build_shape, build_tree, corrupt, Blocks, Refs, Tm};
+use crate::btree::{build_shape, build_tree, corrupt, not_loaded, Blocks, Descent, Refs, Tm};
 use crate::format::*;
 use crate::sm::{nr_bitmaps, SpaceMap};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -18,6 +18,9 @@ use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 /// A thin device's id (dm-thin's 24-bit dev_id).
 pub type DevId = u32;
 pub const MAX_DEV_ID: DevId = (1 << 24) - 1;
+
+/// Where a virtual block lives, if mapped: (data block, time).
+pub type Mapping = Option<(u64, u32)>;
 
 /// The pool's metadata in memory.
 pub struct Metadata {
@@ -283,16 +286,7 @@ impl Metadata {
                 return Ok(out);
             }
             // The last key not above `vblock` (or the first).
-            let (mut lo, mut hi) = (0, n.len);
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                if n.key(mid) <= vblock {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
-            let i = lo.saturating_sub(1);
+            let i = n.child(vblock).unwrap_or(0);
             let range = if siblings { i.saturating_sub(1)..(i + 2).min(n.len) } else { i..i + 1 };
             for j in range {
                 if !self.tm.blocks.contains_key(&n.val64(j)) {
@@ -303,6 +297,18 @@ impl Metadata {
                 return Ok(out);
             }
             b = n.val64(i);
+        }
+    }
+
+    /// Where virtual block `vblock` of device `id` lives (`lookup`), walking down its tree
+    /// once; Err with the node to read first when the walk reaches one not in memory (with
+    /// the lowest key its parent allows).
+    pub fn lookup_or_missing(&self, id: DevId, vblock: u64) -> Result<std::result::Result<Mapping, Vec<(u64, u64)>>> {
+        match self.tm.descend(self.subtree(id)?, vblock)? {
+            Descent::Found(n, i) => Ok(Ok(Some(unpack_mapping(n.val64(i))))),
+            Descent::Absent => Ok(Ok(None)),
+            Descent::Unloaded(b, key) if self.lazy => Ok(Err(vec![(b, key)])),
+            Descent::Unloaded(b, _) => Err(not_loaded(b)),
         }
     }
 
@@ -335,14 +341,12 @@ impl Metadata {
         Ok(out)
     }
 
-    /// Adds nodes read from the device (a device tree's nodes, not roots), checked as
-    /// `open` checks them, unless already in memory (a node changed since is kept).
-    pub fn load(&mut self, nodes: Vec<(u64, u64, Box<[u8]>)>) -> Result<()> {
-        for (b, lo, bytes) in nodes {
-            check_bottom(&bytes, b, false, Some(lo), self.limits().1)?;
+    /// Adds nodes read from the device (a device tree's nodes, not roots, checked as `open`
+    /// checks them: `fetch`), unless already in memory (a node changed since is kept).
+    pub fn load(&mut self, nodes: Vec<(u64, Box<[u8]>)>) {
+        for (b, bytes) in nodes {
             self.tm.blocks.entry(b).or_insert(bytes);
         }
-        Ok(())
     }
 
     /// Every block the space maps themselves occupy (bitmaps, indexes, overflow trees).
@@ -412,8 +416,7 @@ impl Metadata {
 
     /// The root of device `id`'s mapping tree.
     pub fn subtree(&self, id: DevId) -> Result<u64> {
-        let v = self.tm.lookup(self.root, id as u64)?.ok_or_else(|| unknown(id))?;
-        Ok(le64(&v, 0))
+        self.tm.lookup64(self.root, id as u64)?.ok_or_else(|| unknown(id))
     }
 
     fn set_subtree(&mut self, id: DevId, sub: u64) -> Result<()> {
@@ -469,6 +472,22 @@ impl Metadata {
         };
         self.touch(id, d);
         Ok(())
+    }
+
+    /// A new empty thin device of `size` bytes (its size recorded).
+    pub fn create_volume(&mut self, id: DevId, size: u64) -> Result<()> {
+        self.create_thin(id)?;
+        self.set_volume_size(id, size)
+    }
+
+    /// A snapshot `id` of `origin` (`create_snapshot`) of the origin's recorded size, if it
+    /// has one.
+    pub fn create_snapshot_sized(&mut self, id: DevId, origin: DevId) -> Result<()> {
+        self.create_snapshot(id, origin)?;
+        match self.record().sizes.get(&origin).copied() {
+            Some(size) => self.set_volume_size(id, size),
+            None => Ok(()),
+        }
     }
 
     /// Deletes a device: its subtree loses a reference, and blocks no longer referenced
@@ -535,7 +554,7 @@ impl Metadata {
     /// Where virtual block `vblock` of device `id` lives: (data block, time).
     pub fn lookup(&self, id: DevId, vblock: u64) -> Result<Option<(u64, u32)>> {
         let sub = self.subtree(id)?;
-        Ok(self.tm.lookup(sub, vblock)?.map(|v| unpack_mapping(le64(&v, 0))))
+        Ok(self.tm.lookup64(sub, vblock)?.map(unpack_mapping))
     }
 
     /// Whether a mapping made at `time` is shared with a snapshot (dm-thin's rule: made

@@ -102,7 +102,10 @@ pub struct Pool {
     /// The metadata device's path, as the opener names the pool (status shows it, so the
     /// admin commands find the server's pool by its path).
     path: OnceLock<String>,
-    tunables: Mutex<Tunables>,
+    /// The `Tunables`, kept apart so the low-water mark is read without a lock on every
+    /// allocation: the mark in data blocks, and the commit period in ms.
+    low_water_blocks: AtomicU64,
+    commit_period_ms: AtomicU64,
     /// Set when the background committer should look again (a new period).
     kick: Arc<tokio::sync::Notify>,
     below_low_water: AtomicBool,
@@ -197,7 +200,8 @@ impl Pool {
             describe,
             data_spec: data_spec.to_string(),
             path: OnceLock::new(),
-            tunables: Mutex::new(Tunables::default()),
+            low_water_blocks: AtomicU64::new(Tunables::default().low_water_blocks),
+            commit_period_ms: AtomicU64::new(Tunables::default().commit_period.as_millis() as u64),
             kick: Arc::new(tokio::sync::Notify::new()),
             below_low_water: AtomicBool::new(false),
             last_commit_ms: AtomicU64::new(0),
@@ -213,12 +217,16 @@ impl Pool {
     }
 
     pub fn tunables(&self) -> Tunables {
-        *self.tunables.lock()
+        Tunables {
+            low_water_blocks: self.low_water_blocks.load(Relaxed),
+            commit_period: Duration::from_millis(self.commit_period_ms.load(Relaxed)),
+        }
     }
 
     /// Changes the settings; the low-water mark is looked at again at once.
     pub fn set_tunables(&self, t: Tunables) {
-        *self.tunables.lock() = t;
+        self.low_water_blocks.store(t.low_water_blocks, Relaxed);
+        self.commit_period_ms.store(t.commit_period.as_millis() as u64, Relaxed);
         self.kick.notify_one();
         let st = self.state.lock();
         self.watch_low_water(&st);
@@ -226,7 +234,7 @@ impl Pool {
 
     /// Logs the free data blocks crossing the low-water mark, either way.
     fn watch_low_water(&self, st: &State) {
-        let mark = self.tunables.lock().low_water_blocks;
+        let mark = self.low_water_blocks.load(Relaxed);
         let free = st.meta.tm.data.free();
         let below = mark > 0 && free <= mark;
         if self.below_low_water.swap(below, Relaxed) != below {
@@ -274,11 +282,7 @@ impl Pool {
 
     /// Creates an empty volume `id` of `size` bytes, committed.
     pub async fn create_volume(&self, id: DevId, size: u64) -> Result<()> {
-        self.change(|m| {
-            m.create_thin(id)?;
-            m.set_volume_size(id, size)
-        })
-        .await
+        self.change(|m| m.create_volume(id, size)).await
     }
 
     /// Snapshots `origin` as `id`, committed. The pool is quiesced meanwhile: the snapshot
@@ -288,15 +292,7 @@ impl Pool {
         for s in &self.stripes {
             held.push(s.write().await);
         }
-        let r = self
-            .change(|m| {
-                m.create_snapshot(id, origin)?;
-                match m.record().sizes.get(&origin).copied() {
-                    Some(size) => m.set_volume_size(id, size),
-                    None => Ok(()),
-                }
-            })
-            .await;
+        let r = self.change(|m| m.create_snapshot_sized(id, origin)).await;
         drop(held);
         r
     }
@@ -424,24 +420,34 @@ impl Pool {
         f: impl FnOnce(&mut State) -> T,
     ) -> Result<T> {
         loop {
-            let missing = {
+            let (missing, limits) = {
                 let mut st = self.state.lock();
                 let missing = need(&st.meta)?;
                 if missing.is_empty() {
                     return Ok(f(&mut st));
                 }
-                missing
+                (missing, st.meta.limits())
             };
-            let limits = self.state.lock().meta.limits();
-            let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
-            let got = futures::future::try_join_all(reads).await?;
-            let nodes = missing.into_iter().zip(got).map(|((b, lo), bytes)| (b, lo, bytes)).collect();
-            self.state.lock().meta.load(nodes)?;
+            self.fetch_nodes(missing, limits).await?;
         }
     }
 
+    /// Reads the nodes `missing` names (block, lowest key its parent allows) from the
+    /// metadata device, checked (`meta::fetch`), into memory; `limits`: `Metadata::limits`.
+    pub(crate) async fn fetch_nodes(&self, missing: Vec<(u64, u64)>, limits: (u64, u64)) -> Result<()> {
+        let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
+        let got = futures::future::try_join_all(reads).await?;
+        let nodes = missing.into_iter().map(|(b, _)| b).zip(got).collect();
+        self.state.lock().meta.load(nodes);
+        Ok(())
+    }
+
     pub(crate) fn check_writable(&self) -> Result<()> {
-        match &self.state.lock().failed {
+        self.writable(&self.state.lock())
+    }
+
+    fn writable(&self, st: &State) -> Result<()> {
+        match &st.failed {
             Some(why) => Err(Error::new(ErrorKind::Io, format!("{}: the pool has failed: {why}", self.describe))),
             None => Ok(()),
         }
@@ -492,7 +498,7 @@ impl Pool {
     /// Commits for a FUA write to `vblock` of `id`: nothing if, once the commits before are
     /// done, one of them holds its mapping (FUA writes to new blocks at once share commits).
     pub(crate) async fn commit_for(&self, id: DevId, vblock: u64) -> Result<()> {
-        self.commit_unless(|| !self.uncommitted(id, vblock)).await
+        self.commit_unless(|| matches!(self.uncommitted(id, vblock), Ok(false))).await
     }
 
     /// `commit`, unless `done()` says so once the commit lock is held.
@@ -567,10 +573,13 @@ impl Pool {
         self.commit().await
     }
 
-    /// Whether the mapping of this block awaits a commit.
-    pub(crate) fn uncommitted(&self, id: DevId, vblock: u64) -> bool {
+    /// Whether the mapping of this block awaits a commit; an error once the pool has failed
+    /// (`check_writable`).
+    pub(crate) fn uncommitted(&self, id: DevId, vblock: u64) -> Result<bool> {
         let st = self.state.lock();
-        st.uncommitted.contains(&(id, vblock)) || st.committing.contains(&(id, vblock))
+        let uncommitted = st.uncommitted.contains(&(id, vblock)) || st.committing.contains(&(id, vblock));
+        self.writable(&st)?;
+        Ok(uncommitted)
     }
 
     pub fn status(&self) -> PoolStatus {

@@ -74,21 +74,21 @@ impl ThinDev {
 
     /// The data block of `vblock` and whether it is shared with a snapshot.
     async fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
-        let id = self.id;
         let pool = &self.pool;
-        pool.with_loaded(
-            |m| m.missing(id, vblock, false),
-            |st| {
-                if st.aborting {
-                    return Err(Error::new(ErrorKind::Io, format!("{}: the pool failed", pool.describe())));
+        loop {
+            let (missing, limits) = {
+                let st = pool.state.lock();
+                match st.meta.lookup_or_missing(self.id, vblock)? {
+                    Ok(_) if st.aborting => {
+                        return Err(Error::new(ErrorKind::Io, format!("{}: the pool failed", pool.describe())))
+                    }
+                    Ok(Some((b, t))) => return Ok(Some((b, st.meta.shared(self.id, t)?))),
+                    Ok(None) => return Ok(None),
+                    Err(missing) => (missing, st.meta.limits()),
                 }
-                match st.meta.lookup(id, vblock)? {
-                    Some((b, t)) => Ok(Some((b, st.meta.shared(id, t)?))),
-                    None => Ok(None),
-                }
-            },
-        )
-        .await?
+            };
+            pool.fetch_nodes(missing, limits).await?;
+        }
     }
 
     async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {
@@ -189,11 +189,9 @@ impl ThinDev {
     /// commit flushes the data device first, so the write's data is durable with it). FUA
     /// writes to new blocks at once thus share commits.
     async fn commit_for_fua(&self, vblock: u64) -> Result<()> {
-        let uncommitted = self.pool.uncommitted(self.id, vblock);
         // A commit that failed meanwhile took the pool back to its last commit, which may
-        // not hold this mapping (the pool fails before it forgets).
-        self.pool.check_writable()?;
-        if uncommitted {
+        // not hold this mapping (the pool fails before it forgets): checked with the mapping.
+        if self.pool.uncommitted(self.id, vblock)? {
             self.pool.commit_for(self.id, vblock).await?;
         }
         Ok(())

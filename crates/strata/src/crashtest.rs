@@ -141,6 +141,14 @@ pub struct Verdict {
     pub garbage: u64,
 }
 
+impl std::ops::AddAssign for Verdict {
+    fn add_assign(&mut self, v: Verdict) {
+        self.sectors += v.sectors;
+        self.lost += v.lost;
+        self.garbage += v.garbage;
+    }
+}
+
 impl Oracle {
     /// A device of `size` bytes that starts all zero.
     pub fn new(size: u64) -> Oracle {
@@ -859,12 +867,11 @@ pub async fn kill_point(setup: &KillSetup, seed: u64) -> anyhow::Result<PointOut
     }
     let server = ServerProc::serve(&setup.strata, &sock, &exports(&snapshots), &log)?;
     let read_export = |name: String| read_export(&sock, name, setup.origin_bytes);
-    let mut verdict = verify_image(&oracle, &read_export("vol".into()).await?, "", &mut detail);
+    let block = if setup.target == Killed::Thin { thin::THIN_BLOCK } else { CRASH_BLOCK };
+    let mut verdict = verify_image(&oracle, &read_export("vol".into()).await?, "", block, &mut detail);
     for (id, o) in &snapshots {
-        let v = verify_image(o, &read_export(format!("snap{id}")).await?, &format!("snapshot {id}: "), &mut detail);
-        verdict.sectors += v.sectors;
-        verdict.lost += v.lost;
-        verdict.garbage += v.garbage;
+        let image = read_export(format!("snap{id}")).await?;
+        verdict += verify_image(o, &image, &format!("snapshot {id}: "), block, &mut detail);
     }
     server.stop()?;
     if let Some(report) = target_check(&setup.strata, setup.target, &cache)? {
@@ -1488,17 +1495,15 @@ pub async fn powercut_run<T: CrashTarget>(
             return Ok(finish_point(seed, Verdict::default(), problems, wrong_reads, 0, detail));
         }
     };
-    let mut verdict = verify_image(&oracle, &first, "", &mut detail);
+    let block = target.block_bytes();
+    let mut verdict = verify_image(&oracle, &first, "", block, &mut detail);
     // Each snapshot holds what the volume held when it was taken.
     for (id, o) in &snapshots {
         let snap = target.open_snapshot(&vol, *id);
         match snap {
             Ok(snap) => match snap.read(0, Buf::zeroed(size as usize)).await {
                 Ok(img) => {
-                    let v = verify_image(o, &img, &format!("snapshot {id}: "), &mut detail);
-                    verdict.sectors += v.sectors;
-                    verdict.lost += v.lost;
-                    verdict.garbage += v.garbage;
+                    verdict += verify_image(o, &img, &format!("snapshot {id}: "), block, &mut detail);
                 }
                 Err(e) => problems.push(format!("reading snapshot {id} after recovery: {e}")),
             },
@@ -1539,8 +1544,9 @@ pub async fn powercut_run<T: CrashTarget>(
     Ok(finish_point(seed, verdict, problems, wrong_reads, unstable, detail))
 }
 
-/// Verifies a crash image against `oracle`, describing the first wrong sectors in `detail`.
-fn verify_image(oracle: &Oracle, image: &[u8], what: &str, detail: &mut String) -> Verdict {
+/// Verifies a crash image against `oracle`, describing the first wrong sectors in `detail`
+/// (with their blocks of `block` bytes).
+fn verify_image(oracle: &Oracle, image: &[u8], what: &str, block: u64, detail: &mut String) -> Verdict {
     let verdict = oracle.verify(image);
     if verdict.lost + verdict.garbage > 0 {
         let sector = |s: u64| &image[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize];
@@ -1550,7 +1556,7 @@ fn verify_image(oracle: &Oracle, image: &[u8], what: &str, detail: &mut String) 
             let got = describe_sector(s, sector(s));
             detail.push_str(&format!(
                 "{what}sector {s} (block {}) holds {got}: {}\n",
-                s * SECTOR / CRASH_BLOCK,
+                s * SECTOR / block,
                 oracle.explain(s)
             ));
         }

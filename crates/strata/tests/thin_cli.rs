@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -167,14 +167,22 @@ fn a_pool_made_by_thin_restore_is_served_with_the_right_data() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("give size="), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// A pool in `dir` (`pool.meta` of `md_size`, `pool.data` of `data_size`) with volume 1 of
+/// `volume_size`: the metadata's path and the data device's spec.
+fn new_pool(dir: &Path, md_size: &str, data_size: &str, volume_size: &str) -> (PathBuf, String) {
+    let meta = dir.join("pool.meta");
+    let m = meta.to_str().unwrap();
+    let data = format!("{}?size={data_size}", dir.join("pool.data").display());
+    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size={md_size}"), "--data", &data]);
+    strata_ok(&["thin", "create", m, "1", "--size", volume_size]);
+    (meta, data)
+}
+
 #[test]
 fn bad_input_is_refused_and_nothing_is_written() {
     let d = tempdir();
-    let meta = d.path().join("pool.meta");
+    let (meta, data) = new_pool(d.path(), "4MiB", "16MiB", "4MiB");
     let m = meta.to_str().unwrap();
-    let data = format!("{}?size=16MiB", d.path().join("pool.data").display());
-    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=4MiB"), "--data", &data]);
-    strata_ok(&["thin", "create", m, "1", "--size", "4MiB"]);
     let good = std::fs::read(&meta).unwrap();
     let unchanged = |what: &str| assert!(std::fs::read(&meta).unwrap() == good, "{what}: the pool changed");
     assert!(strata_err(&["thin", "pool", "create", "--metadata", m, "--data", &data]).contains("--force"));
@@ -235,11 +243,8 @@ async fn rounds(c: &mut Client<tokio::net::UnixStream>) -> Vec<u64> {
 #[test]
 fn a_live_snapshot_of_a_volume_being_written_holds_a_prefix_of_its_writes() {
     let d = tempdir();
-    let meta = d.path().join("pool.meta");
+    let (meta, _) = new_pool(d.path(), "8MiB", "64MiB", "16MiB");
     let m = meta.to_str().unwrap();
-    let data = format!("{}?size=64MiB", d.path().join("pool.data").display());
-    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=8MiB"), "--data", &data]);
-    strata_ok(&["thin", "create", m, "1", "--size", "16MiB"]);
     let srv = serve_unix(&[format!("vol=thin:{m}?id=1")]);
     let admin = srv.admin.clone().unwrap();
     let sock = srv.sock.clone().unwrap();
@@ -336,13 +341,10 @@ fn a_live_snapshot_of_a_volume_being_written_holds_a_prefix_of_its_writes() {
 #[test]
 fn a_full_pool_is_extended_live_and_offline_with_its_low_water_mark_reported() {
     let d = tempdir();
-    let meta = d.path().join("pool.meta");
+    // 16 data blocks of 64 KiB; volume 1 of 4 MiB.
+    let (meta, _) = new_pool(d.path(), "1MiB", "1MiB", "4MiB");
     let m = meta.to_str().unwrap();
     let data_file = d.path().join("pool.data");
-    // 16 data blocks of 64 KiB; volume 1 of 4 MiB.
-    let data = format!("{}?size=1MiB", data_file.display());
-    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=1MiB"), "--data", &data]);
-    strata_ok(&["thin", "create", m, "1", "--size", "4MiB"]);
     let srv = serve_unix(&[format!("vol=thin:{m}?id=1&low_water_blocks=4")]);
     let admin = srv.admin.clone().unwrap();
     let sock = srv.sock.clone().unwrap();

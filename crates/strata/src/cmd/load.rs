@@ -18,7 +18,7 @@ pub enum Rw {
 #[derive(Args, Debug)]
 #[command(after_help = "\
 Each of --iodepth connections keeps one request in flight. Prints one JSON line: reads and
-writes done, seconds, read_iops and write_iops.
+writes done, seconds, read_iops, write_iops and fua (whether --fua was given).
 
 Example:
   strata load --unix /tmp/strata.sock --export vol --rw randwrite --fua --seconds 10")]
@@ -92,7 +92,8 @@ async fn drive(a: &LoadArgs) -> Result<(u64, u64, f64)> {
     anyhow::ensure!(slots > 0, "the export ({size} bytes) is smaller than --bs");
     // With --stride: every stride's first bytes once, in a seeded random order.
     let once: Option<std::sync::Arc<(Vec<u64>, std::sync::atomic::AtomicUsize)>> = a.stride.map(|stride| {
-        let mut offsets: Vec<u64> = (0..size / stride.max(a.bs)).map(|i| i * stride.max(a.bs)).collect();
+        let step = stride.max(a.bs);
+        let mut offsets: Vec<u64> = (0..size / step).map(|i| i * step).collect();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
         for i in (1..offsets.len()).rev() {
             offsets.swap(i, rng.gen_range(0..=i));

@@ -208,25 +208,14 @@ pub fn run(args: ThinArgs) -> Result<()> {
                 let msg = format!("create {} {}", a.id, a.size);
                 let live = live(&a.admin, &a.pool, &msg).await?;
                 if !live {
-                    change(&a.pool, |m| {
-                        m.create_thin(a.id)?;
-                        m.set_volume_size(a.id, a.size)
-                    })
-                    .await?;
+                    change(&a.pool, |m| m.create_volume(a.id, a.size)).await?;
                 }
                 println!("created thin volume {} of {} in {}", a.id, format_size(a.size), a.pool.display());
                 Ok(())
             }
             ThinCommand::Snapshot(a) => {
                 if !live(&a.admin, &a.pool, &format!("snapshot {} {}", a.origin, a.id)).await? {
-                    change(&a.pool, |m| {
-                        m.create_snapshot(a.id, a.origin)?;
-                        match m.record().sizes.get(&a.origin).copied() {
-                            Some(size) => m.set_volume_size(a.id, size),
-                            None => Ok(()),
-                        }
-                    })
-                    .await?;
+                    change(&a.pool, |m| m.create_snapshot_sized(a.id, a.origin)).await?;
                 }
                 println!("created snapshot {} of thin volume {} in {}", a.id, a.origin, a.pool.display());
                 Ok(())
@@ -240,9 +229,6 @@ pub fn run(args: ThinArgs) -> Result<()> {
             }
             ThinCommand::Extend(a) => extend(a).await,
             ThinCommand::Set(a) => {
-                let name = served_by(&a.admin, &a.pool)
-                    .await?
-                    .with_context(|| format!("the server at {} serves no volume of {}", a.admin, a.pool.display()))?;
                 let mut msgs = Vec::new();
                 if let Some(n) = a.low_water_blocks {
                     msgs.push(format!("low_water_blocks {n}"));
@@ -250,11 +236,16 @@ pub fn run(args: ThinArgs) -> Result<()> {
                 if let Some(ms) = a.commit_period {
                     msgs.push(format!("commit_period_ms {ms}"));
                 }
+                let each = |answer: Result<String>| {
+                    print!("{}", answer?);
+                    Ok(())
+                };
+                // Whether the pool is served is checked first, then whether there is anything to set.
+                if !send_live(&a.admin, &a.pool, &msgs, each).await? {
+                    bail!("the server at {} serves no volume of {}", a.admin, a.pool.display());
+                }
                 if msgs.is_empty() {
                     bail!("nothing to set: give --low-water-blocks or --commit-period");
-                }
-                for m in msgs {
-                    print!("{}", crate::http::message(&a.admin, &name, &m).await?);
                 }
                 Ok(())
             }
@@ -307,13 +298,29 @@ async fn served_by(admin: &str, pool: &Path) -> Result<Option<String>> {
     }))
 }
 
+/// Sends `msgs` in order to the server at `addr` if it serves a volume of the pool, giving
+/// each answer (or the error sending it) to `each`, which stops the sending with an error;
+/// false if it serves none (nothing is sent).
+async fn send_live(
+    addr: &str,
+    pool: &Path,
+    msgs: &[String],
+    mut each: impl FnMut(Result<String>) -> Result<()>,
+) -> Result<bool> {
+    let Some(name) = served_by(addr, pool).await? else { return Ok(false) };
+    for m in msgs {
+        each(crate::http::message(addr, &name, m).await)?;
+    }
+    Ok(true)
+}
+
 /// Sends `msg` to the server at `admin` if it serves the pool; false if it does not (or no
 /// server was named): the change is then made offline.
 async fn live(admin: &AdminArg, pool: &Path, msg: &str) -> Result<bool> {
     let Some(addr) = &admin.admin else { return Ok(false) };
-    let Some(name) = served_by(addr, pool).await? else { return Ok(false) };
-    crate::http::message(addr, &name, msg).await.with_context(|| format!("{} (served at {addr})", pool.display()))?;
-    Ok(true)
+    let each =
+        |answer: Result<String>| answer.map(drop).with_context(|| format!("{} (served at {addr})", pool.display()));
+    send_live(addr, pool, &[msg.to_string()], each).await
 }
 
 /// Opens the pool's metadata device for an offline change, saying what to do when a server
@@ -342,16 +349,14 @@ async fn extend(a: ExtendArgs) -> Result<()> {
     if let Some(b) = a.metadata {
         msgs.push(format!("extend metadata {b}"));
     }
-    if let Some(name) = match &a.admin.admin {
-        Some(addr) => served_by(addr, &a.pool).await?,
-        None => None,
-    } {
-        let addr = a.admin.admin.as_deref().unwrap_or_default();
-        for m in msgs {
-            let answer = crate::http::message(addr, &name, &m).await?;
-            println!("extended {}: {}", a.pool.display(), answer.trim());
+    if let Some(addr) = &a.admin.admin {
+        let each = |answer: Result<String>| {
+            println!("extended {}: {}", a.pool.display(), answer?.trim());
+            Ok(())
+        };
+        if send_live(addr, &a.pool, &msgs, each).await? {
+            return Ok(());
         }
-        return Ok(());
     }
     let md = claim(&a.pool)?;
     let mut m = Metadata::open(&*md).await.with_context(|| format!("cannot read the pool {}", a.pool.display()))?;

@@ -91,8 +91,7 @@ impl CrashTarget for ThinTarget {
         };
         let size = data.size() / DATA_PER_VOLUME;
         let mut m = Metadata::format(&*md, data.size(), THIN_BLOCK, "mem:crash", false).await?;
-        m.create_thin(VOLUME)?;
-        m.set_volume_size(VOLUME, size)?;
+        m.create_volume(VOLUME, size)?;
         m.commit(&*md).await?;
         let pool =
             Pool::open(md, data, "mem:crash", PoolOptions { skip_block_zeroing, ..PoolOptions::default() }).await?;
