@@ -24,11 +24,13 @@ use crate::tls::ClientTls;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_io::metrics::{MetricKind, Sample};
+use strata_io::query::{percent_encode, Written};
+use strata_io::units::{format_duration, format_size_exact};
 use strata_io::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::sync::{oneshot, watch};
@@ -47,9 +49,21 @@ pub enum Address {
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Address::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
-            Address::Tcp { host, port } => write!(f, "{host}:{port}"),
+            Address::Tcp { host, port } => write!(f, "{}:{port}", Host(host)),
             Address::Unix(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A host name, or an IPv6 address in brackets.
+struct Host<'a>(&'a str);
+
+impl fmt::Display for Host<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.contains(':') {
+            write!(f, "[{}]", self.0)
+        } else {
+            f.write_str(self.0)
         }
     }
 }
@@ -91,15 +105,63 @@ pub struct RemoteSpec {
 impl RemoteSpec {
     /// `nbd://host:port/export` and the like, without options.
     pub fn uri(&self) -> String {
+        let mut s = String::new();
+        self.write_uri(&mut s, false).expect("writing to a String");
+        s
+    }
+
+    /// Writes the URI: as `uri` says it, or (`spec`) as a device spec: the default port
+    /// left out and the options that differ from the defaults written.
+    pub fn write_uri(&self, f: &mut impl fmt::Write, spec: bool) -> fmt::Result {
         let s = if self.tls.is_some() { "s" } else { "" };
         let export = percent_encode(&self.export, false);
+        let mut w = Written::default();
         match &self.address {
-            Address::Tcp { .. } => format!("nbd{s}://{}/{export}", self.address),
+            Address::Tcp { host, port } if spec && *port == DEFAULT_PORT => {
+                write!(f, "nbd{s}://{}/{export}", Host(host))?
+            }
+            Address::Tcp { .. } => write!(f, "nbd{s}://{}/{export}", self.address)?,
             Address::Unix(p) => {
-                format!("nbd{s}+unix:///{export}?socket={}", percent_encode(&p.to_string_lossy(), true))
+                write!(f, "nbd{s}+unix:///{export}")?;
+                w.pair("socket", encoded_path(p));
+            }
+        }
+        if spec {
+            self.write_options(&mut w);
+        }
+        write!(f, "{w}")
+    }
+
+    /// The options that differ from the defaults, in the order the spec parser takes them.
+    fn write_options(&self, w: &mut Written) {
+        let (t, d) = (&self.tuning, Tuning::default());
+        if let Some(n) = t.connections {
+            w.pair("connections", n);
+        }
+        w.unless_default("timeout", format_duration(t.timeout), format_duration(d.timeout));
+        w.unless_default("outage", format_duration(t.outage), format_duration(d.outage));
+        if t.replay_bytes != d.replay_bytes {
+            w.pair("replay", format_size_exact(t.replay_bytes));
+        }
+        if let Some(tls) = &self.tls {
+            if let Some(p) = &tls.psk_file {
+                w.pair("tls-psk-file", encoded_path(p));
+            }
+            if let Some(u) = &tls.username {
+                w.pair("tls-username", percent_encode(u, true));
+            }
+            if let Some(p) = &tls.certificates {
+                w.pair("tls-certificates", encoded_path(p));
+            }
+            if !tls.verify {
+                w.pair("tls-verify", "off");
             }
         }
     }
+}
+
+fn encoded_path(p: &Path) -> String {
+    percent_encode(&p.to_string_lossy(), true)
 }
 
 /// Write payloads up to this size are copied into the queue of requests sent together;
@@ -1222,76 +1284,6 @@ impl BlockDev for RemoteDev {
                 i.bytes_written.load(Ordering::Relaxed) as f64,
             ),
         ]
-    }
-}
-
-/// Undoes an NBD URI's percent-encoding (RFC 3986, as the NBD URI format says): the export
-/// name and query values are percent-decoded. A `%` not followed by two hex digits, a result
-/// that is not UTF-8, or a NUL (no export name or path may hold one) is an error.
-pub fn percent_decode(s: &str) -> std::result::Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-            let v = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
-            out.push(v.ok_or_else(|| format!("bad percent-escape in {s:?} (% and two hex digits)"))?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    if out.contains(&0) {
-        return Err(format!("{s:?} decodes to a NUL byte"));
-    }
-    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
-}
-
-/// Percent-encodes what an NBD URI's path (`in_query` false) or a query value (true) cannot
-/// hold as it is; `percent_decode` gives `s` back.
-pub fn percent_encode(s: &str, in_query: bool) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &c in s.as_bytes() {
-        let plain = c.is_ascii_alphanumeric()
-            || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/' | b':' | b'@' | b'!' | b'$' | b'\'' | b'(' | b')')
-            || matches!(c, b'*' | b'+' | b',' | b';')
-            || (!in_query && matches!(c, b'&' | b'='));
-        if plain {
-            out.push(c as char);
-        } else {
-            out.push_str(&format!("%{c:02X}"));
-        }
-    }
-    out
-}
-
-/// Reads a duration: `30`, `30s`, `500ms`, `2m` (seconds when no unit).
-pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num.trim().parse().map_err(|_| format!("expected a duration such as 30s or 500ms, got {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" | "min" => n * 60.0,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?} (ms, s, m)")),
-    };
-    if !secs.is_finite() || secs <= 0.0 {
-        return Err(format!("a duration must be positive, got {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Writes a duration back the way `parse_duration` reads it.
-pub fn format_duration(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
     }
 }
 

@@ -79,7 +79,7 @@ fn put(out: &mut [u8], s: &[u8]) -> std::result::Result<usize, openssl::error::E
 }
 
 /// A client's TLS settings (the `nbds://` spec's options).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientTls {
     /// `tls-psk-file=`: a psktool file; the key of `username` (or the first) is used.
     pub psk_file: Option<PathBuf>,
@@ -90,6 +90,13 @@ pub struct ClientTls {
     pub certificates: Option<PathBuf>,
     /// `tls-verify=`: check the server's certificate and name (X.509 only).
     pub verify: bool,
+}
+
+/// No options: the system's authorities, certificates checked.
+impl Default for ClientTls {
+    fn default() -> ClientTls {
+        ClientTls { psk_file: None, username: None, certificates: None, verify: true }
+    }
 }
 
 impl ClientTls {
