@@ -329,7 +329,11 @@ impl Conn {
             }
             // Ours and whatever else was queued meanwhile; nothing if the holder before us
             // sent ours with its own.
-            let batch = std::mem::take(&mut *self.queued.lock());
+            // A large payload's header goes with them; the payload follows from where it is.
+            let mut batch = std::mem::take(&mut *self.queued.lock());
+            if large.is_some() {
+                batch.extend_from_slice(&head);
+            }
             if !batch.is_empty() {
                 w.write_all(&batch).await?;
                 let mut q = self.queued.lock();
@@ -339,7 +343,6 @@ impl Conn {
                 }
             }
             if let Some(p) = large {
-                w.write_all(&head).await?;
                 w.write_all(p).await?;
             }
             w.flush().await
@@ -366,38 +369,29 @@ async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> st
             SIMPLE_REPLY_MAGIC => {
                 let err = rd.read_u32().await.map_err(io)?;
                 let cookie = rd.read_u64().await.map_err(io)?;
-                let (kind, len, buf) = match conn.pending.lock().get_mut(&cookie) {
-                    Some(p) => (Some(p.kind), p.len, p.buf.take()),
-                    None => (None, 0, None),
+                // Taken now: if its caller gives up meanwhile, the dropped sender tells it.
+                let Some(mut p) = conn.pending.lock().remove(&cookie) else {
+                    // A late reply to a forgotten request: with structured replies agreed, only
+                    // replies without payload are simple.
+                    continue;
                 };
-                if conn.info.structured && kind == Some(CMD_READ) && err == 0 {
+                let read = p.kind == CMD_READ && err == 0;
+                if conn.info.structured && read {
                     return Err("a simple reply to a READ after structured replies were agreed".into());
                 }
-                let buf = if kind == Some(CMD_READ) && err == 0 {
-                    match buf {
-                        Some(mut b) => {
-                            rd.read_exact(&mut b[..]).await.map_err(io)?;
-                            Some(b)
-                        }
-                        None => {
-                            skip(&mut rd, len as u64).await.map_err(io)?;
-                            None
-                        }
-                    }
+                let out = if err != 0 {
+                    Err(Failure::Server(err, String::new()))
                 } else {
-                    buf
+                    let mut buf = p.buf.take();
+                    match buf.as_mut() {
+                        Some(b) if read => rd.read_exact(&mut b[..]).await.map(drop).map_err(io)?,
+                        None if read => skip(&mut rd, p.len as u64).await.map_err(io)?,
+                        _ => {}
+                    }
+                    Ok(Done { buf, extents: std::mem::take(&mut p.extents) })
                 };
-                if let Some(mut p) = conn.pending.lock().remove(&cookie) {
-                    if buf.is_some() && err == 0 {
-                        p.filled = vec![(p.offset, p.offset + p.len as u64)];
-                    }
-                    p.buf = buf;
-                    if err != 0 {
-                        p.error = Some((err, String::new()));
-                    }
-                    p.finish();
-                } else if kind.is_none() && conn.info.structured {
-                    // A late reply to a forgotten request; only non-READ replies are simple.
+                if let Some(tx) = p.done.take() {
+                    let _ = tx.send(out);
                 }
             }
             STRUCTURED_REPLY_MAGIC => {
@@ -789,6 +783,9 @@ impl Inner {
 
     /// Waits for a live connection until `deadline`.
     async fn live_conn(&self, deadline: tokio::time::Instant, issued: Instant) -> Result<Arc<Conn>> {
+        if let Some(c) = self.pick() {
+            return Ok(c);
+        }
         let mut up = self.up.subscribe();
         loop {
             if let Some(c) = self.pick() {
