@@ -687,10 +687,6 @@ impl RemoteDev {
         Ok(RemoteDev { inner, tasks })
     }
 
-    pub fn spec(&self) -> &RemoteSpec {
-        &self.inner.spec
-    }
-
     pub fn info(&self) -> ExportInfo {
         self.inner.info
     }
@@ -930,6 +926,30 @@ impl Inner {
         offset.is_multiple_of(self.min()) && len.is_multiple_of(self.min())
     }
 
+    /// The aligned range around `[offset, offset+len)`: `(start, end)`.
+    fn widen(&self, offset: u64, len: u64) -> (u64, u64) {
+        let min = self.min();
+        (offset / min * min, (offset + len).div_ceil(min) * min)
+    }
+
+    /// The aligned range inside `[offset, offset+len)`: `(start, end)`, `start >= end` when
+    /// there is none.
+    fn shrink(&self, offset: u64, len: u64) -> (u64, u64) {
+        let min = self.min();
+        (offset.div_ceil(min) * min, (offset + len) / min * min)
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.has(TFLAG_READ_ONLY) {
+            return Err(Error::new(ErrorKind::ReadOnly, format!("{}: the export is read-only", self.spec.uri())));
+        }
+        Ok(())
+    }
+
+    fn no_fast_zero(&self) -> Error {
+        Error::new(ErrorKind::Unsupported, format!("{}: no fast zeroing", self.spec.uri()))
+    }
+
     /// Reads `[offset, offset+len)` into `out`, aligned and no larger than the maximum.
     async fn read_piece(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let done = self.request(CMD_READ, 0, offset, out.len() as u32, None).await?;
@@ -941,9 +961,7 @@ impl Inner {
     async fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let len = out.len() as u64;
         if !self.aligned(offset, len) {
-            let min = self.min();
-            let start = offset / min * min;
-            let end = (offset + len).div_ceil(min) * min;
+            let (start, end) = self.widen(offset, len);
             let mut wide = vec![0u8; (end - start) as usize];
             Box::pin(self.read_into(start, &mut wide)).await?;
             let at = (offset - start) as usize;
@@ -961,9 +979,7 @@ impl Inner {
         let len = data.len() as u64;
         if !self.aligned(offset, len) {
             // Read-modify-write of the aligned range around it.
-            let min = self.min();
-            let start = offset / min * min;
-            let end = (offset + len).div_ceil(min) * min;
+            let (start, end) = self.widen(offset, len);
             let mut wide = vec![0u8; (end - start) as usize];
             self.read_into(start, &mut wide).await?;
             let at = (offset - start) as usize;
@@ -1003,10 +1019,9 @@ impl Inner {
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        let min = self.min();
         if !self.has(TFLAG_SEND_WRITE_ZEROES) || !self.aligned(offset, len) {
             if flags.fast_only {
-                return Err(Error::new(ErrorKind::Unsupported, format!("{}: no fast zeroing", self.spec.uri())));
+                return Err(self.no_fast_zero());
             }
             if !self.has(TFLAG_SEND_WRITE_ZEROES) {
                 // Emulated: zeroes written in pieces of up to 1 MiB.
@@ -1020,8 +1035,7 @@ impl Inner {
                 return Ok(());
             }
             // Unaligned edges as data, the aligned middle as a command.
-            let start = offset.div_ceil(min) * min;
-            let end = (offset + len) / min * min;
+            let (start, end) = self.shrink(offset, len);
             if start >= end {
                 return self.write_from(offset, &vec![0u8; len as usize], false).await;
             }
@@ -1030,7 +1044,7 @@ impl Inner {
             return Box::pin(self.write_zeroes(start, end - start, flags)).await;
         }
         if flags.fast_only && !self.has(TFLAG_SEND_FAST_ZERO) {
-            return Err(Error::new(ErrorKind::Unsupported, format!("{}: no fast zeroing", self.spec.uri())));
+            return Err(self.no_fast_zero());
         }
         let mut f = if flags.may_unmap { 0 } else { CMD_FLAG_NO_HOLE };
         if flags.fast_only {
@@ -1044,9 +1058,7 @@ impl Inner {
             return Ok(());
         }
         // Only the aligned middle: a trim is advisory.
-        let min = self.min();
-        let start = offset.div_ceil(min) * min;
-        let end = (offset + len) / min * min;
+        let (start, end) = self.shrink(offset, len);
         if start >= end {
             return Ok(());
         }
@@ -1057,9 +1069,8 @@ impl Inner {
         if self.info.base_allocation.is_none() {
             return Ok(vec![Extent::data(len)]);
         }
-        let min = self.min();
-        let start = offset / min * min;
-        let end = ((offset + len).div_ceil(min) * min).min(start + (1 << 30));
+        let (start, end) = self.widen(offset, len);
+        let end = end.min(start + (1 << 30));
         let done = self.request(CMD_BLOCK_STATUS, 0, start, (end - start) as u32, None).await?;
         let mut extents = done.extents;
         // Start at `offset`: drop what lies before it.
@@ -1138,12 +1149,7 @@ impl BlockDev for RemoteDev {
     fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
         Box::pin(async move {
             check_range("write", offset, buf.len() as u64, self.size())?;
-            if self.inner.has(TFLAG_READ_ONLY) {
-                return Err(Error::new(
-                    ErrorKind::ReadOnly,
-                    format!("{}: the export is read-only", self.inner.spec.uri()),
-                ));
-            }
+            self.inner.writable()?;
             if !buf.is_empty() {
                 self.inner.write_from(offset, &buf, fua).await?;
             }
@@ -1158,12 +1164,7 @@ impl BlockDev for RemoteDev {
     fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             check_range("discard", offset, len, self.size())?;
-            if self.inner.has(TFLAG_READ_ONLY) {
-                return Err(Error::new(
-                    ErrorKind::ReadOnly,
-                    format!("{}: the export is read-only", self.inner.spec.uri()),
-                ));
-            }
+            self.inner.writable()?;
             self.inner.discard(offset, len).await
         })
     }
@@ -1171,12 +1172,7 @@ impl BlockDev for RemoteDev {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             check_range("write_zeroes", offset, len, self.size())?;
-            if self.inner.has(TFLAG_READ_ONLY) {
-                return Err(Error::new(
-                    ErrorKind::ReadOnly,
-                    format!("{}: the export is read-only", self.inner.spec.uri()),
-                ));
-            }
+            self.inner.writable()?;
             if len == 0 {
                 return Ok(());
             }
