@@ -17,7 +17,7 @@
 //! lost unflushed writes when it restarted gets them back before the flush that covers them
 //! is sent again.
 
-use crate::client::{choose, greet, start_tls, BoxStream, ExportInfo, Want};
+use crate::client::{choose, greet, split, start_tls, BoxStream, ExportInfo, ReadBox, Want, WriteBox};
 use crate::errno;
 use crate::proto::*;
 use crate::tls::ClientTls;
@@ -32,7 +32,7 @@ use strata_io::metrics::{MetricKind, Sample};
 use strata_io::query::{percent_encode, Written};
 use strata_io::units::{format_duration, format_size_exact};
 use strata_io::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -230,7 +230,7 @@ impl Pending {
 /// and the reader task that answers them.
 struct Conn {
     info: ExportInfo,
-    tx: tokio::sync::Mutex<WriteHalf<BoxStream>>,
+    tx: tokio::sync::Mutex<WriteBox>,
     /// Requests (with payloads up to `GATHER_PAYLOAD_MAX`) waiting for the write half: whoever
     /// holds it next sends them all in one write (one TLS record, one system call).
     queued: Mutex<Vec<u8>>,
@@ -243,7 +243,7 @@ struct Conn {
 
 impl Conn {
     fn new(stream: BoxStream, info: ExportInfo, log_label: String) -> Arc<Conn> {
-        let (rd, wr) = tokio::io::split(stream);
+        let (rd, wr) = split(stream);
         let conn = Arc::new(Conn {
             info,
             tx: tokio::sync::Mutex::new(wr),
@@ -357,7 +357,7 @@ impl Conn {
 }
 
 /// The reader task: replies until the stream ends or breaks framing. Returns why it stopped.
-async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> std::result::Result<(), String> {
+async fn read_replies(conn: &Conn, mut rd: BufReader<ReadBox>) -> std::result::Result<(), String> {
     let io = |e: std::io::Error| format!("reading replies: {e}");
     loop {
         let magic = match rd.read_u32().await {
@@ -411,7 +411,7 @@ async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> st
     }
 }
 
-async fn skip(rd: &mut BufReader<ReadHalf<BoxStream>>, n: u64) -> std::io::Result<()> {
+async fn skip(rd: &mut BufReader<ReadBox>, n: u64) -> std::io::Result<()> {
     let copied = tokio::io::copy(&mut (&mut *rd).take(n), &mut tokio::io::sink()).await?;
     if copied < n {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
@@ -422,7 +422,7 @@ async fn skip(rd: &mut BufReader<ReadHalf<BoxStream>>, n: u64) -> std::io::Resul
 /// One structured chunk's payload.
 async fn chunk(
     conn: &Conn,
-    rd: &mut BufReader<ReadHalf<BoxStream>>,
+    rd: &mut BufReader<ReadBox>,
     ty: u16,
     cookie: u64,
     len: u32,
