@@ -41,7 +41,7 @@
 //! rule, so a run with the same requests in the same order fails the same way.
 
 use crate::timer::sleep_until;
-use crate::units::parse_size;
+use crate::units::{parse_duration, parse_size, DurationError};
 use crate::{BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
@@ -230,7 +230,7 @@ pub fn parse_rule(s: &str) -> Result<Rule, String> {
     let effect = match fields.next() {
         Some("eio") => Effect::Fail(ErrorKind::Io),
         Some("enospc") => Effect::Fail(ErrorKind::NoSpace),
-        Some(e) if e.starts_with("delay=") => Effect::Delay(parse_duration(&e["delay=".len()..]).map_err(err)?),
+        Some(e) if e.starts_with("delay=") => Effect::Delay(delay(&e["delay=".len()..]).map_err(err)?),
         other => return Err(err(format!("expected an effect (eio, enospc, delay=10ms), found {other:?}"))),
     };
     let mut rule = Rule::new(ops, effect);
@@ -300,19 +300,13 @@ impl fmt::Display for Rule {
     }
 }
 
-/// Parses `250us`, `10ms`, `1.5s`, `100ns`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num.parse().map_err(|_| format!("duration {s:?}: {num:?} is not a number"))?;
-    let secs = match unit {
-        "ns" => value / 1e9,
-        "us" => value / 1e6,
-        "ms" => value / 1e3,
-        "s" => value,
-        _ => return Err(format!("duration {s:?}: unit must be ns, us, ms or s")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("duration {s:?}: {e}"))
+/// Parses `250us`, `10ms`, `1.5s`, `100ns` (a unit is a must).
+fn delay(s: &str) -> Result<Duration, String> {
+    parse_duration(s, None).map_err(|e| match e {
+        DurationError::NotANumber(num) => format!("duration {s:?}: {num:?} is not a number"),
+        DurationError::Unit(_) => format!("duration {s:?}: unit must be ns, us, ms or s"),
+        DurationError::OutOfRange(why) => format!("duration {s:?}: {why}"),
+    })
 }
 
 /// Names a rule added to a `Faults` handle.

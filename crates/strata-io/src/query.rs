@@ -124,6 +124,48 @@ impl fmt::Display for Written {
     }
 }
 
+/// Undoes an NBD URI's percent-encoding (RFC 3986, as the NBD URI format says): the export
+/// name and query values are percent-decoded. A `%` not followed by two hex digits, a result
+/// that is not UTF-8, or a NUL (no export name or path may hold one) is an error.
+pub fn percent_decode(s: &str) -> std::result::Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            let v = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(v.ok_or_else(|| format!("bad percent-escape in {s:?} (% and two hex digits)"))?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    if out.contains(&0) {
+        return Err(format!("{s:?} decodes to a NUL byte"));
+    }
+    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
+}
+
+/// Percent-encodes what an NBD URI's path (`in_query` false) or a query value (true) cannot
+/// hold as it is; `percent_decode` gives `s` back.
+pub fn percent_encode(s: &str, in_query: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &c in s.as_bytes() {
+        let plain = c.is_ascii_alphanumeric()
+            || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/' | b':' | b'@' | b'!' | b'$' | b'\'' | b'(' | b')')
+            || matches!(c, b'*' | b'+' | b',' | b';')
+            || (!in_query && matches!(c, b'&' | b'='));
+        if plain {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
+}
+
 /// The HDD model's options (`seek_min_ms`, `seek_max_ms`, `rpm`, `mib_s`, `seed`) over the
 /// defaults.
 pub fn take_hdd(opts: &mut Options) -> Result<HddParams> {

@@ -3,6 +3,9 @@
 //! `KiB`, `MiB`, `GiB`, `TiB`, `PiB` are powers of 1024 (`64M` is 64 MiB, as qemu-img and fio
 //! read it); `KB`, `MB`, `GB`, `TB` are powers of 1000 (`10MB` is 10,000,000 bytes; fio's
 //! default `kb_base` would read it as MiB, strata does not). Units are case-insensitive.
+//! Durations too: `250us`, `10ms`, `1.5s`, `2m`.
+
+use std::time::Duration;
 
 /// Parses a byte size such as `4GiB`, `64k`, `512`, `1.5G`, `10MB`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -69,6 +72,45 @@ pub fn format_size_exact(bytes: u64) -> String {
     }
 }
 
+/// Why `parse_duration` refused a duration; each command words it in its own way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DurationError {
+    /// What stands before the unit is not a number.
+    NotANumber(String),
+    /// No unit (and no default), or this unknown one.
+    Unit(String),
+    /// Negative, or too large: why.
+    OutOfRange(String),
+}
+
+/// Parses a duration such as `250us`, `10ms`, `1.5s`, `2m`: units `ns`, `us`, `ms`, `s`,
+/// `m` (or `min`). A bare number is in `bare` units (`Some("s")`), or an error without one.
+pub fn parse_duration(s: &str, bare: Option<&str>) -> Result<Duration, DurationError> {
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, bare.unwrap_or("")),
+    };
+    let value: f64 = num.trim().parse().map_err(|_| DurationError::NotANumber(num.to_string()))?;
+    let secs = match unit {
+        "ns" => value / 1e9,
+        "us" => value / 1e6,
+        "ms" => value / 1e3,
+        "s" => value,
+        "m" | "min" => value * 60.0,
+        _ => return Err(DurationError::Unit(unit.to_string())),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| DurationError::OutOfRange(e.to_string()))
+}
+
+/// Writes a duration back the way `parse_duration` reads it: `30s`, `500ms`.
+pub fn format_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +131,18 @@ mod tests {
         assert!(parse_size("0.3").is_err());
         assert_eq!(format_size(4 << 30), "4 GiB");
         assert_eq!(format_size(1536), "1.5 KiB");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250us", None).unwrap(), Duration::from_micros(250));
+        assert_eq!(parse_duration("1.5s", None).unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m", None).unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("30", Some("s")).unwrap(), Duration::from_secs(30));
+        assert!(parse_duration("30", None).is_err());
+        assert!(parse_duration("5parsecs", None).is_err());
+        assert!(parse_duration("-5ms", None).is_err());
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_millis(500)), "500ms");
     }
 }

@@ -5,9 +5,10 @@
 //! and adds structured replies, many requests in flight and reconnection.
 
 use crate::proto::*;
+use std::any::Any;
 use std::io::{Error, ErrorKind, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::UnixStream;
+use tokio::net::{TcpStream, UnixStream};
 
 pub struct Client<S> {
     stream: S,
@@ -106,9 +107,42 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 }
 
 /// Any byte stream a client or server speaks NBD over: TCP, a Unix socket, or TLS over either.
-pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// For `split`, to find a plain socket in a box.
+    fn as_any(&self) -> &dyn Any;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
 pub type BoxStream = Box<dyn Stream>;
+pub type ReadBox = Box<dyn AsyncRead + Send + Unpin>;
+pub type WriteBox = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Splits a stream into halves for a reader and a writer: a TCP or Unix socket without a
+/// lock (`into_split`), anything else (TLS) under `tokio::io::split`'s, taken on every poll.
+pub fn split(s: BoxStream) -> (ReadBox, WriteBox) {
+    fn halves<R, W>((r, w): (R, W)) -> (ReadBox, WriteBox)
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        (Box::new(r), Box::new(w))
+    }
+    let any = (*s).as_any(); // the stream's own type, not the box's
+    if any.is::<TcpStream>() {
+        halves(s.into_any().downcast::<TcpStream>().expect("a TcpStream").into_split())
+    } else if any.is::<UnixStream>() {
+        halves(s.into_any().downcast::<UnixStream>().expect("a UnixStream").into_split())
+    } else {
+        halves(tokio::io::split(s))
+    }
+}
 
 /// What a client asks for in `choose`.
 pub struct Want<'a> {

@@ -177,6 +177,8 @@ pub struct Negotiated {
     pub base_allocation: bool,
     /// The client asked for block sizes, so it promised to honour them.
     pub block_size_agreed: bool,
+    /// The connection went over to TLS (STARTTLS).
+    pub tls: bool,
 }
 
 /// Block size constraints we advertise: (minimum, preferred, maximum).

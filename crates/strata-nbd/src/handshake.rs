@@ -157,7 +157,14 @@ pub async fn negotiate(s: &mut Negotiating, shared: &Shared) -> Result<Negotiate
                 s.write_all(&out).await?;
                 s.flush().await?;
                 let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
-                return Ok(Negotiated { export, retired, structured, base_allocation, block_size_agreed: false });
+                return Ok(Negotiated {
+                    export,
+                    retired,
+                    structured,
+                    base_allocation,
+                    block_size_agreed: false,
+                    tls: secure,
+                });
             }
             OPT_ABORT => {
                 option_reply(&mut out, opt, REP_ACK, &[]);
@@ -256,7 +263,14 @@ pub async fn negotiate(s: &mut Negotiating, shared: &Shared) -> Result<Negotiate
                 if opt == OPT_GO {
                     let base_allocation = matches!(&meta, Some((n, true)) if *n == name);
                     let block_size_agreed = reqs.contains(&INFO_BLOCK_SIZE);
-                    return Ok(Negotiated { export, retired, structured, base_allocation, block_size_agreed });
+                    return Ok(Negotiated {
+                        export,
+                        retired,
+                        structured,
+                        base_allocation,
+                        block_size_agreed,
+                        tls: secure,
+                    });
                 }
                 continue;
             }

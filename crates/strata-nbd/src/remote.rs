@@ -17,20 +17,22 @@
 //! lost unflushed writes when it restarted gets them back before the flush that covers them
 //! is sent again.
 
-use crate::client::{choose, greet, start_tls, BoxStream, ExportInfo, Want};
+use crate::client::{choose, greet, split, start_tls, BoxStream, ExportInfo, ReadBox, Want, WriteBox};
 use crate::errno;
 use crate::proto::*;
 use crate::tls::ClientTls;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_io::metrics::{MetricKind, Sample};
+use strata_io::query::{percent_encode, Written};
+use strata_io::units::{format_duration, format_size_exact};
 use strata_io::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -47,9 +49,21 @@ pub enum Address {
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Address::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
-            Address::Tcp { host, port } => write!(f, "{host}:{port}"),
+            Address::Tcp { host, port } => write!(f, "{}:{port}", Host(host)),
             Address::Unix(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A host name, or an IPv6 address in brackets.
+struct Host<'a>(&'a str);
+
+impl fmt::Display for Host<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.contains(':') {
+            write!(f, "[{}]", self.0)
+        } else {
+            f.write_str(self.0)
         }
     }
 }
@@ -91,15 +105,63 @@ pub struct RemoteSpec {
 impl RemoteSpec {
     /// `nbd://host:port/export` and the like, without options.
     pub fn uri(&self) -> String {
+        let mut s = String::new();
+        self.write_uri(&mut s, false).expect("writing to a String");
+        s
+    }
+
+    /// Writes the URI: as `uri` says it, or (`spec`) as a device spec: the default port
+    /// left out and the options that differ from the defaults written.
+    pub fn write_uri(&self, f: &mut impl fmt::Write, spec: bool) -> fmt::Result {
         let s = if self.tls.is_some() { "s" } else { "" };
         let export = percent_encode(&self.export, false);
+        let mut w = Written::default();
         match &self.address {
-            Address::Tcp { .. } => format!("nbd{s}://{}/{export}", self.address),
+            Address::Tcp { host, port } if spec && *port == DEFAULT_PORT => {
+                write!(f, "nbd{s}://{}/{export}", Host(host))?
+            }
+            Address::Tcp { .. } => write!(f, "nbd{s}://{}/{export}", self.address)?,
             Address::Unix(p) => {
-                format!("nbd{s}+unix:///{export}?socket={}", percent_encode(&p.to_string_lossy(), true))
+                write!(f, "nbd{s}+unix:///{export}")?;
+                w.pair("socket", encoded_path(p));
+            }
+        }
+        if spec {
+            self.write_options(&mut w);
+        }
+        write!(f, "{w}")
+    }
+
+    /// The options that differ from the defaults, in the order the spec parser takes them.
+    fn write_options(&self, w: &mut Written) {
+        let (t, d) = (&self.tuning, Tuning::default());
+        if let Some(n) = t.connections {
+            w.pair("connections", n);
+        }
+        w.unless_default("timeout", format_duration(t.timeout), format_duration(d.timeout));
+        w.unless_default("outage", format_duration(t.outage), format_duration(d.outage));
+        if t.replay_bytes != d.replay_bytes {
+            w.pair("replay", format_size_exact(t.replay_bytes));
+        }
+        if let Some(tls) = &self.tls {
+            if let Some(p) = &tls.psk_file {
+                w.pair("tls-psk-file", encoded_path(p));
+            }
+            if let Some(u) = &tls.username {
+                w.pair("tls-username", percent_encode(u, true));
+            }
+            if let Some(p) = &tls.certificates {
+                w.pair("tls-certificates", encoded_path(p));
+            }
+            if !tls.verify {
+                w.pair("tls-verify", "off");
             }
         }
     }
+}
+
+fn encoded_path(p: &Path) -> String {
+    percent_encode(&p.to_string_lossy(), true)
 }
 
 /// Write payloads up to this size are copied into the queue of requests sent together;
@@ -168,7 +230,7 @@ impl Pending {
 /// and the reader task that answers them.
 struct Conn {
     info: ExportInfo,
-    tx: tokio::sync::Mutex<WriteHalf<BoxStream>>,
+    tx: tokio::sync::Mutex<WriteBox>,
     /// Requests (with payloads up to `GATHER_PAYLOAD_MAX`) waiting for the write half: whoever
     /// holds it next sends them all in one write (one TLS record, one system call).
     queued: Mutex<Vec<u8>>,
@@ -181,7 +243,7 @@ struct Conn {
 
 impl Conn {
     fn new(stream: BoxStream, info: ExportInfo, log_label: String) -> Arc<Conn> {
-        let (rd, wr) = tokio::io::split(stream);
+        let (rd, wr) = split(stream);
         let conn = Arc::new(Conn {
             info,
             tx: tokio::sync::Mutex::new(wr),
@@ -267,7 +329,11 @@ impl Conn {
             }
             // Ours and whatever else was queued meanwhile; nothing if the holder before us
             // sent ours with its own.
-            let batch = std::mem::take(&mut *self.queued.lock());
+            // A large payload's header goes with them; the payload follows from where it is.
+            let mut batch = std::mem::take(&mut *self.queued.lock());
+            if large.is_some() {
+                batch.extend_from_slice(&head);
+            }
             if !batch.is_empty() {
                 w.write_all(&batch).await?;
                 let mut q = self.queued.lock();
@@ -277,7 +343,6 @@ impl Conn {
                 }
             }
             if let Some(p) = large {
-                w.write_all(&head).await?;
                 w.write_all(p).await?;
             }
             w.flush().await
@@ -292,7 +357,7 @@ impl Conn {
 }
 
 /// The reader task: replies until the stream ends or breaks framing. Returns why it stopped.
-async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> std::result::Result<(), String> {
+async fn read_replies(conn: &Conn, mut rd: BufReader<ReadBox>) -> std::result::Result<(), String> {
     let io = |e: std::io::Error| format!("reading replies: {e}");
     loop {
         let magic = match rd.read_u32().await {
@@ -304,38 +369,29 @@ async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> st
             SIMPLE_REPLY_MAGIC => {
                 let err = rd.read_u32().await.map_err(io)?;
                 let cookie = rd.read_u64().await.map_err(io)?;
-                let (kind, len, buf) = match conn.pending.lock().get_mut(&cookie) {
-                    Some(p) => (Some(p.kind), p.len, p.buf.take()),
-                    None => (None, 0, None),
+                // Taken now: if its caller gives up meanwhile, the dropped sender tells it.
+                let Some(mut p) = conn.pending.lock().remove(&cookie) else {
+                    // A late reply to a forgotten request: with structured replies agreed, only
+                    // replies without payload are simple.
+                    continue;
                 };
-                if conn.info.structured && kind == Some(CMD_READ) && err == 0 {
+                let read = p.kind == CMD_READ && err == 0;
+                if conn.info.structured && read {
                     return Err("a simple reply to a READ after structured replies were agreed".into());
                 }
-                let buf = if kind == Some(CMD_READ) && err == 0 {
-                    match buf {
-                        Some(mut b) => {
-                            rd.read_exact(&mut b[..]).await.map_err(io)?;
-                            Some(b)
-                        }
-                        None => {
-                            skip(&mut rd, len as u64).await.map_err(io)?;
-                            None
-                        }
-                    }
+                let out = if err != 0 {
+                    Err(Failure::Server(err, String::new()))
                 } else {
-                    buf
+                    let mut buf = p.buf.take();
+                    match buf.as_mut() {
+                        Some(b) if read => rd.read_exact(&mut b[..]).await.map(drop).map_err(io)?,
+                        None if read => skip(&mut rd, p.len as u64).await.map_err(io)?,
+                        _ => {}
+                    }
+                    Ok(Done { buf, extents: std::mem::take(&mut p.extents) })
                 };
-                if let Some(mut p) = conn.pending.lock().remove(&cookie) {
-                    if buf.is_some() && err == 0 {
-                        p.filled = vec![(p.offset, p.offset + p.len as u64)];
-                    }
-                    p.buf = buf;
-                    if err != 0 {
-                        p.error = Some((err, String::new()));
-                    }
-                    p.finish();
-                } else if kind.is_none() && conn.info.structured {
-                    // A late reply to a forgotten request; only non-READ replies are simple.
+                if let Some(tx) = p.done.take() {
+                    let _ = tx.send(out);
                 }
             }
             STRUCTURED_REPLY_MAGIC => {
@@ -355,7 +411,7 @@ async fn read_replies(conn: &Conn, mut rd: BufReader<ReadHalf<BoxStream>>) -> st
     }
 }
 
-async fn skip(rd: &mut BufReader<ReadHalf<BoxStream>>, n: u64) -> std::io::Result<()> {
+async fn skip(rd: &mut BufReader<ReadBox>, n: u64) -> std::io::Result<()> {
     let copied = tokio::io::copy(&mut (&mut *rd).take(n), &mut tokio::io::sink()).await?;
     if copied < n {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
@@ -366,7 +422,7 @@ async fn skip(rd: &mut BufReader<ReadHalf<BoxStream>>, n: u64) -> std::io::Resul
 /// One structured chunk's payload.
 async fn chunk(
     conn: &Conn,
-    rd: &mut BufReader<ReadHalf<BoxStream>>,
+    rd: &mut BufReader<ReadBox>,
     ty: u16,
     cookie: u64,
     len: u32,
@@ -631,10 +687,6 @@ impl RemoteDev {
         Ok(RemoteDev { inner, tasks })
     }
 
-    pub fn spec(&self) -> &RemoteSpec {
-        &self.inner.spec
-    }
-
     pub fn info(&self) -> ExportInfo {
         self.inner.info
     }
@@ -727,6 +779,9 @@ impl Inner {
 
     /// Waits for a live connection until `deadline`.
     async fn live_conn(&self, deadline: tokio::time::Instant, issued: Instant) -> Result<Arc<Conn>> {
+        if let Some(c) = self.pick() {
+            return Ok(c);
+        }
         let mut up = self.up.subscribe();
         loop {
             if let Some(c) = self.pick() {
@@ -871,6 +926,30 @@ impl Inner {
         offset.is_multiple_of(self.min()) && len.is_multiple_of(self.min())
     }
 
+    /// The aligned range around `[offset, offset+len)`: `(start, end)`.
+    fn widen(&self, offset: u64, len: u64) -> (u64, u64) {
+        let min = self.min();
+        (offset / min * min, (offset + len).div_ceil(min) * min)
+    }
+
+    /// The aligned range inside `[offset, offset+len)`: `(start, end)`, `start >= end` when
+    /// there is none.
+    fn shrink(&self, offset: u64, len: u64) -> (u64, u64) {
+        let min = self.min();
+        (offset.div_ceil(min) * min, (offset + len) / min * min)
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.has(TFLAG_READ_ONLY) {
+            return Err(Error::new(ErrorKind::ReadOnly, format!("{}: the export is read-only", self.spec.uri())));
+        }
+        Ok(())
+    }
+
+    fn no_fast_zero(&self) -> Error {
+        Error::new(ErrorKind::Unsupported, format!("{}: no fast zeroing", self.spec.uri()))
+    }
+
     /// Reads `[offset, offset+len)` into `out`, aligned and no larger than the maximum.
     async fn read_piece(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let done = self.request(CMD_READ, 0, offset, out.len() as u32, None).await?;
@@ -882,9 +961,7 @@ impl Inner {
     async fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let len = out.len() as u64;
         if !self.aligned(offset, len) {
-            let min = self.min();
-            let start = offset / min * min;
-            let end = (offset + len).div_ceil(min) * min;
+            let (start, end) = self.widen(offset, len);
             let mut wide = vec![0u8; (end - start) as usize];
             Box::pin(self.read_into(start, &mut wide)).await?;
             let at = (offset - start) as usize;
@@ -902,9 +979,7 @@ impl Inner {
         let len = data.len() as u64;
         if !self.aligned(offset, len) {
             // Read-modify-write of the aligned range around it.
-            let min = self.min();
-            let start = offset / min * min;
-            let end = (offset + len).div_ceil(min) * min;
+            let (start, end) = self.widen(offset, len);
             let mut wide = vec![0u8; (end - start) as usize];
             self.read_into(start, &mut wide).await?;
             let at = (offset - start) as usize;
@@ -944,10 +1019,9 @@ impl Inner {
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        let min = self.min();
         if !self.has(TFLAG_SEND_WRITE_ZEROES) || !self.aligned(offset, len) {
             if flags.fast_only {
-                return Err(Error::new(ErrorKind::Unsupported, format!("{}: no fast zeroing", self.spec.uri())));
+                return Err(self.no_fast_zero());
             }
             if !self.has(TFLAG_SEND_WRITE_ZEROES) {
                 // Emulated: zeroes written in pieces of up to 1 MiB.
@@ -961,8 +1035,7 @@ impl Inner {
                 return Ok(());
             }
             // Unaligned edges as data, the aligned middle as a command.
-            let start = offset.div_ceil(min) * min;
-            let end = (offset + len) / min * min;
+            let (start, end) = self.shrink(offset, len);
             if start >= end {
                 return self.write_from(offset, &vec![0u8; len as usize], false).await;
             }
@@ -971,7 +1044,7 @@ impl Inner {
             return Box::pin(self.write_zeroes(start, end - start, flags)).await;
         }
         if flags.fast_only && !self.has(TFLAG_SEND_FAST_ZERO) {
-            return Err(Error::new(ErrorKind::Unsupported, format!("{}: no fast zeroing", self.spec.uri())));
+            return Err(self.no_fast_zero());
         }
         let mut f = if flags.may_unmap { 0 } else { CMD_FLAG_NO_HOLE };
         if flags.fast_only {
@@ -985,9 +1058,7 @@ impl Inner {
             return Ok(());
         }
         // Only the aligned middle: a trim is advisory.
-        let min = self.min();
-        let start = offset.div_ceil(min) * min;
-        let end = (offset + len) / min * min;
+        let (start, end) = self.shrink(offset, len);
         if start >= end {
             return Ok(());
         }
@@ -998,9 +1069,8 @@ impl Inner {
         if self.info.base_allocation.is_none() {
             return Ok(vec![Extent::data(len)]);
         }
-        let min = self.min();
-        let start = offset / min * min;
-        let end = ((offset + len).div_ceil(min) * min).min(start + (1 << 30));
+        let (start, end) = self.widen(offset, len);
+        let end = end.min(start + (1 << 30));
         let done = self.request(CMD_BLOCK_STATUS, 0, start, (end - start) as u32, None).await?;
         let mut extents = done.extents;
         // Start at `offset`: drop what lies before it.
@@ -1079,12 +1149,7 @@ impl BlockDev for RemoteDev {
     fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
         Box::pin(async move {
             check_range("write", offset, buf.len() as u64, self.size())?;
-            if self.inner.has(TFLAG_READ_ONLY) {
-                return Err(Error::new(
-                    ErrorKind::ReadOnly,
-                    format!("{}: the export is read-only", self.inner.spec.uri()),
-                ));
-            }
+            self.inner.writable()?;
             if !buf.is_empty() {
                 self.inner.write_from(offset, &buf, fua).await?;
             }
@@ -1099,12 +1164,7 @@ impl BlockDev for RemoteDev {
     fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             check_range("discard", offset, len, self.size())?;
-            if self.inner.has(TFLAG_READ_ONLY) {
-                return Err(Error::new(
-                    ErrorKind::ReadOnly,
-                    format!("{}: the export is read-only", self.inner.spec.uri()),
-                ));
-            }
+            self.inner.writable()?;
             self.inner.discard(offset, len).await
         })
     }
@@ -1112,12 +1172,7 @@ impl BlockDev for RemoteDev {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             check_range("write_zeroes", offset, len, self.size())?;
-            if self.inner.has(TFLAG_READ_ONLY) {
-                return Err(Error::new(
-                    ErrorKind::ReadOnly,
-                    format!("{}: the export is read-only", self.inner.spec.uri()),
-                ));
-            }
+            self.inner.writable()?;
             if len == 0 {
                 return Ok(());
             }
@@ -1222,76 +1277,6 @@ impl BlockDev for RemoteDev {
                 i.bytes_written.load(Ordering::Relaxed) as f64,
             ),
         ]
-    }
-}
-
-/// Undoes an NBD URI's percent-encoding (RFC 3986, as the NBD URI format says): the export
-/// name and query values are percent-decoded. A `%` not followed by two hex digits, a result
-/// that is not UTF-8, or a NUL (no export name or path may hold one) is an error.
-pub fn percent_decode(s: &str) -> std::result::Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-            let v = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
-            out.push(v.ok_or_else(|| format!("bad percent-escape in {s:?} (% and two hex digits)"))?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    if out.contains(&0) {
-        return Err(format!("{s:?} decodes to a NUL byte"));
-    }
-    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
-}
-
-/// Percent-encodes what an NBD URI's path (`in_query` false) or a query value (true) cannot
-/// hold as it is; `percent_decode` gives `s` back.
-pub fn percent_encode(s: &str, in_query: bool) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &c in s.as_bytes() {
-        let plain = c.is_ascii_alphanumeric()
-            || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/' | b':' | b'@' | b'!' | b'$' | b'\'' | b'(' | b')')
-            || matches!(c, b'*' | b'+' | b',' | b';')
-            || (!in_query && matches!(c, b'&' | b'='));
-        if plain {
-            out.push(c as char);
-        } else {
-            out.push_str(&format!("%{c:02X}"));
-        }
-    }
-    out
-}
-
-/// Reads a duration: `30`, `30s`, `500ms`, `2m` (seconds when no unit).
-pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num.trim().parse().map_err(|_| format!("expected a duration such as 30s or 500ms, got {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" | "min" => n * 60.0,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?} (ms, s, m)")),
-    };
-    if !secs.is_finite() || secs <= 0.0 {
-        return Err(format!("a duration must be positive, got {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Writes a duration back the way `parse_duration` reads it.
-pub fn format_duration(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
     }
 }
 

@@ -2,7 +2,7 @@
 //! handshake and then the transmission phase, and a shutdown that lets in-flight requests
 //! finish before the devices are flushed.
 
-use crate::client::{BoxStream, Stream};
+use crate::client::{split, BoxStream, Stream};
 use crate::export::{stopped, Export, Limits, Removed, Shared};
 use crate::handshake::{negotiate, HandshakeEnd};
 use crate::tls::ServerTls;
@@ -96,7 +96,7 @@ impl Server {
                 Ok(Ok(neg)) => {
                     // The handshake may have read ahead into the first requests.
                     let early = stream.buffer().to_vec();
-                    let (rd, wr) = tokio::io::split(stream.into_inner());
+                    let (rd, wr) = split(stream.into_inner());
                     transmit(rd, wr, &early, neg, shared.clone()).await
                 }
                 Ok(Err(HandshakeEnd::Closed)) => {}

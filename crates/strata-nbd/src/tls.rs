@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use tokio::io::BufWriter;
+use tokio::io::{AsyncWrite, BufWriter};
 use tokio_openssl::SslStream;
 
 /// Reads a psktool file: `identity:hexkey` lines (blank lines and `#` comments skipped).
@@ -79,7 +79,7 @@ fn put(out: &mut [u8], s: &[u8]) -> std::result::Result<usize, openssl::error::E
 }
 
 /// A client's TLS settings (the `nbds://` spec's options).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientTls {
     /// `tls-psk-file=`: a psktool file; the key of `username` (or the first) is used.
     pub psk_file: Option<PathBuf>,
@@ -90,6 +90,13 @@ pub struct ClientTls {
     pub certificates: Option<PathBuf>,
     /// `tls-verify=`: check the server's certificate and name (X.509 only).
     pub verify: bool,
+}
+
+/// No options: the system's authorities, certificates checked.
+impl Default for ClientTls {
+    fn default() -> ClientTls {
+        ClientTls { psk_file: None, username: None, certificates: None, verify: true }
+    }
 }
 
 impl ClientTls {
@@ -190,14 +197,21 @@ impl<S> TlsStream<S> {
     }
 }
 
-impl<S: Stream> tokio::io::AsyncWrite for TlsStream<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<Result<usize>> {
-        let this = self.get_mut();
-        let written = Pin::new(&mut this.0).poll_write(cx, buf);
+impl<S: Stream> TlsStream<S> {
+    /// Seals `buf` into records, then hands the sealed records to the socket now; what it
+    /// does not take stays buffered.
+    fn seal(&mut self, cx: &mut std::task::Context<'_>, buf: &[u8]) -> Poll<Result<usize>> {
+        let written = Pin::new(&mut self.0).poll_write(cx, buf);
         if let Poll::Ready(Ok(_)) = written {
-            let _ = Pin::new(this.0.get_mut()).poll_flush(cx);
+            let _ = Pin::new(self.0.get_mut()).poll_flush(cx);
         }
         written
+    }
+}
+
+impl<S: Stream> AsyncWrite for TlsStream<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<Result<usize>> {
+        self.get_mut().seal(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -209,11 +223,7 @@ impl<S: Stream> tokio::io::AsyncWrite for TlsStream<S> {
         let first = bufs.iter().find(|b| !b.is_empty()).map_or(0, |b| b.len());
         if first >= RECORD_GATHER_BYTES || bufs.iter().filter(|b| !b.is_empty()).count() < 2 {
             let slice = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]);
-            let written = Pin::new(&mut this.0).poll_write(cx, slice);
-            if let Poll::Ready(Ok(_)) = written {
-                let _ = Pin::new(this.0.get_mut()).poll_flush(cx);
-            }
-            return written;
+            return this.seal(cx, slice);
         }
         this.1.clear();
         for b in bufs {
@@ -223,11 +233,9 @@ impl<S: Stream> tokio::io::AsyncWrite for TlsStream<S> {
                 break;
             }
         }
-        let written = Pin::new(&mut this.0).poll_write(cx, &this.1);
-        if let Poll::Ready(Ok(_)) = written {
-            // Hand the sealed records to the socket now; what it does not take stays buffered.
-            let _ = Pin::new(this.0.get_mut()).poll_flush(cx);
-        }
+        let gathered = std::mem::take(&mut this.1);
+        let written = this.seal(cx, &gathered);
+        this.1 = gathered;
         written
     }
 

@@ -47,8 +47,8 @@ const POOL_BYTES: usize = 16 << 20;
 struct Reply {
     head: Vec<u8>,
     data: Option<Buf>,
-    /// A buffer the request no longer needs (a write's payload, a failed read's): back to
-    /// the pool as soon as the reply is queued.
+    /// A write's payload, which the request no longer needs: back to the pool as soon as
+    /// the reply is queued.
     spare: Option<Buf>,
     _budget: Option<OwnedSemaphorePermit>,
 }
@@ -177,6 +177,8 @@ struct Session {
     /// Written since the last flush: a stream that buffers (TLS) holds the last replies
     /// until it is flushed.
     unflushed: bool,
+    /// Whether the stream buffers (TLS) and so needs flushing; plain sockets do not.
+    buffered: bool,
 }
 
 pub async fn transmit<R, W>(mut rd: R, mut wr: W, early: &[u8], neg: Negotiated, shared: Arc<Shared>)
@@ -205,9 +207,11 @@ where
         held: 0,
         pool: BufPool::new(POOL_BYTES),
         unflushed: false,
+        buffered: neg.tls,
     };
-    // `early`: what the handshake read ahead into the first requests.
-    let mut inbox = Inbox { data: vec![0; INPUT_BYTES.max(early.len())], lo: 0, hi: early.len() };
+    // `early`: what the handshake read ahead into the first requests, at most its reader's
+    // 64 KiB buffer.
+    let mut inbox = Inbox { data: vec![0; INPUT_BYTES], lo: 0, hi: early.len() };
     inbox.data[..inbox.hi].copy_from_slice(early);
     let mut input = Input::Header;
     let mut stop = shared.shutdown_rx.clone();
@@ -244,7 +248,7 @@ where
             written = write_out(&mut wr, &s.out), if !s.out.queue.is_empty() || s.unflushed => match written {
                 Ok(Some(n)) if n > 0 => {
                     s.held -= s.out.advance(n, &mut s.pool);
-                    s.unflushed = true;
+                    s.unflushed = s.buffered;
                 }
                 Ok(None) => s.unflushed = false,
                 _ => {
@@ -488,7 +492,8 @@ fn validate(c: &Conn, req: &Request) -> Result<(), (u32, String)> {
     Ok(())
 }
 
-/// Runs a validated request other than WRITE; `buf` is a READ's buffer of its length.
+/// Runs a validated request other than WRITE; `buf` is a READ's buffer of its length (and
+/// `None` for the others).
 async fn execute(
     dev: Arc<dyn BlockDev>,
     c: Conn,
@@ -499,7 +504,7 @@ async fn execute(
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let (off, len) = (req.offset, req.length as u64);
     let result: Result<(), Error> = match req.kind {
-        CMD_READ => match dev.read(off, buf.unwrap_or_else(|| Buf::zeroed(len as usize))).await {
+        CMD_READ => match dev.read(off, buf.expect("a READ comes with its buffer")).await {
             Ok(buf) => {
                 let mut head = Vec::with_capacity(32);
                 if c.structured {

@@ -70,14 +70,12 @@ use strata_io::engine::{EngineKind, DEFAULT_ENGINE};
 use strata_io::fault::{parse_rule, Rule};
 use strata_io::file::FileOptions;
 use strata_io::latency::{HddParams, SsdParams};
-use strata_io::query::{self, invalid_spec, split_query, Options, Written};
-use strata_io::units::{format_size_exact, parse_size};
+use strata_io::query::{self, invalid_spec, percent_decode, split_query, Options, Written};
+use strata_io::units::{format_size_exact, parse_duration, parse_size, DurationError};
 use strata_io::{Error, Result};
 use strata_qos::QosOptions;
 
-use strata_nbd::remote::{
-    format_duration, parse_duration, percent_decode, percent_encode, Address, RemoteSpec, Tuning, DEFAULT_PORT,
-};
+use strata_nbd::remote::{Address, RemoteSpec, Tuning, DEFAULT_PORT};
 use strata_nbd::tls::ClientTls;
 
 /// The kinds of spec, as an error lists them.
@@ -380,6 +378,16 @@ fn split_stacked<'a>(s: &str, rest: &'a str, usage: &str) -> Result<(&'a str, &'
     Ok((head, inner))
 }
 
+/// Reads an `nbd:` spec's duration: `30`, `30s`, `500ms`, `2m` (seconds when no unit).
+fn duration_secs(s: &str) -> std::result::Result<std::time::Duration, String> {
+    match parse_duration(s, Some("s")) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) | Err(DurationError::OutOfRange(_)) => Err(format!("a duration must be positive, got {s:?}")),
+        Err(DurationError::NotANumber(_)) => Err(format!("expected a duration such as 30s or 500ms, got {s:?}")),
+        Err(DurationError::Unit(unit)) => Err(format!("unknown unit {unit:?} in {s:?} (ms, s, m)")),
+    }
+}
+
 /// Reads the part of an `nbd[s][+unix]:` spec after the kind.
 fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
     let invalid = |msg: &str| invalid_spec(s, msg);
@@ -422,7 +430,7 @@ fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
     let d = Tuning::default();
     let duration = |opts: &mut Options, key: &str, default| match opts.take(key) {
         None => Ok(default),
-        Some(v) => parse_duration(&v).map_err(|e| invalid_spec(s, format!("{key}: {e}"))),
+        Some(v) => duration_secs(&v).map_err(|e| invalid_spec(s, format!("{key}: {e}"))),
     };
     let connections = match opts.take_parsed::<usize>("connections")? {
         Some(0) => return Err(invalid("connections must be at least 1")),
@@ -441,7 +449,7 @@ fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
         verify: opts.take_bool("tls-verify")?.unwrap_or(true),
     };
     let secure = kind.starts_with("nbds");
-    if !secure && tls != (ClientTls { verify: true, ..ClientTls::default() }) {
+    if !secure && tls != ClientTls::default() {
         return Err(invalid("tls-* options need TLS: nbds:// or nbds+unix://"));
     }
     if tls.psk_file.is_some() && tls.certificates.is_some() {
@@ -450,51 +458,6 @@ fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
     opts.finish()?;
     let spec = RemoteSpec { address, export, tls: secure.then_some(tls), tuning };
     Ok(Spec::Nbd(Box::new(spec)))
-}
-
-/// Writes an `nbd[s][+unix]:` spec back.
-fn write_nbd(f: &mut fmt::Formatter<'_>, r: &RemoteSpec) -> fmt::Result {
-    let s = if r.tls.is_some() { "s" } else { "" };
-    let mut w = Written::default();
-    match &r.address {
-        Address::Tcp { host, port } => {
-            let host = if host.contains(':') { format!("[{host}]") } else { host.clone() };
-            let port = if *port == DEFAULT_PORT { String::new() } else { format!(":{port}") };
-            write!(f, "nbd{s}://{host}{port}/{}", percent_encode(&r.export, false))?;
-        }
-        Address::Unix(p) => {
-            write!(f, "nbd{s}+unix:///{}", percent_encode(&r.export, false))?;
-            w.pair("socket", encoded_path(p));
-        }
-    }
-    let (t, d) = (&r.tuning, Tuning::default());
-    if let Some(n) = t.connections {
-        w.pair("connections", n);
-    }
-    w.unless_default("timeout", format_duration(t.timeout), format_duration(d.timeout));
-    w.unless_default("outage", format_duration(t.outage), format_duration(d.outage));
-    if t.replay_bytes != d.replay_bytes {
-        w.pair("replay", format_size_exact(t.replay_bytes));
-    }
-    if let Some(tls) = &r.tls {
-        if let Some(p) = &tls.psk_file {
-            w.pair("tls-psk-file", encoded_path(p));
-        }
-        if let Some(u) = &tls.username {
-            w.pair("tls-username", percent_encode(u, true));
-        }
-        if let Some(p) = &tls.certificates {
-            w.pair("tls-certificates", encoded_path(p));
-        }
-        if !tls.verify {
-            w.pair("tls-verify", "off");
-        }
-    }
-    write!(f, "{w}")
-}
-
-fn encoded_path(p: &Path) -> String {
-    percent_encode(&p.to_string_lossy(), true)
 }
 
 /// Splits a target's options into those before `key` (`origin=`, `data=`) and the nested
@@ -593,7 +556,7 @@ impl fmt::Display for Spec {
                 options.write(&mut w);
                 write!(f, "qos:{group}{w}@{inner}")
             }
-            Spec::Nbd(r) => write_nbd(f, r),
+            Spec::Nbd(r) => r.write_uri(f, true),
         }
     }
 }

@@ -41,10 +41,12 @@ Volume specs:
   nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH
                        an export of another NBD server (nbdkit, qemu-nbd, strata), e.g. as
                        a cache's origin; options connections=N, timeout=30s (one attempt),
-                       outage=180s (how long requests wait for a server that is away)
+                       outage=180s (how long requests wait for a server that is away),
+                       replay=64MiB (unflushed writes kept to write again after a reconnect)
   nbds://..., nbds+unix://...
                        the same over TLS: tls-psk-file=FILE[&tls-username=ID] or
                        tls-certificates=DIR (ca-cert.pem[, client-cert.pem, client-key.pem])
+                       [&tls-verify=off] (do not check the server's certificate and name)
   fault:RULE[,RULE]...@SPEC
                        SPEC behind injected faults (tests and drills): each RULE is
                        OPS:EFFECT[:FIELD]..., OPS read|write|flush|discard|zero|any joined
@@ -73,7 +75,9 @@ Examples:
   strata serve --unix /tmp/s.sock 'flaky=fault:write:eio:0-4KiB:once,any:delay=5ms:p=0.01@mem:64MiB'
   nbdinfo 'nbd+unix:///vol0?socket=/tmp/strata.sock'
   strata serve --tcp 0.0.0.0:10809 --tls require --tls-psk /etc/strata/keys.psk vol0=/var/tmp/vol0.img
-  nbdinfo 'nbds://alice@HOST/vol0?tls-psk-file=/etc/strata/keys.psk'")]
+  nbdinfo 'nbds://alice@HOST/vol0?tls-psk-file=/etc/strata/keys.psk'
+                       (libnbd's form, for nbdinfo and qemu; in a strata spec the user
+                       goes in tls-username=alice)")]
 pub struct ServeArgs {
     /// Listen on this Unix socket.
     #[arg(long, value_name = "PATH")]
