@@ -4,6 +4,7 @@
 
 use crate::dev::{snapshot, Qos};
 use crate::sched::{GroupId, GroupReport, LATENCY_BUCKETS_US};
+use crate::settings::GROUP_KEYS;
 use serde::{Deserialize, Serialize};
 use strata_io::metrics::{MetricKind, Sample};
 
@@ -43,10 +44,8 @@ pub struct GroupStatus {
 
 impl GroupStatus {
     fn from(r: &GroupReport) -> GroupStatus {
-        let limits = ["riops", "wiops", "rbps", "wbps", "burst_ms", "latency_ms"]
-            .iter()
-            .map(|k| format!("{k}={}", r.settings.value(k)))
-            .collect();
+        // Every setting but the weight, shown on its own.
+        let limits = GROUP_KEYS[1..].iter().map(|k| format!("{k}={}", r.settings.value(k))).collect();
         GroupStatus {
             name: r.name.clone(),
             weight: r.settings.weight,
@@ -81,8 +80,7 @@ pub fn status(qos: &Qos, own: GroupId) -> QosStatus {
 
 /// The volume's own group, as samples labelled `group`.
 pub fn metrics(qos: &Qos, own: GroupId) -> Vec<Sample> {
-    let (reports, ..) = snapshot(qos);
-    let r = &reports[own.0];
+    let r = &qos.with(|s| s.report(own));
     let c = &r.counters;
     let sample =
         |name, kind, help, value: f64| Sample { name, kind, help, labels: vec![("group", r.name.clone())], value };
