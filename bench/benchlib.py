@@ -324,6 +324,18 @@ def fio(args, timeout=None):
     return json.loads(text[text.index("\n{") + 1 if not text.startswith("{") else 0:])
 
 
+def fill_nbd(uri, size_bytes):
+    """Writes the whole of an NBD export in 1 MiB requests, so that reads of it hit data."""
+    fio(["--name=fill", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1M", f"--size={fio_size(size_bytes)}"])
+
+
+def fio_server_cpu(server, args):
+    """Runs fio with `args`; returns its report and the CPU seconds `server` used meanwhile."""
+    before = server.cpu()
+    report = fio(args)
+    return report, server.cpu() - before
+
+
 def job_side(report, rw):
     job = report["jobs"][0]
     return job["write"] if "write" in rw and "read" not in rw.replace("readwrite", "") else job["read"]

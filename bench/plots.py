@@ -35,7 +35,8 @@ def _thousands(x, _pos):
     return f"{x:g}"
 
 
-def _save(fig, path):
+def save(fig, path):
+    """Lays out `fig`, writes it to `path` and closes it."""
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -67,7 +68,7 @@ def time_series(path, title, series, ylabel, log=False, smooth_s=10.0, ylim=None
     ax.legend(fontsize=8, loc="best")
     if note:
         fig.text(0.01, 0.01, note, fontsize=7, color="#555555")
-    _save(fig, path)
+    save(fig, path)
 
 
 def grouped_bars(path, title, groups, bars, values, ylabel, xlabel, log=False, hline=None, annotate=True, panels=None,
@@ -145,4 +146,4 @@ def bar_chart(path, title, labels, values, ylabel, xlabel, kinds=None, ylim=None
     ax.grid(True, axis="y", alpha=0.3)
     if any(k is not None for k in names):
         ax.legend(fontsize=8)
-    _save(fig, path)
+    save(fig, path)

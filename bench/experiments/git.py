@@ -300,17 +300,12 @@ def run(ctx):
     fast.unlink()
     for c in caches:
         for target in TARGETS:
-            if cachef.exists():
-                cachef.unlink()
+            block, create = (BLOCK, b.cache_create) if target == "cache" else (WRITECACHE_BLOCK, b.writecache_create)
             # Written through before the target is made, as the fast device alone: a device
             # has no holes, and first writes into a sparse file cost the host file system
             # block allocations (the write log's clone took 1.2-1.4x as long on one).
-            if target == "cache":
-                b.fill_random(cachef, b.cache_file_bytes(c, BLOCK))
-                b.cache_create(ctx, f"hdd:{origin}", str(cachef))
-            else:
-                b.fill_random(cachef, b.cache_file_bytes(c, WRITECACHE_BLOCK))
-                b.writecache_create(ctx, f"hdd:{origin}", str(cachef))
+            b.fill_random(cachef, b.cache_file_bytes(c, block))
+            create(ctx, f"hdd:{origin}", str(cachef))
             label = f"strata {target} {c // b.MIB} MiB"
             done(one_run(ctx, label, f"{target}:{cachef}", src, tags, work)
                  | {"target": target, "cache_mib": c // b.MIB})

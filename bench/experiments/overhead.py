@@ -68,9 +68,8 @@ def run(ctx):
     def run_nbd(server, name, export, rw):
         p.set(step=f"round {rnd + 1}/{rounds}: {name} {rw}")
         warm()
-        before = server.cpu()
-        rep = b.fio(common + ["--ioengine=nbd", f"--uri={server.uri(export)}", f"--rw={rw}"])
-        record(name, rw, rep, server.cpu() - before)
+        rep, cpu = b.fio_server_cpu(server, common + ["--ioengine=nbd", f"--uri={server.uri(export)}", f"--rw={rw}"])
+        record(name, rw, rep, cpu)
 
     log = ctx.scratch / "overhead-servers.log"
     for rnd in range(rounds):
@@ -82,15 +81,13 @@ def run(ctx):
                 run_nbd(s, "strata file (O_DIRECT)", "direct", rw)
                 # Fill the RAM volume first so reads hit real memory, as nbdkit's do below.
                 if rw == "randread":
-                    b.fio(["--name=fill", "--ioengine=nbd", f"--uri={s.uri('mem')}", "--rw=write", "--bs=1M",
-                           f"--size={size_mib}M"])
+                    b.fill_nbd(s.uri("mem"), size_mib * b.MIB)
                 run_nbd(s, "strata mem", "mem", rw)
             with b.nbdkit(work / "k.sock", "file", str(img), log=log) as k:
                 run_nbd(k, "nbdkit file", "", rw)
             with b.nbdkit(work / "k.sock", "memory", f"{size_mib}M", log=log) as k:
                 if rw == "randread":
-                    b.fio(["--name=fill", "--ioengine=nbd", f"--uri={k.uri()}", "--rw=write", "--bs=1M",
-                           f"--size={size_mib}M"])
+                    b.fill_nbd(k.uri(), size_mib * b.MIB)
                 run_nbd(k, "nbdkit memory", "", rw)
             p.set(step=f"round {rnd + 1}/{rounds}: fio on the file {rw}")
             warm()

@@ -122,11 +122,9 @@ def run(ctx):
             uris = {"busy": s.uri("busy"), "lone": s.uri("lone")}
             if rate_bits is None:
                 return run_fio(uris, busy_spec, lone_spec, nb, nl)
-            with b.Server(["nbdkit", "-f", "-U", str(work / "kb.sock"), "--filter=rate", "nbd",
-                           f"socket={work / 's.sock'}", "export=busy", f"rate={int(rate_bits)}"],
-                          work / "kb.sock", log=log) as kb, \
-                    b.Server(["nbdkit", "-f", "-U", str(work / "kl.sock"), "nbd", f"socket={work / 's.sock'}",
-                              "export=lone"], work / "kl.sock", log=log) as kl:
+            with b.nbdkit(work / "kb.sock", "nbd", f"socket={work / 's.sock'}", "export=busy", f"rate={int(rate_bits)}",
+                          filters=("rate",), log=log) as kb, \
+                    b.nbdkit(work / "kl.sock", "nbd", f"socket={work / 's.sock'}", "export=lone", log=log) as kl:
                 return run_fio({"busy": kb.uri(), "lone": kl.uri()}, busy_spec, lone_spec, nb, nl)
 
     def run_fio(uris, busy_spec, lone_spec, nb, nl):
@@ -170,7 +168,7 @@ def run(ctx):
     text = "\n\n".join(tables) + "\n"
     (out / "tables.txt").write_text(text)
     print(text)
-    b.write_csv(out / "points.csv", rows, list(rows[0].keys()))
+    b.write_csv(out / "points.csv", rows)
     files = ["points.csv", "tables.txt"] + [f"experiment{e}.png" for e in chosen()]
     return {"setup": {"runtime_s": runtime, "disk_gib": DISK_GIB, "experiments": chosen()}, "results": results,
             "files": files}
@@ -184,12 +182,11 @@ def overhead(ctx, work):
         for name, spec in [("mem", "v=mem:256MiB"), ("qos over mem", "v=qos:a@mem:256MiB")]:
             ctx.progress.set(step=f"overhead round {rnd + 1}/{rounds}: {name}")
             with b.Strata(ctx, work / "o.sock", spec, admin=False) as s:
-                b.fio(["--name=fill", "--ioengine=nbd", f"--uri={s.uri('v')}", "--rw=write", "--bs=1M", "--size=256M"])
-                before = s.cpu()
-                rep = b.fio(["--name=job", "--ioengine=nbd", f"--uri={s.uri('v')}", "--rw=randread", "--bs=4k",
-                             "--iodepth=32", "--time_based", f"--runtime={int(runtime * 1000)}ms", "--size=256M",
-                             "--randrepeat=0", "--norandommap"])
-                cpu = s.cpu() - before
+                b.fill_nbd(s.uri("v"), 256 * b.MIB)
+                rep, cpu = b.fio_server_cpu(s, ["--name=job", "--ioengine=nbd", f"--uri={s.uri('v')}", "--rw=randread",
+                                                "--bs=4k", "--iodepth=32", "--time_based",
+                                                f"--runtime={int(runtime * 1000)}ms", "--size=256M",
+                                                "--randrepeat=0", "--norandommap"])
             side = rep["jobs"][0]["read"]
             got[name]["iops"].append(side["iops"])
             got[name]["cpu_us"].append(cpu / max(1, side["total_ios"]) * 1e6)
@@ -253,4 +250,4 @@ def plot(path, exp, title, lone_head, pts, runtime):
         ax.legend(fontsize=8)
     fig.suptitle(plots.wrap(f"Experiment {exp}: {title}; hdd: model, two slices of one disk, equal weights, "
                             f"fio nbd 4 KiB O_DIRECT, {runtime:g} s per point"), fontsize=10)
-    plots._save(fig, path)
+    plots.save(fig, path)

@@ -215,26 +215,20 @@ impl CacheStatus {
             match f.export {
                 Export::Metric { kind, name, labels } => {
                     if let Some(value) = value.number() {
-                        let labels = labels.iter().map(|&(k, v)| (k, v.to_string())).collect();
-                        out.push(Sample { name, kind, help: f.help, labels, value });
+                        let sample = Sample::new(name, kind, f.help, value);
+                        out.push(labels.iter().fold(sample, |s, &(k, v)| s.label(k, v.to_string())));
                     }
                 }
                 Export::Percent { name } => {
                     if let Some(value) = value.number() {
-                        out.push(Sample {
-                            name,
-                            kind: MetricKind::Gauge,
-                            help: f.help,
-                            labels: Vec::new(),
-                            value: value / 100.0,
-                        });
+                        out.push(Sample::new(name, MetricKind::Gauge, f.help, value / 100.0));
                     }
                 }
                 Export::Info { label } => info.push((label, value.text().unwrap_or_default().to_string())),
                 Export::None => {}
             }
         }
-        out.push(Sample { name: INFO, kind: MetricKind::Gauge, help: INFO_HELP, labels: info, value: 1.0 });
+        out.push(Sample { labels: info, ..Sample::new(INFO, MetricKind::Gauge, INFO_HELP, 1.0) });
         out
     }
 }

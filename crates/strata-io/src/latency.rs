@@ -38,6 +38,20 @@ impl HddParams {
     pub fn transfer_s(&self, len: u64) -> f64 {
         len as f64 / (self.mib_s * 1048576.0)
     }
+
+    /// Mean service time in seconds of a request of `len` bytes at `offset` on a device of
+    /// `size` bytes whose head sits where the previous request ended (`last_end`): none for
+    /// positioning when the request continues the previous one, else a seek over the distance
+    /// plus the mean rotational delay (half a revolution); then the transfer.
+    pub fn mean_service_s(&self, size: u64, last_end: u64, offset: u64, len: u64) -> f64 {
+        let positioning_ms = if offset == last_end {
+            0.0
+        } else {
+            let distance = offset.abs_diff(last_end) as f64 / size.max(1) as f64;
+            self.seek_ms(distance) + self.revolution_ms() / 2.0
+        };
+        positioning_ms / 1000.0 + self.transfer_s(len)
+    }
 }
 
 impl Default for HddParams {

@@ -18,6 +18,12 @@ pub const LATENCY_BUCKETS_US: [u64; 24] = {
     b
 };
 
+/// The bucket a latency of `us` microseconds counts in: the first whose bound it does not
+/// exceed, or `LATENCY_BUCKETS_US.len()` (+Inf).
+pub fn latency_bucket(us: u64) -> usize {
+    LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len())
+}
+
 #[derive(Default)]
 pub struct OpStats {
     pub requests: AtomicU64,
@@ -38,8 +44,7 @@ impl OpStats {
             self.errors.fetch_add(1, Relaxed);
         }
         self.latency_us_sum.fetch_add(us, Relaxed);
-        let idx = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
-        self.buckets[idx].fetch_add(1, Relaxed);
+        self.buckets[latency_bucket(us)].fetch_add(1, Relaxed);
     }
 
     pub fn to_json(&self) -> serde_json::Value {

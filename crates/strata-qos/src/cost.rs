@@ -107,13 +107,7 @@ impl CostModel {
                 if matches!(op, Op::Flush | Op::Discard) {
                     return 0;
                 }
-                let positioning_ms = if sequential {
-                    0.0
-                } else {
-                    let distance = (offset as f64 - last_end as f64).abs() / (*size).max(1) as f64;
-                    params.seek_ms(distance) + params.revolution_ms() / 2.0
-                };
-                (positioning_ms * 1e6 + params.transfer_s(len) * 1e9) as Nanos
+                (params.mean_service_s(*size, last_end, offset, len) * 1e9) as Nanos
             }
         }
     }

@@ -34,9 +34,10 @@ struct State {
 }
 
 impl Qos {
-    /// A scheduler over `dev`. Costs come from the `hdd:` model's figures when `dev` is one
-    /// (`hdd`), else from `options.model`, else from blk-iocost's defaults for the device's
-    /// kind. Must be called within a Tokio runtime (a task wakes idle windows and caps).
+    /// A scheduler over `dev`. Costs come from `options.model` when given, else from the
+    /// `hdd:` model's figures when `dev` is one (`hdd`), else from blk-iocost's defaults for
+    /// the device's kind. Must be called within a Tokio runtime (a task wakes idle windows
+    /// and caps).
     pub fn new(dev: Arc<dyn BlockDev>, options: &DeviceOptions, hdd: Option<HddParams>) -> Arc<Qos> {
         let rotational = dev.geometry().rotational;
         let cost = match (hdd, options.model) {
@@ -159,12 +160,8 @@ impl Qos {
         go
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut self.state.lock().sched)
-    }
-
-    pub fn device(&self) -> &Arc<dyn BlockDev> {
-        &self.dev
     }
 }
 
@@ -228,14 +225,6 @@ impl Drop for Turn<'_> {
 }
 
 impl QosDev {
-    pub fn qos(&self) -> &Arc<Qos> {
-        &self.qos
-    }
-
-    pub fn group_name(&self) -> String {
-        self.qos.with(|s| s.report(self.group).name)
-    }
-
     /// Runs `io` on the device once the scheduler gives `req` its turn.
     fn scheduled<'a, T: Send + 'a>(
         &'a self,
@@ -275,7 +264,7 @@ impl QosDev {
         };
         let mut settings = st.sched.settings(gid).clone();
         settings.set(key, value).map_err(|e| Error::new(e.kind, format!("qos: {}", e.context)))?;
-        let answer = format!("group {}: {key} = {}", st.sched.report(gid).name, settings.value(key));
+        let answer = format!("group {}: {key} = {}", st.sched.name(gid), settings.value(key));
         st.sched.set(gid, settings);
         let now = self.qos.now();
         self.qos.pump(&mut st, now, None);
@@ -303,7 +292,7 @@ impl BlockDev for QosDev {
         self.qos.dev.geometry()
     }
     fn describe(&self) -> String {
-        let (name, weight) = self.qos.with(|s| (s.report(self.group).name, s.settings(self.group).weight));
+        let (name, weight) = self.qos.with(|s| (s.name(self.group).to_string(), s.settings(self.group).weight));
         format!("qos group {name} (weight {weight}) over {}", self.qos.dev.describe())
     }
     fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {

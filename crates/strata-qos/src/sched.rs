@@ -78,6 +78,7 @@ impl Tuning {
     }
 }
 
+use strata_io::stats::latency_bucket;
 /// Latency histogram buckets: upper bounds in microseconds, powers of two (as `StatsDev`).
 pub use strata_io::stats::LATENCY_BUCKETS_US;
 
@@ -440,9 +441,7 @@ impl Scheduler {
         c.requests += 1;
         c.bytes += r.req.len;
         c.latency_ns_sum += latency;
-        let us = latency / 1000;
-        let i = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
-        c.latency_buckets[i] += 1;
+        c.latency_buckets[latency_bucket(latency / 1000)] += 1;
         g.latency_ewma_ns =
             if g.counters.requests == 1 { latency as f64 } else { 0.8 * g.latency_ewma_ns + 0.2 * latency as f64 };
         self.reap(r.stream);
@@ -463,12 +462,12 @@ impl Scheduler {
                         || self.preempted_by_cap(s, now);
                     let st = self.stream(s);
                     if !expired && !st.queue.is_empty() {
-                        match self.take(s, now) {
-                            Ok(t) => {
-                                out.push(t);
+                        match self.held(s, now) {
+                            None => {
+                                out.push(self.send(s, now));
                                 continue;
                             }
-                            Err(until) => soonest(until, &mut wake),
+                            Some(until) => soonest(until, &mut wake),
                         }
                     } else if !expired && st.open && st.inflight > 0 {
                         return wake;
@@ -485,13 +484,7 @@ impl Scheduler {
                         // A stream served because it waited too long gets one request, not a slice.
                         self.slice = Some(Slice { stream: s, started: now, charged: 0, single: starved, taken: 0 });
                     }
-                    match self.take(s, now) {
-                        Ok(t) => out.push(t),
-                        Err(until) => {
-                            soonest(until, &mut wake);
-                            return wake;
-                        }
-                    }
+                    out.push(self.send(s, now));
                 }
                 Err(until) => {
                     if let Some(u) = until {
@@ -549,12 +542,13 @@ impl Scheduler {
     /// by their caps are skipped; `Err` says when the first of them may go again.
     fn pick(&mut self, now: Nanos) -> Result<(StreamId, bool), Option<Nanos>> {
         let mut held: Option<Nanos> = None;
-        let mut skip = vec![false; self.groups.len()];
+        // Grown only when a group is held (dispatch runs on every submission and completion).
+        let mut skip: Vec<bool> = Vec::new();
         loop {
             let mut starving: Option<(Nanos, StreamId)> = None;
             let mut best: Option<(u8, f64, GroupId)> = None;
             for (i, g) in self.groups.iter().enumerate() {
-                if skip[i] || !g.backlogged() {
+                if skip.get(i).copied().unwrap_or(false) || !g.backlogged() {
                     continue;
                 }
                 for &s in &g.streams {
@@ -600,6 +594,9 @@ impl Scheduler {
                 Some(until) => {
                     let g = &mut self.groups[gid.0];
                     g.throttled_since.get_or_insert(now);
+                    if skip.len() <= gid.0 {
+                        skip.resize(self.groups.len(), false);
+                    }
                     skip[gid.0] = true;
                     held = Some(held.map_or(until, |h| h.min(until)));
                 }
@@ -607,15 +604,23 @@ impl Scheduler {
         }
     }
 
-    /// Sends the first request of stream `s` to the device, or says when its caps allow it.
-    fn take(&mut self, s: StreamId, now: Nanos) -> Result<Ticket, Nanos> {
+    /// When the caps allow the first request of stream `s`: `None` now.
+    fn held(&mut self, s: StreamId, now: Nanos) -> Option<Nanos> {
         let gid = self.stream(s).group;
         let req = self.stream(s).queue.front().expect("queued").req;
-        if let Some(until) = self.groups[gid.0].held_until(&req, now) {
+        let until = self.groups[gid.0].held_until(&req, now);
+        if until.is_some() {
             self.groups[gid.0].throttled_since.get_or_insert(now);
-            return Err(until);
         }
+        until
+    }
+
+    /// Sends the first request of stream `s` to the device (its caps allow it: `held` or
+    /// `pick` said so).
+    fn send(&mut self, s: StreamId, now: Nanos) -> Ticket {
+        let gid = self.stream(s).group;
         let p = self.stream_mut(s).queue.pop_front().expect("queued");
+        let req = p.req;
         let g = &mut self.groups[gid.0];
         g.take_tokens(&req);
         if let Some(since) = g.throttled_since.take() {
@@ -639,12 +644,11 @@ impl Scheduler {
             sl.taken += 1;
         }
         self.running.insert(p.ticket, Running { stream: s, req, submitted: p.arrived });
-        Ok(p.ticket)
+        p.ticket
     }
 
-    /// Device time charged to all groups so far.
-    pub fn device_ns(&self) -> u64 {
-        self.device_ns
+    pub fn name(&self, g: GroupId) -> &str {
+        &self.groups[g.0].name
     }
 
     pub fn report(&self, g: GroupId) -> GroupReport {

@@ -61,7 +61,7 @@ impl GroupSettings {
         match key {
             "weight" => {
                 let w = number(key, value)?;
-                if !WEIGHT_RANGE.contains(&(w.min(u32::MAX as u64) as u32)) || w > u32::MAX as u64 {
+                if !(*WEIGHT_RANGE.start() as u64..=*WEIGHT_RANGE.end() as u64).contains(&w) {
                     return Err(invalid(format!(
                         "weight {w} is out of range ({} to {})",
                         WEIGHT_RANGE.start(),
@@ -144,16 +144,16 @@ pub struct QosOptions {
 impl QosOptions {
     /// Takes the group's and the device's options from a spec's options.
     pub fn take(opts: &mut Options) -> Result<QosOptions> {
-        let mut group = Vec::new();
+        let mut given = Vec::new();
         let mut check = GroupSettings::default();
         for key in GROUP_KEYS {
             if let Some(v) = opts.take(key) {
                 check.set(key, &v).map_err(|e| opts.invalid(e.context))?;
-                group.push((key.to_string(), v));
+                given.push(key);
             }
         }
         // Written back canonically: each value as the settings print it.
-        let group = group.into_iter().map(|(k, _)| (k.clone(), check.value(&k))).collect();
+        let group = given.into_iter().map(|k| (k.to_string(), check.value(k))).collect();
         let mut device = DeviceOptions::default();
         if let Some(m) = opts.take("model") {
             device.model = Some(m.parse().map_err(|e: String| opts.invalid(e))?);

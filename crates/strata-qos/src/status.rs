@@ -4,8 +4,9 @@
 
 use crate::dev::{snapshot, Qos};
 use crate::sched::{GroupId, GroupReport, LATENCY_BUCKETS_US};
+use crate::settings::GROUP_KEYS;
 use serde::{Deserialize, Serialize};
-use strata_io::metrics::{MetricKind, Sample};
+use strata_io::metrics::{latency_buckets, MetricKind, Sample};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QosStatus {
@@ -43,10 +44,8 @@ pub struct GroupStatus {
 
 impl GroupStatus {
     fn from(r: &GroupReport) -> GroupStatus {
-        let limits = ["riops", "wiops", "rbps", "wbps", "burst_ms", "latency_ms"]
-            .iter()
-            .map(|k| format!("{k}={}", r.settings.value(k)))
-            .collect();
+        // Every setting but the weight, shown on its own.
+        let limits = GROUP_KEYS[1..].iter().map(|k| format!("{k}={}", r.settings.value(k))).collect();
         GroupStatus {
             name: r.name.clone(),
             weight: r.settings.weight,
@@ -81,11 +80,9 @@ pub fn status(qos: &Qos, own: GroupId) -> QosStatus {
 
 /// The volume's own group, as samples labelled `group`.
 pub fn metrics(qos: &Qos, own: GroupId) -> Vec<Sample> {
-    let (reports, ..) = snapshot(qos);
-    let r = &reports[own.0];
+    let r = &qos.with(|s| s.report(own));
     let c = &r.counters;
-    let sample =
-        |name, kind, help, value: f64| Sample { name, kind, help, labels: vec![("group", r.name.clone())], value };
+    let sample = |name, kind, help, value| Sample::new(name, kind, help, value).label("group", r.name.clone());
     use MetricKind::{Counter, Gauge};
     let mut v = vec![
         sample("strata_qos_requests_total", Counter, "Requests the group completed.", c.requests as f64),
@@ -107,18 +104,12 @@ pub fn metrics(qos: &Qos, own: GroupId) -> Vec<Sample> {
         sample("strata_qos_weight", Gauge, "The group's weight.", r.settings.weight as f64),
         sample("strata_qos_streams", Gauge, "Streams (connections) in the group.", r.streams as f64),
     ];
-    let mut cumulative = 0;
-    for (i, n) in c.latency_buckets.iter().enumerate() {
-        cumulative += n;
-        let le = LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_string(), |us| (*us as f64 / 1e6).to_string());
-        let mut s = sample(
-            "strata_qos_latency_seconds_bucket",
-            Counter,
-            "Requests of the group by latency from submission to completion (cumulative, le in seconds).",
-            cumulative as f64,
-        );
-        s.labels.push(("le", le));
-        v.push(s);
-    }
+    v.extend(latency_buckets(
+        "strata_qos_latency_seconds_bucket",
+        "Requests of the group by latency from submission to completion (cumulative, le in seconds).",
+        &[("group", r.name.clone())],
+        &LATENCY_BUCKETS_US,
+        c.latency_buckets.iter().copied(),
+    ));
     v
 }

@@ -25,7 +25,6 @@ struct Client {
     think: Nanos,
     pattern: Pattern,
     next_offset: u64,
-    outstanding: usize,
 }
 
 struct Sim {
@@ -42,7 +41,7 @@ struct Sim {
     head: u64,
     /// Client submissions due: (time, client).
     due: Vec<(Nanos, usize)>,
-    /// Per group: device time, and each request's (dispatch time, bytes).
+    /// Per group: device time, and each request's dispatch time.
     device_ns: Vec<Nanos>,
     dispatched: Vec<Vec<Nanos>>,
     /// Per client: each request's wait from submission to dispatch.
@@ -87,7 +86,7 @@ impl Sim {
     fn client(&mut self, group: usize, depth: usize, think: Nanos, pattern: Pattern, start: Nanos) -> usize {
         let stream = self.sched.open_stream(self.groups[group]);
         let next_offset = self.rng.gen_range(0..DISK / 4096) * 4096;
-        self.clients.push(Client { stream, group, think, pattern, next_offset, outstanding: 0 });
+        self.clients.push(Client { stream, group, think, pattern, next_offset });
         self.waits.push(Vec::new());
         let c = self.clients.len() - 1;
         for _ in 0..depth {
@@ -106,7 +105,6 @@ impl Sim {
                 o
             }
         };
-        cl.outstanding += 1;
         let req = Request { op: Op::Read, offset, len: 4096 };
         let t = self.sched.submit(cl.stream, req, self.now);
         self.tickets.insert(t, (c, req, self.now));
@@ -157,15 +155,13 @@ impl Sim {
                     self.on_device = None;
                     self.sched.complete(t, self.now);
                     let (c, _, _) = self.tickets.remove(&t).unwrap();
-                    let cl = &mut self.clients[c];
-                    cl.outstanding -= 1;
-                    self.due.push((self.now + cl.think, c));
+                    self.due.push((self.now + self.clients[c].think, c));
                 }
             }
         }
     }
 
-    /// Device time of each group since `from` (counts restart).
+    /// Restarts each group's device time count.
     fn reset(&mut self) {
         self.device_ns.iter_mut().for_each(|d| *d = 0);
     }

@@ -4,9 +4,10 @@
 //!
 //! Each device is `hdd` or `ssd`, optionally with the parameters of its device spec in the
 //! same `key=value` syntax: `hdd?rpm=5400&seek_max_ms=20`, `ssd?read_us=100&channels=4`
-//! (`:` may stand for `?`). The parameter types are `strata_io`'s own; the timing is
-//! restated here as pure functions because `LatencyDev` only computes it inside its IO path
-//! (against a wall clock and its inner device's size). Two deliberate differences: the HDD's
+//! (`:` may stand for `?`). The parameter types are `strata_io`'s own; the HDD's timing is
+//! `HddParams::mean_service_s` and the SSD's is restated here as a pure function, because
+//! `LatencyDev` only computes it inside its IO path (against a wall clock and its inner
+//! device's size). Two deliberate differences: the HDD's
 //! rotational delay is its mean, half a revolution, instead of a seeded random draw (so the
 //! figures are deterministic; `seed` is accepted and ignored); and there is no queueing —
 //! a request's latency is its own service time, whatever else the device is doing.
@@ -152,19 +153,10 @@ fn transfer_s(len: u64, mib_s: f64) -> f64 {
 }
 
 /// Service time in seconds of an HDD request of `len` bytes at `offset` on a device of
-/// `size` bytes whose head sits where the previous request ended (`last_end`): none for
-/// positioning when the request continues the previous one, else a seek growing with the
-/// square root of the distance (`seek_min_ms` .. `seek_max_ms` over a full stroke) plus the
-/// mean rotational delay (half a revolution); then transfer at `mib_s`.
+/// `size` bytes whose head sits where the previous request ended (`last_end`): see
+/// [`HddParams::mean_service_s`].
 pub fn hdd_service_s(p: &HddParams, size: u64, last_end: u64, offset: u64, len: u64) -> f64 {
-    let positioning_ms = if offset == last_end {
-        0.0
-    } else {
-        let distance = offset.abs_diff(last_end) as f64 / size.max(1) as f64;
-        let seek = p.seek_min_ms + (p.seek_max_ms - p.seek_min_ms) * distance.min(1.0).sqrt();
-        seek + 0.5 * 60_000.0 / p.rpm
-    };
-    positioning_ms / 1000.0 + transfer_s(len, p.mib_s)
+    p.mean_service_s(size, last_end, offset, len)
 }
 
 /// Service time in seconds of an SSD request of `len` bytes: the fixed read or write

@@ -82,8 +82,16 @@ pub struct VolumeConfig {
 impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-        let cfg: Config = toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
-        cfg.check().with_context(|| format!("config {}", path.display()))?;
+        Config::parse(&text).map_err(|e| {
+            let what = if e.is::<toml::de::Error>() { "parsing config" } else { "config" };
+            e.context(format!("{what} {}", path.display()))
+        })
+    }
+
+    /// A config from its text, checked.
+    fn parse(text: &str) -> Result<Config> {
+        let cfg: Config = toml::from_str(text)?;
+        cfg.check()?;
         Ok(cfg)
     }
 
@@ -123,15 +131,9 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<Config> {
-        let cfg: Config = toml::from_str(text)?;
-        cfg.check()?;
-        Ok(cfg)
-    }
-
     #[test]
     fn a_volume_in_a_group_is_served_through_qos() {
-        let cfg = parse(
+        let cfg = Config::parse(
             r#"
             [[volume]]
             name = "a"
@@ -157,7 +159,7 @@ mod tests {
     #[test]
     fn bad_groups_are_refused() {
         let volume = "[[volume]]\nname = \"a\"\nspec = \"mem:1MiB\"\ngroup = \"db\"\n";
-        let e = parse(&format!("{volume}[qos.dbb]\nweight = 5\n")).unwrap_err();
+        let e = Config::parse(&format!("{volume}[qos.dbb]\nweight = 5\n")).unwrap_err();
         assert!(e.to_string().contains("[qos.dbb]: unknown group"), "{e}");
         for (table, why) in [
             ("weight = 0", "weight 0 is out of range"),
@@ -165,7 +167,7 @@ mod tests {
             ("speed = 5", "unknown option(s): speed"),
             ("weight = true", "expected a string or a number"),
         ] {
-            let cfg = parse(&format!("{volume}[qos.db]\n{table}\n")).unwrap();
+            let cfg = Config::parse(&format!("{volume}[qos.db]\n{table}\n")).unwrap();
             let e = cfg.spec(&cfg.volumes[0]).unwrap_err();
             assert!(format!("{e:#}").contains(why), "{table}: {e:#}");
         }

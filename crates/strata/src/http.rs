@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
-use strata_io::metrics::MetricKind;
+use strata_io::metrics::{latency_buckets, MetricKind};
 use strata_io::stats::{StatsDev, LATENCY_BUCKETS_US, OPS};
 use strata_io::BlockDev;
 use strata_nbd::{Export, Server};
@@ -187,19 +187,18 @@ impl Admin {
         for v in &volumes {
             for op in OPS {
                 let s = v.dev.op(op);
-                let mut cumulative = 0u64;
-                for (i, le) in LATENCY_BUCKETS_US.iter().enumerate() {
-                    cumulative += s.buckets[i].load(std::sync::atomic::Ordering::Relaxed);
-                    let _ = writeln!(
-                        out,
-                        "strata_request_duration_seconds_bucket{{volume=\"{}\",op=\"{op}\",le=\"{}\"}} {cumulative}",
-                        v.name,
-                        *le as f64 / 1e6
-                    );
-                }
-                cumulative += s.buckets[LATENCY_BUCKETS_US.len()].load(std::sync::atomic::Ordering::Relaxed);
                 let labels = format!("volume=\"{}\",op=\"{op}\"", v.name);
-                let _ = writeln!(out, "strata_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+                let buckets = latency_buckets(
+                    "strata_request_duration_seconds_bucket",
+                    "Request latency, by operation.",
+                    &[],
+                    &LATENCY_BUCKETS_US,
+                    s.buckets.iter().map(|b| b.load(std::sync::atomic::Ordering::Relaxed)),
+                );
+                for b in &buckets {
+                    let _ = writeln!(out, "{}{{{labels},le=\"{}\"}} {}", b.name, b.labels[0].1, b.value);
+                }
+                let cumulative = buckets.last().map_or(0.0, |b| b.value);
                 let sum = s.latency_us_sum.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6;
                 let _ = writeln!(out, "strata_request_duration_seconds_sum{{{labels}}} {sum}");
                 let _ = writeln!(out, "strata_request_duration_seconds_count{{{labels}}} {cumulative}");

@@ -43,7 +43,7 @@ async fn data_through_qos_over_slices_is_what_a_reference_holds() {
         ra.unwrap();
         rb.unwrap();
         rc.unwrap();
-        // The three volumes are one device: what b wrote is where a slice of it says.
+        // The three volumes are slices of one device: a slice overlapping theirs is refused.
         let whole = open(&opener, "slice:0+8MiB?overlap@mem:8MiB").await;
         assert!(whole.is_err(), "overlapping the qos volumes' slices is refused");
         let status = a.status().unwrap();

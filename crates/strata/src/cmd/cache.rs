@@ -171,7 +171,7 @@ pub fn run(args: CacheArgs) -> Result<()> {
     rt.block_on(async move {
         match args.command {
             CacheCommand::Create(a) => run_create(a).await,
-            CacheCommand::Set(a) => send_settings(&a.admin, &a.name, &a.settings).await,
+            CacheCommand::Set(a) => send_settings(&a.admin, &a.name, "", &a.settings).await,
             CacheCommand::Flush(a) => control(a, "flush").await,
             CacheCommand::Detach(a) => control(a, "detach").await,
             CacheCommand::Invalidate(a) => {
@@ -189,12 +189,12 @@ pub fn run(args: CacheArgs) -> Result<()> {
     })
 }
 
-/// Sends each `KEY=VALUE` to a running volume as the message `KEY VALUE` (`-` in keys read
-/// as `_`), printing the answers.
-pub async fn send_settings(admin: &str, name: &str, settings: &[String]) -> Result<()> {
+/// Sends each `KEY=VALUE` to a running volume as the message `{prefix}KEY VALUE` (`-` in keys
+/// read as `_`), printing the answers.
+pub async fn send_settings(admin: &str, name: &str, prefix: &str, settings: &[String]) -> Result<()> {
     for kv in settings {
         let (k, v) = kv.split_once('=').with_context(|| format!("expected KEY=VALUE, got {kv:?}"))?;
-        let answer = http::message(admin, name, &format!("{} {v}", k.replace('-', "_"))).await?;
+        let answer = http::message(admin, name, &format!("{prefix}{} {v}", k.replace('-', "_"))).await?;
         print!("{name}: {answer}");
     }
     Ok(())

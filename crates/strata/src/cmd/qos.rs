@@ -80,13 +80,9 @@ pub fn run(args: QosArgs) -> Result<()> {
         match args.command {
             QosCommand::Calibrate(a) => run_calibrate(a).await,
             QosCommand::Set(a) => {
-                // Another group's setting is the message `group G KEY VALUE`: sent as the
-                // setting group=`G KEY VALUE`.
-                let settings: Vec<String> = match &a.group {
-                    None => a.settings.clone(),
-                    Some(g) => a.settings.iter().map(|kv| format!("group={g} {}", kv.replacen('=', " ", 1))).collect(),
-                };
-                send_settings(&a.admin, &a.name, &settings).await
+                // Another group's setting is the message `group G KEY VALUE`.
+                let prefix = a.group.as_ref().map_or(String::new(), |g| format!("group {g} "));
+                send_settings(&a.admin, &a.name, &prefix, &a.settings).await
             }
             QosCommand::Status(a) => {
                 let status = http::status(&a.admin).await?;

@@ -85,7 +85,7 @@ pub fn run(args: WritecacheArgs) -> Result<()> {
     rt.block_on(async move {
         match args.command {
             WritecacheCommand::Create(a) => run_create(a).await,
-            WritecacheCommand::Set(a) => send_settings(&a.admin, &a.name, &a.settings).await,
+            WritecacheCommand::Set(a) => send_settings(&a.admin, &a.name, "", &a.settings).await,
             WritecacheCommand::Flush(a) => {
                 print!("{}: {}", a.name, http::message(&a.admin, &a.name, "flush").await?);
                 Ok(())
