@@ -1234,43 +1234,42 @@ impl BlockDev for RemoteDev {
         let i = &self.inner;
         let h = i.health.lock();
         let down_for = h.down_since.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        let sample = |name, kind, help, value: f64| Sample { name, kind, help, labels: vec![], value };
         use MetricKind::{Counter, Gauge};
         vec![
-            sample(
+            Sample::new(
                 "strata_remote_up",
                 Gauge,
                 "1 while at least one connection to the remote server is up",
                 (i.live.load(Ordering::Acquire) > 0) as u64 as f64,
             ),
-            sample(
+            Sample::new(
                 "strata_remote_connections_up",
                 Gauge,
                 "Connections to the remote server that are up",
                 i.live.load(Ordering::Acquire) as f64,
             ),
-            sample("strata_remote_reconnects_total", Counter, "Connections re-established", h.reconnects as f64),
-            sample("strata_remote_outages_total", Counter, "Times every connection was down", h.outages as f64),
-            sample("strata_remote_timeouts_total", Counter, "Request attempts that timed out", h.timeouts as f64),
-            sample(
+            Sample::new("strata_remote_reconnects_total", Counter, "Connections re-established", h.reconnects as f64),
+            Sample::new("strata_remote_outages_total", Counter, "Times every connection was down", h.outages as f64),
+            Sample::new("strata_remote_timeouts_total", Counter, "Request attempts that timed out", h.timeouts as f64),
+            Sample::new(
                 "strata_remote_retries_total",
                 Counter,
                 "Requests sent again after a lost connection or a timeout",
                 i.retries.load(Ordering::Relaxed) as f64,
             ),
-            sample(
+            Sample::new(
                 "strata_remote_away_seconds_total",
                 Counter,
                 "Time with no connection to the remote server",
                 h.away.as_secs_f64() + down_for,
             ),
-            sample(
+            Sample::new(
                 "strata_remote_read_bytes_total",
                 Counter,
                 "Bytes read from the remote server",
                 i.bytes_read.load(Ordering::Relaxed) as f64,
             ),
-            sample(
+            Sample::new(
                 "strata_remote_written_bytes_total",
                 Counter,
                 "Bytes written to the remote server",

@@ -372,20 +372,8 @@ impl BlockDev for ThinDev {
 
     fn metrics(&self) -> Vec<Sample> {
         let s = self.thin_status();
-        let gauge = |name, help, value: u64| Sample {
-            name,
-            kind: MetricKind::Gauge,
-            help,
-            labels: vec![],
-            value: value as f64,
-        };
-        let counter = |name, help, value: u64| Sample {
-            name,
-            kind: MetricKind::Counter,
-            help,
-            labels: vec![],
-            value: value as f64,
-        };
+        let gauge = |name, help, value: u64| Sample::new(name, MetricKind::Gauge, help, value as f64);
+        let counter = |name, help, value: u64| Sample::new(name, MetricKind::Counter, help, value as f64);
         let p = &s.pool;
         vec![
             gauge(

@@ -204,9 +204,7 @@ impl WritecacheStatus {
                 self.tunables.low_watermark as f64 / 100.0,
             ),
         ];
-        rows.into_iter()
-            .map(|(name, kind, help, value)| Sample { name, kind, help, labels: Vec::new(), value })
-            .collect()
+        rows.into_iter().map(|(name, kind, help, value)| Sample::new(name, kind, help, value)).collect()
     }
 }
 
