@@ -15,6 +15,15 @@
 //! sequential reader stays sequential). A slice is charged the wall time it held the device,
 //! or its requests' cost if that is more. Without slices every request is chosen afresh.
 //!
+//! A seeky stream (more than 4 of its last 32 requests started over `SEEK_BYTES` from where
+//! its previous one ended, BFQ's and CFQ's rule) gains nothing from keeping the disk to
+//! itself, and a group of many seeky streams taking a slice each would make every one of them
+//! wait for all the others' slices. So when a seeky stream is chosen, the slice goes to all
+//! of its group's seeky streams together (CFQ's sync-noidle service tree): request by request,
+//! the one furthest behind first, with one idle window when none of them has a request. The
+//! time such a slice held the device beyond its requests' cost is shared among the streams it
+//! served.
+//!
 //! Caps (`riops`, `wiops`, `rbps`, `wbps`) are token buckets per group: after idling a group
 //! may take `burst_ms` worth at once; while it has requests queued its buckets fill only up
 //! to what its next request needs, so after the burst no window sees more than the cap (plus
@@ -126,7 +135,33 @@ struct Stream {
     inflight: usize,
     last_end: u64,
     last_done: Nanos,
+    /// One bit per recent request, newest lowest: 1 if it started far from the previous one;
+    /// `samples` of them (at most 32) are known.
+    seeks: u32,
+    samples: u8,
     open: bool,
+}
+
+/// A request that starts further than this from where its stream's previous one ended is a
+/// seek (BFQ's and CFQ's threshold: 800 sectors).
+pub const SEEK_BYTES: u64 = 800 * 512;
+
+impl Stream {
+    /// More than one in eight of its recent requests were seeks (of 32, more than 4: BFQ's
+    /// and CFQ's rule). A stream with no history yet counts as seeky, so a new one is served
+    /// with the others of its kind at once, not after a slice of its own.
+    fn seeky(&self) -> bool {
+        self.samples == 0 || self.seeks.count_ones() * 8 > u32::from(self.samples)
+    }
+
+    fn note_position(&mut self, req: &Request) {
+        if self.last_end != u64::MAX {
+            let far = req.offset.abs_diff(self.last_end) > SEEK_BYTES;
+            self.seeks = (self.seeks << 1) | u32::from(far);
+            self.samples = (self.samples + 1).min(32);
+        }
+        self.last_end = req.offset + req.len;
+    }
 }
 
 /// A token bucket: `rate` per second, `tokens` as of `at`.
@@ -231,6 +266,18 @@ impl Group {
     }
 }
 
+/// What the holder of a slice can do next.
+enum Work {
+    /// This stream has a request queued.
+    Queued(StreamId),
+    /// Nothing queued, something on the device.
+    Running,
+    /// Nothing queued or running; the last request completed then.
+    Thinking(Nanos),
+    /// Nothing queued or running, and no connection to send more.
+    Gone,
+}
+
 struct Running {
     stream: StreamId,
     req: Request,
@@ -240,6 +287,8 @@ struct Running {
 /// The stream holding the device on a seeky device, since `started`, charged `charged` so far.
 struct Slice {
     stream: StreamId,
+    /// The slice belongs to all of `stream`'s group's seeky streams; these were served in it.
+    seeky: Option<Vec<StreamId>>,
     started: Nanos,
     charged: Nanos,
     /// Ends after one request (a stream served because it waited too long).
@@ -344,6 +393,8 @@ impl Scheduler {
             inflight: 0,
             last_end: u64::MAX,
             last_done: 0,
+            seeks: 0,
+            samples: 0,
             open: true,
         };
         let id = match self.free_streams.pop() {
@@ -455,25 +506,33 @@ impl Scheduler {
         let soonest = |t: Nanos, wake: &mut Option<Nanos>| *wake = Some(wake.map_or(t, |w| w.min(t)));
         while self.running.len() < self.tuning.depth {
             if self.tuning.slice > 0 {
-                if let Some(sl) = &self.slice {
-                    let s = sl.stream;
+                if let Some(sl) = &mut self.slice {
+                    // A holder that turned out seeky shares its slice with its group's others.
+                    let holder_seeky = self.streams[sl.stream.0].as_ref().is_some_and(Stream::seeky);
+                    if sl.seeky.is_none() && !sl.single && holder_seeky {
+                        sl.seeky = Some(vec![sl.stream]);
+                    }
+                    let (holder, seeky) = (sl.stream, sl.seeky.is_some());
                     let expired = now.saturating_sub(sl.started) >= self.tuning.slice
                         || (sl.single && sl.taken > 0)
-                        || self.preempted_by_cap(s, now);
-                    let st = self.stream(s);
-                    if !expired && !st.queue.is_empty() {
-                        match self.held(s, now) {
-                            None => {
-                                out.push(self.send(s, now));
-                                continue;
+                        || self.preempted_by_cap(holder, now);
+                    let w = if seeky { self.seeky_work(holder) } else { self.stream_work(holder) };
+                    if !expired {
+                        match w {
+                            Work::Queued(s) => match self.held(s, now) {
+                                None => {
+                                    out.push(self.send(s, now));
+                                    continue;
+                                }
+                                Some(until) => soonest(until, &mut wake),
+                            },
+                            Work::Running => return wake,
+                            Work::Thinking(last_done) if now < last_done + self.tuning.idle => {
+                                soonest(last_done + self.tuning.idle, &mut wake);
+                                return wake;
                             }
-                            Some(until) => soonest(until, &mut wake),
+                            Work::Thinking(_) | Work::Gone => {}
                         }
-                    } else if !expired && st.open && st.inflight > 0 {
-                        return wake;
-                    } else if !expired && st.open && now < st.last_done + self.tuning.idle {
-                        soonest(st.last_done + self.tuning.idle, &mut wake);
-                        return wake;
                     }
                     self.end_slice(now);
                 }
@@ -482,7 +541,9 @@ impl Scheduler {
                 Ok((s, starved)) => {
                     if self.tuning.slice > 0 {
                         // A stream served because it waited too long gets one request, not a slice.
-                        self.slice = Some(Slice { stream: s, started: now, charged: 0, single: starved, taken: 0 });
+                        let seeky = (!starved && self.stream(s).seeky()).then(Vec::new);
+                        self.slice =
+                            Some(Slice { stream: s, seeky, started: now, charged: 0, single: starved, taken: 0 });
                     }
                     out.push(self.send(s, now));
                 }
@@ -518,12 +579,68 @@ impl Scheduler {
         false
     }
 
-    /// Charges the slice holder the wall time it held the device, if more than its requests' cost.
+    /// What the holder of a stream's slice can do next.
+    fn stream_work(&self, s: StreamId) -> Work {
+        let st = self.stream(s);
+        if !st.queue.is_empty() {
+            Work::Queued(s)
+        } else if !st.open {
+            Work::Gone
+        } else if st.inflight > 0 {
+            Work::Running
+        } else {
+            Work::Thinking(st.last_done)
+        }
+    }
+
+    /// What the seeky streams of `holder`'s group can do next: the one furthest behind with a
+    /// request queued goes first.
+    fn seeky_work(&self, holder: StreamId) -> Work {
+        let g = &self.groups[self.stream(holder).group.0];
+        let (mut behind, mut running, mut thinking) = (None::<(f64, StreamId)>, false, None::<Nanos>);
+        for &s in &g.streams {
+            let st = self.stream(s);
+            if !st.seeky() {
+                continue;
+            }
+            if !st.queue.is_empty() {
+                if behind.is_none_or(|(v, _)| st.vtime < v) {
+                    behind = Some((st.vtime, s));
+                }
+            } else if st.inflight > 0 {
+                running = true;
+            } else if st.open {
+                thinking = Some(thinking.unwrap_or(0).max(st.last_done));
+            }
+        }
+        match (behind, running, thinking) {
+            (Some((_, s)), _, _) => Work::Queued(s),
+            (None, true, _) => Work::Running,
+            (None, false, Some(t)) => Work::Thinking(t),
+            (None, false, None) => Work::Gone,
+        }
+    }
+
+    /// Charges the slice's holders the wall time it held the device, if more than their
+    /// requests' cost: the stream that held it, or in equal parts the seeky streams it served.
     fn end_slice(&mut self, now: Nanos) {
         let Some(sl) = self.slice.take() else { return };
         let wall = now.saturating_sub(sl.started);
-        if wall > sl.charged {
-            self.charge(sl.stream, wall - sl.charged);
+        if wall <= sl.charged {
+            return;
+        }
+        let rest = wall - sl.charged;
+        match sl.seeky {
+            Some(served) if !served.is_empty() => {
+                let part = rest / served.len() as u64;
+                for s in served {
+                    if self.streams[s.0].is_some() {
+                        self.charge(s, part);
+                    }
+                }
+            }
+            _ if self.streams[sl.stream.0].is_some() => self.charge(sl.stream, rest),
+            _ => {}
         }
     }
 
@@ -635,13 +752,18 @@ impl Scheduler {
         let cost = self.cost.cost(req.op, req.offset, req.len, last_end);
         if matches!(req.op, Op::Read | Op::Write) {
             self.head = req.offset + req.len;
-            self.stream_mut(s).last_end = req.offset + req.len;
+            self.stream_mut(s).note_position(&req);
         }
         self.stream_mut(s).inflight += 1;
         self.charge(s, cost);
         if let Some(sl) = &mut self.slice {
             sl.charged += cost;
             sl.taken += 1;
+            if let Some(served) = &mut sl.seeky {
+                if !served.contains(&s) {
+                    served.push(s);
+                }
+            }
         }
         self.running.insert(p.ticket, Running { stream: s, req, submitted: p.arrived });
         p.ticket

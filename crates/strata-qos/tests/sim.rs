@@ -257,6 +257,34 @@ fn streams_within_a_group_share_it_equally() {
     assert_ratio(sim.device_ns[seq], sim.device_ns[rand], 100, 100, "groups");
 }
 
+/// Seed 001's fourth experiment: 16 random readers in one group against 16 sequential
+/// readers in another. The random readers share their group's slices (they are seeky), so each
+/// waits about a round of its group's requests and a slice of the other group's, not for 15
+/// slices of its own group's others (6 s when each had slices of its own); the groups
+/// still split the device time evenly, and the sequential readers keep their half.
+#[test]
+fn seeky_streams_share_their_groups_slices() {
+    let mut sim = Sim::hdd();
+    let seq = sim.weighted("seq", 100);
+    let rand = sim.weighted("rand", 100);
+    for _ in 0..16 {
+        sim.client(seq, 1, 0, Pattern::Sequential, 0);
+    }
+    let readers: Vec<usize> = (0..16).map(|_| sim.client(rand, 1, 0, Pattern::Random, 0)).collect();
+    sim.run_until(60 * SEC);
+    assert_ratio(sim.device_ns[seq], sim.device_ns[rand], 100, 100, "groups");
+    // A reader served first in one round of its group's requests may go last in the next:
+    // two rounds of the 16 readers' requests (a random read takes under 25 ms) and the
+    // sequential group's slices between them.
+    let slice = sim.sched.tuning().slice;
+    let bound = 2 * (slice + 16 * 25 * MS);
+    let worst = readers.iter().flat_map(|&c| sim.waits[c].iter().copied()).max().unwrap();
+    assert!(worst <= bound, "a random read waited {} ms (bound {} ms)", worst / MS, bound / MS);
+    let served: Vec<usize> = readers.iter().map(|&c| sim.waits[c].len()).collect();
+    let (min, max) = (*served.iter().min().unwrap(), *served.iter().max().unwrap());
+    assert!(min as f64 >= 0.8 * max as f64, "requests per random reader: {served:?}");
+}
+
 /// A group capped at 50 reads/s (burst 100 ms) stays under its cap, plus at most one
 /// request, in every 1-second window after the burst, while the other group takes the rest.
 #[test]
