@@ -118,6 +118,8 @@ pub struct GroupReport {
     pub inflight: usize,
     /// Streams (connections) in the group, the group's own included.
     pub streams: usize,
+    /// Those of them that are seeky now (they share the group's slices).
+    pub seeky_streams: usize,
     /// The recent latency is above the group's target.
     pub latency_missed: bool,
 }
@@ -783,6 +785,7 @@ impl Scheduler {
             queued: gr.queued,
             inflight: gr.inflight,
             streams: gr.streams.len(),
+            seeky_streams: gr.streams.iter().filter(|&&s| self.stream(s).seeky()).count(),
             latency_missed: gr.latency_missed(),
         }
     }

@@ -35,6 +35,8 @@ pub struct GroupStatus {
     pub queued: usize,
     pub inflight: usize,
     pub streams: usize,
+    /// Streams that are seeky now: they share the group's slices.
+    pub seeky_streams: usize,
     pub throttled_s: f64,
     pub latency_us_sum: u64,
     /// Requests per latency bucket (upper bounds `LATENCY_BUCKETS_US`, then one more).
@@ -57,6 +59,7 @@ impl GroupStatus {
             queued: r.queued,
             inflight: r.inflight,
             streams: r.streams,
+            seeky_streams: r.seeky_streams,
             throttled_s: r.counters.throttled_ns as f64 / 1e9,
             latency_us_sum: r.counters.latency_ns_sum / 1000,
             latency_us_buckets: r.counters.latency_buckets.clone(),
@@ -103,6 +106,12 @@ pub fn metrics(qos: &Qos, own: GroupId) -> Vec<Sample> {
         ),
         sample("strata_qos_weight", Gauge, "The group's weight.", r.settings.weight as f64),
         sample("strata_qos_streams", Gauge, "Streams (connections) in the group.", r.streams as f64),
+        sample(
+            "strata_qos_seeky_streams",
+            Gauge,
+            "Streams of the group that are seeky now (they share its slices).",
+            r.seeky_streams as f64,
+        ),
     ];
     v.extend(latency_buckets(
         "strata_qos_latency_seconds_bucket",

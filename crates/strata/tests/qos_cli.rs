@@ -67,6 +67,8 @@ fn two_groups_on_one_disk_from_a_config() {
     let db = group(&status, "db", "db");
     assert_eq!(db["weight"], 200, "{status}");
     assert_eq!(db["streams"], 3, "the group's own stream and one per connection: {status}");
+    // db2 went from 1 MiB back to 0, a seek; the others have no history yet, which counts as seeky.
+    assert_eq!(db["seeky_streams"], 3, "{status}");
     assert!(db["requests"].as_u64().unwrap() >= 3 && db["device_time_s"].as_f64().unwrap() > 0.0, "{status}");
     assert_eq!(group(&status, "batch", "batch")["streams"], 2, "{status}");
     assert_eq!(group(&status, "db", "batch"), group(&status, "batch", "batch"), "one scheduler for the disk");

@@ -131,8 +131,8 @@ pub fn render(status: &http::ServerStatus) -> String {
         );
         let _ = writeln!(
             out,
-            "  {:<12} {:>6} {:>10} {:>12} {:>10} {:>7} {:>6} {:>8} {:>11}  limits",
-            "group", "weight", "requests", "bytes", "device s", "share", "queue", "streams", "throttled s"
+            "  {:<12} {:>6} {:>10} {:>12} {:>10} {:>7} {:>6} {:>8} {:>6} {:>11}  limits",
+            "group", "weight", "requests", "bytes", "device s", "share", "queue", "streams", "seeky", "throttled s"
         );
         for g in &q.groups {
             let limits: Vec<&str> = g
@@ -143,7 +143,7 @@ pub fn render(status: &http::ServerStatus) -> String {
                 .collect();
             let _ = writeln!(
                 out,
-                "  {:<12} {:>6} {:>10} {:>12} {:>10.2} {:>6.1}% {:>6} {:>8} {:>11.2}  {}",
+                "  {:<12} {:>6} {:>10} {:>12} {:>10.2} {:>6.1}% {:>6} {:>8} {:>6} {:>11.2}  {}",
                 g.name,
                 g.weight,
                 g.requests,
@@ -152,6 +152,7 @@ pub fn render(status: &http::ServerStatus) -> String {
                 g.share * 100.0,
                 g.queued,
                 g.streams,
+                g.seeky_streams,
                 g.throttled_s,
                 limits.join(" ")
             );
