@@ -93,6 +93,22 @@ async fn partial_write_misses_go_to_the_origin_alone() {
     }
 }
 
+/// smq promotes a whole-block write miss at once only in writeback, as dm-cache's fast
+/// promotion does: in writethrough it waits for its hotspot like a read (before smq's first
+/// tick, nothing qualifies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smq_fast_promotion_is_for_writeback_only() {
+    for (mode, promoted) in [(Mode::Writeback, 1), (Mode::Writethrough, 0)] {
+        let r = rig(mode, 4 << 20, "smq").await;
+        let dev = open(&r).await;
+        let at = 3 * BLOCK as u64;
+        dev.write(at, pattern(7, at, BLOCK as usize), false).await.unwrap();
+        let s = CacheStatus::of(&*dev).unwrap();
+        assert_eq!(s.promotions, promoted, "{mode:?}: {s:?}");
+        dev.check_invariants().unwrap();
+    }
+}
+
 /// Blocks shared by every client: client `c` owns the 4 KiB granules `g` with `g % CLIENTS
 /// == c`, and writes parts of them (sub-granule, so always partial) while a reader promotes
 /// whole blocks and a disturber invalidates clean copies, switches modes and flushes. Every client checks its own granules after each

@@ -197,10 +197,14 @@ pub struct Access {
     /// Origin block number, in cache blocks.
     pub block: u64,
     pub op: Op,
-    /// The request covers the whole cache block. A full-block *write* can be promoted without
-    /// reading the origin (dm-cache's "fast promotion"); a *partial* access of either kind
-    /// predicts that the next request of its stream lands in the same block.
+    /// The request covers the whole cache block. A *partial* access of either kind predicts
+    /// that the next request of its stream lands in the same block.
     pub full_block: bool,
+    /// The block can be cached without reading the origin and without waiting for a hotspot
+    /// to form: a whole-block write in writeback mode (dm-cache's `optimisable_bio`, which
+    /// gates its fast promotion). `new` and `write` set it for every whole-block write; a
+    /// cache in another mode clears it.
+    pub fast_promote: bool,
     /// Monotonic time in nanoseconds, any epoch. Policies with periods (smq) use it; the
     /// others ignore it.
     pub now_ns: u64,
@@ -208,22 +212,17 @@ pub struct Access {
 
 impl Access {
     pub fn new(block: u64, op: Op, full_block: bool, now_ns: u64) -> Self {
-        Access { block, op, full_block, now_ns }
+        Access { block, op, full_block, fast_promote: op == Op::Write && full_block, now_ns }
     }
 
     /// A read of the whole of `block` at `now_ns`.
     pub fn read(block: u64, now_ns: u64) -> Self {
-        Access { block, op: Op::Read, full_block: true, now_ns }
+        Access::new(block, Op::Read, true, now_ns)
     }
 
     /// A write of `block` at `now_ns`; `full` when it covers the whole cache block.
     pub fn write(block: u64, full: bool, now_ns: u64) -> Self {
-        Access { block, op: Op::Write, full_block: full, now_ns }
-    }
-
-    /// dm-cache's fast-promotion case: a write that overwrites the whole block.
-    pub fn is_full_block_write(&self) -> bool {
-        self.op == Op::Write && self.full_block
+        Access::new(block, Op::Write, full, now_ns)
     }
 }
 

@@ -29,7 +29,7 @@ pub struct BlockAccess {
 impl BlockAccess {
     #[inline]
     pub fn to_access(self) -> Access {
-        Access { block: self.block, op: self.op, full_block: self.full, now_ns: self.time_ns }
+        Access::new(self.block, self.op, self.full, self.time_ns)
     }
 }
 

@@ -360,7 +360,8 @@ impl Inner {
             Counters::bump(&self.counters.partial_writes_around);
             return WritePlan::Origin;
         }
-        match st.policy.access(Access::new(b, Op::Write, full, now)) {
+        let a = Access::new(b, Op::Write, full, now);
+        match st.policy.access(Access { fast_promote: a.fast_promote && mode == Mode::Writeback, ..a }) {
             Outcome::Promote { evict } => {
                 let evicted = st.evict(evict, &self.counters);
                 // Whole-block writes are cached without reading the origin; a partial one (in

@@ -393,8 +393,14 @@ impl Smq {
                 self.next_cache_period_ns = now_ns;
             }
             Some(t) if now_ns >= t => {
-                self.tick(now_ns);
-                self.next_tick_ns = Some(now_ns.max(t) + TICK_NS);
+                // The kernel ticks every second whether requests come or not: after an idle
+                // gap, the seconds missed tick too (three at most: after two ticks without
+                // requests nothing changes any more).
+                let missed = ((now_ns - t) / TICK_NS + 1).min(3);
+                for k in (0..missed).rev() {
+                    self.tick(now_ns - k * TICK_NS);
+                }
+                self.next_tick_ns = Some(now_ns + TICK_NS);
             }
             _ => {}
         }
@@ -511,7 +517,7 @@ impl Policy for Smq {
         // The hotspot queue only sees misses.
         let hs_level = self.update_hotspot_queue(a.block);
         let promote = match a.op {
-            Op::Write if self.has_free() && a.full_block => true,
+            Op::Write if self.has_free() && a.fast_promote => true,
             Op::Write => hs_level >= self.write_promote_level,
             Op::Read => hs_level >= self.read_promote_level,
         };
@@ -669,7 +675,7 @@ mod tests {
     }
 
     #[test]
-    fn nothing_is_promoted_before_the_first_tick_except_full_writes() {
+    fn nothing_is_promoted_before_the_first_tick_except_full_writes_in_writeback() {
         // dm-cache starts with both promote levels at 64: no read can qualify until the
         // first tick has assessed the hotspot queue; a full-block write into free space can.
         let mut p = Smq::new(8, &Params::default());
@@ -678,6 +684,9 @@ mod tests {
         }
         assert_eq!(p.access(Access::write(3, false, 0)), Outcome::Miss);
         assert_eq!(p.access(Access::write(3, true, 0)), Outcome::Promote { evict: None });
+        // Not in writethrough: the write waits for its hotspot like any other.
+        let slow = Access { fast_promote: false, ..Access::write(4, true, 0) };
+        assert_eq!(p.access(slow), Outcome::Miss);
     }
 
     #[test]
@@ -700,6 +709,18 @@ mod tests {
         }
         let t = promoted_at.expect("a block hit every second must be promoted eventually");
         assert!(t >= 1, "promoted before the first tick");
+    }
+
+    #[test]
+    fn idle_seconds_tick_too() {
+        // After an idle gap the hotspot statistics are empty, as the kernel's once-a-second
+        // ticks leave them: confidence is poor, and a cold miss is not promoted.
+        let mut p = Smq::new(64, &Params::default());
+        p.access(Access::read(1, 0));
+        p.hotspot_stats = Stats { hits: 100, misses: 0 };
+        p.read_promote_level = 0;
+        assert!(p.access(Access::read(500, S / 2)).is_promote(), "confident: a cold miss is promoted");
+        assert_eq!(p.access(Access::read(900, 10 * S)), Outcome::Miss, "after 10 idle seconds");
     }
 
     #[test]
