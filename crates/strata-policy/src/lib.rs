@@ -226,6 +226,16 @@ impl Access {
     }
 }
 
+/// The blocks a promoted read miss of `block` may bring along (readahead, as bcache's): the
+/// others of its aligned window of `per` blocks, below `limit` (the origin's size in blocks),
+/// in address order. The cache target and the simulator both take them, as long as the
+/// policy has room, without evicting anything.
+pub fn readahead_window(block: u64, per: u64, limit: u64) -> impl Iterator<Item = u64> {
+    let per = per.max(1);
+    let first = block / per * per;
+    (first..(first + per).min(limit)).filter(move |&b| b != block)
+}
+
 /// What the policy decided for one access. Its own state already reflects the decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -410,6 +410,15 @@ impl CostState {
         }
     }
 
+    /// Charge a readahead neighbour of the block promoted last: the origin read goes on over
+    /// it (no seek of its own) and it is written to its cache slot.
+    pub fn readahead(&mut self, block: u64) {
+        let bs = self.block_size;
+        self.origin.io_continuing(block * bs, bs, false, true);
+        let off = self.place(block, None);
+        self.cache.io(off, bs, true);
+    }
+
     /// Charge the write-back of a dirty `block`: a cache read and an origin write of it.
     pub fn writeback(&mut self, block: u64) {
         let off = self.slot_offset(block);

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata_policy::{Access, Op, Opt, Outcome, Params, Policy};
+use strata_policy::{readahead_window, Access, Op, Opt, Outcome, Params, Policy};
 
 use crate::cost::{CostReport, CostSpec, CostState};
 use crate::trace::{IoKind, Request, TraceError};
@@ -140,13 +140,44 @@ pub fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
+/// Readahead as the cache target does it: a promoted read miss brings along the other
+/// blocks of its aligned window of `per` blocks (below `limit`, the origin's size in blocks)
+/// that the policy does not hold, while the policy has room (see
+/// [`strata_policy::readahead_window`]). `per` of 0 or 1 is none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Readahead {
+    pub per: u64,
+    pub limit: u64,
+}
+
+impl Readahead {
+    pub const OFF: Readahead = Readahead { per: 0, limit: 0 };
+
+    /// Inserts `block`'s neighbours into `policy`; returns how many.
+    fn fill(&self, policy: &mut dyn Policy, block: u64, observer: &mut impl Observer) -> u64 {
+        if self.per <= 1 {
+            return 0;
+        }
+        let mut n = 0;
+        for nb in readahead_window(block, self.per, self.limit) {
+            if policy.contains(nb) {
+                continue;
+            }
+            if policy.len() >= policy.capacity() || policy.insert(nb, false).is_err() {
+                break;
+            }
+            observer.neighbour(nb);
+            n += 1;
+        }
+        n
+    }
+}
+
 /// Replay `accesses` through `policy` and count hits. This is the function to compare with
-/// the live cache target: replaying the same accesses there must give the same hit count.
-pub fn replay_hits<I>(policy: &mut dyn Policy, accesses: I) -> u64
-where
-    I: IntoIterator<Item = BlockAccess>,
-{
-    accesses.into_iter().filter(|a| policy.access(a.to_access()).is_hit()).count() as u64
+/// the live cache target: replaying the same accesses there (with the same readahead) must
+/// give the same hit count.
+pub fn replay_hits(policy: &mut dyn Policy, accesses: &[BlockAccess], readahead: Readahead) -> u64 {
+    replay_observed(policy, accesses, 0, None, readahead, &mut ()).hits
 }
 
 /// Replay with full counts, `windows` equal slices of hit ratio over time (0 for none), and
@@ -157,34 +188,45 @@ pub fn replay(
     windows: usize,
     progress: Option<&AtomicU64>,
 ) -> Counts {
-    replay_observed(policy, accesses, windows, progress, &mut ())
+    replay_observed(policy, accesses, windows, progress, Readahead::OFF, &mut ())
 }
 
-/// [`replay`], also charging every access and decision to the cost model `cost`.
-pub fn replay_costed(
+/// [`replay`] with `readahead`, and when `cost` is given, every access and decision charged
+/// to that cost model.
+pub fn replay_with(
     policy: &mut dyn Policy,
     accesses: &[BlockAccess],
     windows: usize,
     progress: Option<&AtomicU64>,
-    cost: &mut CostState,
+    readahead: Readahead,
+    cost: Option<&mut CostState>,
 ) -> Counts {
-    replay_observed(policy, accesses, windows, progress, cost)
+    match cost {
+        Some(c) => replay_observed(policy, accesses, windows, progress, readahead, c),
+        None => replay_observed(policy, accesses, windows, progress, readahead, &mut ()),
+    }
 }
 
 /// Something told of every access and the policy's decision (the cost model, or nothing).
 trait Observer {
     fn observe(&mut self, a: &BlockAccess, out: Outcome);
+    /// `block` came into the cache as the previous access's readahead neighbour.
+    fn neighbour(&mut self, block: u64);
 }
 
 impl Observer for () {
     #[inline(always)]
     fn observe(&mut self, _: &BlockAccess, _: Outcome) {}
+    fn neighbour(&mut self, _: u64) {}
 }
 
 impl Observer for CostState {
     #[inline]
     fn observe(&mut self, a: &BlockAccess, out: Outcome) {
         self.charge(a, out)
+    }
+    fn neighbour(&mut self, block: u64) {
+        self.readahead(block)
     }
 }
 
@@ -193,6 +235,7 @@ fn replay_observed<O: Observer>(
     accesses: &[BlockAccess],
     windows: usize,
     progress: Option<&AtomicU64>,
+    readahead: Readahead,
     observer: &mut O,
 ) -> Counts {
     const CHUNK: usize = 1 << 16;
@@ -226,6 +269,9 @@ fn replay_observed<O: Observer>(
                     Outcome::Miss => {}
                 }
                 observer.observe(a, out);
+                if a.op == Op::Read && out.is_promote() {
+                    promotions += readahead.fill(policy, a.block, observer);
+                }
             }
             if let Some(p) = progress {
                 p.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -279,6 +325,7 @@ pub struct MatrixOptions {
     pub progress: bool,
     /// Also run the cost model (`--cost`).
     pub cost: Option<CostSpec>,
+    pub readahead: Readahead,
 }
 
 /// Parse a list of cache sizes such as `1000,10%,64MiB` into sizes in blocks, each with the
@@ -399,10 +446,14 @@ pub fn run_matrix(
                     c.prefilled(junk_base, junk);
                     c
                 });
-                let counts = match cost.as_mut() {
-                    Some(c) => replay_costed(policy.as_mut(), &workload.accesses, opts.windows, Some(&done), c),
-                    None => replay(policy.as_mut(), &workload.accesses, opts.windows, Some(&done)),
-                };
+                let counts = replay_with(
+                    policy.as_mut(),
+                    &workload.accesses,
+                    opts.windows,
+                    Some(&done),
+                    opts.readahead,
+                    cost.as_mut(),
+                );
                 let r = RunResult {
                     policy: name.clone(),
                     size_blocks: size,

@@ -27,6 +27,7 @@ fn run(w: &Workload, policies: &[&str], sizes: &[usize], cost: Option<&str>) -> 
         jobs: 2,
         progress: false,
         cost: cost.map(|c| c.parse().unwrap()),
+        readahead: strata_sim::sim::Readahead::OFF,
     };
     let policies: Vec<String> = policies.iter().map(|p| p.to_string()).collect();
     run_matrix(w, &policies, sizes, &opts).unwrap()

@@ -36,6 +36,7 @@ fn check(name: &str, w: &Workload, prefill: bool) {
         jobs: 2,
         progress: false,
         cost: None,
+        readahead: strata_sim::sim::Readahead::OFF,
     };
     let results = run_matrix(w, &policies, &sizes, &opts).unwrap();
     for &s in &sizes {

@@ -7,7 +7,7 @@ use crate::meter::{Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use strata_io::{BoxFut, Buf, Error, ErrorKind, Result};
-use strata_policy::{Access, Op, Outcome};
+use strata_policy::{readahead_window, Access, Op, Outcome};
 use tokio::sync::OwnedRwLockWriteGuard;
 
 enum ReadPlan {
@@ -178,7 +178,7 @@ impl Inner {
             return self.read_piece(b, within, n, bypass, Some(answer)).await;
         }
         let known_zero = self.state.lock().zeroed.contains(&b);
-        let mut fills = vec![(b, s, exclusive)];
+        let mut fills = vec![(b, s, Some(exclusive))];
         if !known_zero {
             fills.extend(self.fill_ahead(b));
         }
@@ -208,7 +208,7 @@ impl Inner {
         };
         let at_b = range(b).start;
         answer.copy_from_slice(&data[at_b + within as usize..at_b + (within + n) as usize]);
-        let writes: Vec<(u64, u32, OwnedRwLockWriteGuard<()>, Buf)> = if fills.len() == 1 {
+        let writes: Vec<(u64, u32, Option<OwnedRwLockWriteGuard<()>>, Buf)> = if fills.len() == 1 {
             let (fb, fs, g) = fills.pop().expect("b is there");
             vec![(fb, fs, g, data)]
         } else {
@@ -222,6 +222,7 @@ impl Inner {
             }))
             .await;
             let mut st = me.state.lock();
+            let mut guards = Vec::with_capacity(done.len());
             for (fb, fs, guard, r) in done {
                 match r {
                     Ok(_) if st.policy.contains(fb) && !st.map.contains_key(&fb) => {
@@ -239,8 +240,12 @@ impl Inner {
                         st.fault(format!("promotion of block {fb} into slot {fs} failed: {e}"));
                     }
                 }
-                drop(guard);
+                guards.push(guard);
             }
+            // Only once every block of the window is mapped: a neighbour may share a shard
+            // lock with the block or another neighbour.
+            drop(st);
+            drop(guards);
         });
         Ok(answer)
     }
@@ -252,7 +257,9 @@ impl Inner {
     /// one longer read costs little more than the seek it needed anyway, so an empty cache
     /// fills at the origin's streaming rate rather than its seek rate. Neighbours never evict
     /// anything and leave the slot reserve alone: a full cache promotes the missed block only.
-    fn fill_ahead(&self, b: u64) -> Vec<(u64, u32, OwnedRwLockWriteGuard<()>)> {
+    /// A neighbour in a shard already held here (the block's, or an earlier neighbour's) needs
+    /// no lock of its own (`None`).
+    fn fill_ahead(&self, b: u64) -> Vec<(u64, u32, Option<OwnedRwLockWriteGuard<()>>)> {
         let mut st = self.state.lock();
         let per = st.meta.sb.readahead_bytes as u64 / self.block;
         let mut got = Vec::new();
@@ -260,16 +267,23 @@ impl Inner {
             return got;
         }
         let keep_free = slot_reserve(st.meta.slots());
-        let first = b / per * per;
-        for nb in first..(first + per).min(st.meta.sb.origin_blocks()) {
-            if nb == b || st.map.contains_key(&nb) || st.policy.contains(nb) {
+        let mut held = vec![self.shard_index(b)];
+        for nb in readahead_window(b, per, st.meta.sb.origin_blocks()) {
+            if st.map.contains_key(&nb) || st.policy.contains(nb) {
                 continue;
             }
             if st.policy.len() >= st.policy.capacity() || st.free.len() <= keep_free {
                 break;
             }
             // Only a neighbour nobody is using: its shard is taken without waiting.
-            let Ok(guard) = self.shard(nb).clone().try_write_owned() else { continue };
+            let shard = self.shard_index(nb);
+            let guard = if held.contains(&shard) {
+                None
+            } else {
+                let Ok(g) = self.shard(nb).clone().try_write_owned() else { continue };
+                held.push(shard);
+                Some(g)
+            };
             if !self.budget.try_take(self.block) {
                 break;
             }

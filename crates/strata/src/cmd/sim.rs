@@ -135,6 +135,12 @@ pub struct SimArgs {
     /// and report mean read latency and device busy time (see below).
     #[arg(long, value_name = "ORIGIN,CACHE")]
     pub cost: Option<CostSpec>,
+
+    /// Readahead as the cache target's `readahead`: a promoted read miss also brings in the
+    /// other blocks of its aligned window of BYTES that are not cached, while the cache has
+    /// free room (they count as promotions; none is evicted for them). 0 or one block: none.
+    #[arg(long, value_name = "BYTES", default_value = "0")]
+    pub readahead: String,
 }
 
 /// `--block-size` in bytes (units as [`parse_size`] reads them), or `default`.
@@ -192,6 +198,8 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
     let sizes = sim::parse_cache_sizes(&args.size, workload.footprint, workload.block_size).map_err(|e| anyhow!(e))?;
     let params = Params { seed: args.seed, origin_blocks: Some(workload.max_block + 1), ..Params::default() };
+    let readahead_bytes = parse_size(&args.readahead).map_err(|e| anyhow!("--readahead: {e}"))?;
+    let readahead = sim::Readahead { per: readahead_bytes / workload.block_size, limit: workload.max_block + 1 };
     let opts = MatrixOptions {
         params,
         windows: args.windows.unwrap_or(0),
@@ -199,11 +207,15 @@ pub fn run(args: SimArgs) -> Result<()> {
         jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
         progress: args.progress || std::io::stderr().is_terminal(),
         cost: args.cost,
+        readahead,
     };
     let size_blocks: Vec<usize> = sizes.iter().map(|(b, _)| *b).collect();
     let mut summary = report::summary(&source, &workload);
     if let Some(c) = &args.cost {
         summary.push_str(&format!("\ncost model: {c}"));
+    }
+    if readahead.per > 1 {
+        summary.push_str(&format!("\nreadahead: {} blocks per window", readahead.per));
     }
     if args.csv {
         eprintln!("{summary}");
