@@ -160,3 +160,44 @@ async fn failed_metadata_commit_fails_every_flush_until_restart() {
     dev.flush().await.unwrap();
     assert_eq!(read(&dev, 1).await.unwrap(), vec![9; BLOCK as usize]);
 }
+
+/// A table mapping every slot (more than the policy holds: one written under another slot
+/// reserve, or damaged) opens with the excess clean blocks dropped, copies of the origin,
+/// and a consistent state; with every slot dirty it is refused, saying why, and nothing on
+/// the device changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_mapping_more_blocks_than_the_policy_holds() {
+    for dirty in [false, true] {
+        let origin = Arc::new(MemDev::new(ORIGIN));
+        let cache = Arc::new(MemDev::new(2 << 20));
+        let o = CreateOptions { block_bytes: BLOCK as u32, origin_spec: "mem:full".into(), ..CreateOptions::default() };
+        let sb = create(&*cache, &*origin, &o).await.unwrap();
+        let (mut meta, _) = Meta::load(&*cache).await.unwrap();
+        for s in 0..sb.slots {
+            meta.set(s as u32, s, true, dirty);
+        }
+        let batch = meta.prepare_commit();
+        for (_, off, _, bytes) in &batch.pages {
+            cache.write(*off, Buf::from_slice(bytes), false).await.unwrap();
+        }
+        meta.commit_done(&batch);
+        meta.write_superblock(&*cache).await.unwrap();
+        let (meta, _) = Meta::load(&*cache).await.unwrap();
+        let held = strata_cache::target::policy_capacity(sb.slots as usize) as u64;
+        assert!(held < sb.slots);
+        match CacheDev::open(cache.clone(), origin.clone(), meta, OpenOptions::default()).await {
+            Ok(dev) if !dirty => {
+                let s = status(&dev);
+                assert_eq!((s.cached_blocks, s.free_blocks), (held, sb.slots - held), "{s:?}");
+                dev.check_invariants().unwrap();
+            }
+            Err(e) if dirty => {
+                assert!(e.to_string().contains("more dirty blocks than policy"), "{e}");
+                let (meta, _) = Meta::load(&*cache).await.unwrap();
+                assert!(meta.entries.iter().all(|e| e.valid && e.dirty), "the refused table is left as it was");
+            }
+            Ok(_) => panic!("a table of {} dirty blocks opened with a policy of {held}", sb.slots),
+            Err(e) => panic!("clean table refused: {e}"),
+        }
+    }
+}

@@ -35,7 +35,7 @@ impl CacheDev {
     pub async fn open(
         cache: Arc<dyn BlockDev>,
         origin: Arc<dyn BlockDev>,
-        meta: Meta,
+        mut meta: Meta,
         opts: OpenOptions,
     ) -> Result<CacheDev> {
         let sb: Superblock = meta.sb.clone();
@@ -76,19 +76,50 @@ impl CacheDev {
                 policy = strata_policy::build(&sb.policy, policy_capacity(slots), &params).expect("built above");
             }
         }
-        // The mapping is authoritative: reconcile the policy with it.
-        for (&b, &s) in &map {
+        // The mapping is authoritative: reconcile the policy with it, stale hints out first,
+        // then dirty blocks before clean ones. A table mapping more blocks than the policy
+        // holds (written under another slot reserve, or damaged) loses its excess clean
+        // blocks, copies of the origin; more dirty blocks than that is refused.
+        let stale: Vec<u64> = (0..sb.origin_blocks()).filter(|b| policy.contains(*b) && !map.contains_key(b)).collect();
+        for b in stale {
+            policy.remove(b);
+        }
+        let mut mapped: Vec<(u64, u32)> = map.iter().map(|(&b, &s)| (b, s)).collect();
+        mapped.sort_unstable_by_key(|&(b, s)| (!meta.entries[s as usize].dirty, b));
+        let mut dropped = 0usize;
+        for (b, s) in mapped {
             let dirty = meta.entries[s as usize].dirty;
-            if !policy.contains(b) {
-                let _ = policy.insert(b, dirty);
+            if !policy.contains(b) && policy.insert(b, dirty).is_err() {
+                if dirty {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        format!(
+                            "the cache table holds more dirty blocks than policy {} can hold ({} of {} slots): \
+                             the table is damaged or from another version",
+                            sb.policy,
+                            policy.capacity(),
+                            slots
+                        ),
+                    ));
+                }
+                map.remove(&b);
+                meta.set(s, 0, false, false);
+                free.push(s);
+                dropped += 1;
+                continue;
             }
             if dirty {
                 policy.set_dirty(b);
             }
         }
-        let stale: Vec<u64> = (0..sb.origin_blocks()).filter(|b| policy.contains(*b) && !map.contains_key(b)).collect();
-        for b in stale {
-            policy.remove(b);
+        if dropped > 0 {
+            eprintln!(
+                "strata: cache on {}: the table maps more blocks than policy {} holds ({}); {dropped} clean \
+                 blocks dropped from the cache",
+                cache.describe(),
+                sb.policy,
+                policy.capacity()
+            );
         }
         let describe = format!(
             "cache ({}, {} blocks of {} KiB, policy {}) of {} on {}",
