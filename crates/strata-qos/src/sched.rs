@@ -19,8 +19,11 @@
 //! its previous one ended, BFQ's and CFQ's rule) gains nothing from keeping the disk to
 //! itself, and a group of many seeky streams taking a slice each would make every one of them
 //! wait for all the others' slices. So when a seeky stream is chosen, the slice goes to all
-//! of its group's seeky streams together (CFQ's sync-noidle service tree): request by request,
-//! the one furthest behind first, with one idle window when none of them has a request. The
+//! of its group's seeky streams together (CFQ's sync-noidle service tree): the one furthest
+//! behind first, except that the stream served last goes on if it keeps several requests
+//! queued and is at most a quarter slice of device time ahead of the others (a seeky stream's
+//! requests often lie near each other, in its own file or region: BFQ serves a backlogged
+//! queue's budget in a row), with one idle window when none of them has a request. The
 //! time such a slice held the device beyond its requests' cost is shared among the streams it
 //! served.
 //!
@@ -291,6 +294,9 @@ struct Slice {
     stream: StreamId,
     /// The slice belongs to all of `stream`'s group's seeky streams; these were served in it.
     seeky: Option<Vec<StreamId>>,
+    /// The stream served last in the slice, and whether it had more requests queued then.
+    last: StreamId,
+    last_backlogged: bool,
     started: Nanos,
     charged: Nanos,
     /// Ends after one request (a stream served because it waited too long).
@@ -514,11 +520,11 @@ impl Scheduler {
                     if sl.seeky.is_none() && !sl.single && holder_seeky {
                         sl.seeky = Some(vec![sl.stream]);
                     }
-                    let (holder, seeky) = (sl.stream, sl.seeky.is_some());
+                    let (holder, seeky, last) = (sl.stream, sl.seeky.is_some(), (sl.last, sl.last_backlogged));
                     let expired = now.saturating_sub(sl.started) >= self.tuning.slice
                         || (sl.single && sl.taken > 0)
                         || self.preempted_by_cap(holder, now);
-                    let w = if seeky { self.seeky_work(holder) } else { self.stream_work(holder) };
+                    let w = if seeky { self.seeky_work(holder, last) } else { self.stream_work(holder) };
                     if !expired {
                         match w {
                             Work::Queued(s) => match self.held(s, now) {
@@ -544,8 +550,16 @@ impl Scheduler {
                     if self.tuning.slice > 0 {
                         // A stream served because it waited too long gets one request, not a slice.
                         let seeky = (!starved && self.stream(s).seeky()).then(Vec::new);
-                        self.slice =
-                            Some(Slice { stream: s, seeky, started: now, charged: 0, single: starved, taken: 0 });
+                        self.slice = Some(Slice {
+                            stream: s,
+                            seeky,
+                            last: s,
+                            last_backlogged: false,
+                            started: now,
+                            charged: 0,
+                            single: starved,
+                            taken: 0,
+                        });
                     }
                     out.push(self.send(s, now));
                 }
@@ -595,9 +609,12 @@ impl Scheduler {
         }
     }
 
-    /// What the seeky streams of `holder`'s group can do next: the one furthest behind with a
-    /// request queued goes first.
-    fn seeky_work(&self, holder: StreamId) -> Work {
+    /// What the seeky streams of `holder`'s group can do next: the stream served last if it
+    /// keeps several requests queued (`backlogged`: it had more when its last one went) and is
+    /// at most a quarter slice ahead of the others (a few requests in a row: a seeky stream's
+    /// requests often lie near each other, in its own file or region), else the one furthest
+    /// behind with a request queued.
+    fn seeky_work(&self, holder: StreamId, (last, backlogged): (StreamId, bool)) -> Work {
         let g = &self.groups[self.stream(holder).group.0];
         let (mut behind, mut running, mut thinking) = (None::<(f64, StreamId)>, false, None::<Nanos>);
         for &s in &g.streams {
@@ -613,6 +630,11 @@ impl Scheduler {
                 running = true;
             } else if st.open {
                 thinking = Some(thinking.unwrap_or(0).max(st.last_done));
+            }
+        }
+        if let (Some((vmin, _)), Some(st)) = (behind, self.streams[last.0].as_ref()) {
+            if backlogged && st.seeky() && !st.queue.is_empty() && st.vtime <= vmin + (self.tuning.slice / 4) as f64 {
+                return Work::Queued(last);
             }
         }
         match (behind, running, thinking) {
@@ -761,6 +783,8 @@ impl Scheduler {
         if let Some(sl) = &mut self.slice {
             sl.charged += cost;
             sl.taken += 1;
+            sl.last = s;
+            sl.last_backlogged = self.streams[s.0].as_ref().is_some_and(|st| !st.queue.is_empty());
             if let Some(served) = &mut sl.seeky {
                 if !served.contains(&s) {
                     served.push(s);
