@@ -103,12 +103,10 @@ async fn a_flush_drains_in_origin_address_order_merging_adjacent_blocks() {
     assert_eq!(status(&dev).writebacks, blocks.len() as u64);
 }
 
-/// With no room in the log, a write of several blocks goes to the origin as one write (after
-/// the logged copies of its blocks go back and are cleared), and reads back right.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
-    use strata_io::testing::Recording;
-    let origin = Arc::new(Recording::new(MemDev::new(8 << 20)));
+/// A log of 4 KiB blocks over a recording origin, without background write-back, every
+/// slot holding a block of ones (blocks 0 to `slots - 1`).
+async fn log_filled_with_ones() -> (WritecacheDev, Arc<strata_io::testing::Recording<MemDev>>, u64) {
+    let origin = Arc::new(strata_io::testing::Recording::new(MemDev::new(8 << 20)));
     let cache = Arc::new(MemDev::new(256 << 10));
     create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
     let o = OpenOptions { no_background: true, ..OpenOptions::default() };
@@ -117,6 +115,14 @@ async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
     for b in 0..slots {
         dev.write(b * BLOCK, Buf::from_slice(&[1; BLOCK as usize]), false).await.unwrap();
     }
+    (dev, origin, slots)
+}
+
+/// With no room in the log, a write of several blocks goes to the origin as one write (after
+/// the logged copies of its blocks go back and are cleared), and reads back right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
+    let (dev, origin, slots) = log_filled_with_ones().await;
     assert_eq!(status(&dev).free_blocks, 0);
     origin.take();
     // 32 blocks from the last logged block on: one logged (written back first), 31 not.
@@ -129,6 +135,23 @@ async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
     assert_eq!((s.writes_around, s.free_blocks), (32, 1), "{s:?}");
     assert_eq!(dev.read(at, Buf::zeroed(data.len())).await.unwrap().to_vec(), data);
     assert_eq!(dev.read(0, Buf::zeroed(BLOCK as usize)).await.unwrap().to_vec(), [1; BLOCK as usize]);
+    dev.check_state().unwrap();
+}
+
+/// A write around eight logged blocks writes each back and then clears them all with one
+/// commit, not one commit per block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_around_logged_blocks_clears_them_with_one_commit() {
+    let (dev, origin, _) = log_filled_with_ones().await;
+    dev.flush().await.unwrap();
+    origin.take();
+    let commits = status(&dev).commits;
+    let data = vec![9u8; 8 * BLOCK as usize];
+    dev.write(0, Buf::from_slice(&data), false).await.unwrap();
+    let (_, writes) = origin.take();
+    assert_eq!(writes.len(), 9, "eight write-backs, then the write: {writes:?}");
+    assert_eq!(status(&dev).commits, commits + 1, "one commit clears the eight");
+    assert_eq!(dev.read(0, Buf::zeroed(data.len())).await.unwrap().to_vec(), data);
     dev.check_state().unwrap();
 }
 

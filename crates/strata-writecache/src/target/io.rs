@@ -320,10 +320,9 @@ impl Inner {
         let _origin_guards = lock_all(&self.origin_locks, &stripes).await;
         self.state.lock().check_running()?;
         for b in first..=last {
-            if self.state.lock().logged_anywhere(b) {
-                self.go_around(b).await?;
-            }
+            self.write_back_live(b).await?;
         }
+        self.clear_logged(first, last).await?;
         self.counters.writes_around.fetch_add(blocks, Relaxed);
         self.kick.notify_one();
         let r = self.origin.write(offset, buf, fua).await;
@@ -335,10 +334,15 @@ impl Inner {
     }
 
     /// Makes block `b` safe to write on the origin directly (its lock and origin-write lock
-    /// held): its newest copy
-    /// is written back if dirty, then every logged copy is cleared on disk, oldest first, so
-    /// none can come back over what the origin is about to get.
+    /// held): its newest copy is written back if dirty, then every logged copy is cleared on
+    /// disk, oldest first, so none can come back over what the origin is about to get.
     pub(super) async fn go_around(&self, b: u64) -> Result<()> {
+        self.write_back_live(b).await?;
+        self.clear_logged(b, b).await
+    }
+
+    /// Writes back block `b`'s live copy if dirty and retires it (its locks held).
+    async fn write_back_live(&self, b: u64) -> Result<()> {
         let live = self.state.lock().lookup(b);
         if let Some(s) = live {
             self.writeback_slot(b, s).await?;
@@ -347,8 +351,22 @@ impl Inner {
                 st.retire(s);
             }
         }
-        while self.state.lock().logged_anywhere(b) {
-            self.commit_force().await?;
+        Ok(())
+    }
+
+    /// Commits until no copy of blocks `first..=last` is logged on disk. Writes going around
+    /// at once share commits: each looks again once it holds the commit lock, and one commit
+    /// clears every copy retired before it.
+    async fn clear_logged(&self, first: u64, last: u64) -> Result<()> {
+        let logged = || {
+            let st = self.state.lock();
+            (first..=last).any(|b| st.logged_anywhere(b))
+        };
+        while logged() {
+            let _one = self.commit_lock.lock().await;
+            if logged() {
+                self.commit_locked().await?;
+            }
         }
         Ok(())
     }
