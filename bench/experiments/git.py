@@ -20,6 +20,9 @@ the clone and the checkouts write.
 Scale 1: 30,000 files, 200 commits of 1,200 files each, 20 tags; a 2 GiB volume; fast
 devices of 32, 256, 1024 and 2048 MiB (the last holds the whole volume).
 Needs root, /dev/fuse, a free loop device, nbdfuse, mkfs.ext4 and git; skipped otherwise.
+
+    GIT_CACHES_MIB=32,256 picks the fast device sizes and GIT_TARGETS=writecache the targets
+    (default: the sizes above, both targets); the two devices alone always run.
 """
 
 import os
@@ -39,6 +42,7 @@ TOOLS = ["nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "fusermount3", "g
 ORIGIN = "origin alone"
 FAST = "fast alone"
 TARGETS = ["cache", "writecache"]
+COLORS = {"cache": "#1f77b4", "writecache": "#d62728"}
 
 
 def params(scale):
@@ -46,7 +50,17 @@ def params(scale):
     commits = max(TAGS, int(200 * scale))
     vol = max(128, int(2048 * scale)) * b.MIB
     caches = [max(4, int(c * scale)) for c in (32, 256, 1024, 2048)] if scale >= 0.25 else [8]
+    if os.environ.get("GIT_CACHES_MIB"):
+        caches = [int(c) for c in os.environ["GIT_CACHES_MIB"].split(",") if c.strip()]
     return files, commits, vol, [c * b.MIB for c in caches]
+
+
+def targets():
+    chosen = [t.strip() for t in os.environ.get("GIT_TARGETS", ",".join(TARGETS)).split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in TARGETS]
+    if unknown:
+        raise ValueError(f"GIT_TARGETS: unknown {', '.join(unknown)} (known: {', '.join(TARGETS)})")
+    return chosen
 
 
 def per_commit(files):
@@ -58,7 +72,7 @@ def expected_seconds(scale):
     files, commits, vol, caches = params(scale)
     blobs = files + commits * per_commit(files)
     per_run = 4 + blobs / 4000 + vol / (60 * b.MIB)
-    return (2 * len(caches) + 2) * per_run + blobs / 2500
+    return (len(targets()) * len(caches) + 2) * per_run + blobs / 2500
 
 
 def unavailable():
@@ -299,7 +313,7 @@ def run(ctx):
     done(one_run(ctx, FAST, str(fast), src, tags, work) | {"target": FAST})
     fast.unlink()
     for c in caches:
-        for target in TARGETS:
+        for target in targets():
             block, create = (BLOCK, b.cache_create) if target == "cache" else (WRITECACHE_BLOCK, b.writecache_create)
             # Written through before the target is made, as the fast device alone: a device
             # has no holes, and first writes into a sparse file cost the host file system
@@ -330,9 +344,9 @@ def run(ctx):
                        f"repository ({files} files, {commits} commits, pack {pack_bytes / b.MIB:.0f} MiB), then "
                        f"checkout of {TAGS} tags; cache: writeback, {BLOCK // b.KIB} KiB blocks; writecache: "
                        f"{WRITECACHE_BLOCK // b.KIB} KiB blocks (scale {ctx.scale:g}); lower is better",
-                       groups, TARGETS + ["device alone"], values, "time (s, including the syncs)",
+                       groups, targets() + ["device alone"], values, "time (s, including the syncs)",
                        "fast device size, or the device alone",
-                       panels=[ph for ph, _ in phases], colors=["#1f77b4", "#d62728", "#7f7f7f"])
+                       panels=[ph for ph, _ in phases], colors=[COLORS[t] for t in targets()] + ["#7f7f7f"])
     origin_row = rows[0]
     return {
         "setup": {"files": files, "commits": commits, "files_per_commit": per_commit(files), "tags": TAGS,
