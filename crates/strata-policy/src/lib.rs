@@ -114,6 +114,11 @@ pub const POLICIES: &[PolicyInfo] = &[
         new: Some(|c, p| Box::new(policies::tinylfu::TinyLfu::new(c, p))),
     },
     PolicyInfo {
+        name: "adaptive",
+        summary: "serves with the best of strata and of s3fifo, arc, lirs, tinylfu, 2q with and without a doorkeeper, chosen by miniature simulations",
+        new: Some(|c, p| Box::new(policies::adaptive::Adaptive::new(c, p))),
+    },
+    PolicyInfo {
         name: "opt",
         summary: "Belady's offline optimum with bypass (simulator only: needs the future)",
         new: None,

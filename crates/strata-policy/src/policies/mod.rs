@@ -1,6 +1,7 @@
 //! One module per policy. Each keeps its entries in a flat arena threaded onto index-linked
 //! lists (see `list.rs`) and finds them through a `BlockMap` (see `hash.rs`).
 
+pub mod adaptive;
 pub mod arc;
 pub mod clock;
 pub mod lirs;

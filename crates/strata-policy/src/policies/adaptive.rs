@@ -1,0 +1,455 @@
+//! adaptive: serve with whichever of several whole policies does best on this workload, as
+//! measured by miniature simulations running beside the live policy.
+//!
+//! * Candidates. S3-FIFO, ARC, LIRS, W-TinyLFU and 2Q, each as it is and behind a
+//!   [`Doorkeeper`] of 1, 4 or 16 cache capacities, and `strata`. No one of them is within a
+//!   point of the best on every trace and size (see `docs/BENCHMARKS.md`), and the doorkeeper
+//!   variants trade a block's first hit for a fraction of the promotions.
+//! * Miniatures. Every candidate, and LRU as the yardstick, runs on a spatial sample of the
+//!   blocks (a block is sampled when a hash of its number falls under a threshold, so it is
+//!   sampled on every access): a cache of `capacity / rate` blocks fed one block in `rate`,
+//!   which tracks the full-size cache's hit ratio (Waldspurger et al., "Cache Modeling and
+//!   Optimization using Miniature Simulations", USENIX ATC 2017). The rate keeps each
+//!   miniature near [`MINI_BLOCKS`] blocks; a smaller cache is simulated at full size.
+//! * Choice. Every [`EPOCH_CAPACITIES`] miniature capacities of sampled accesses the scores
+//!   (hits and promotions) are multiplied by [`DECAY`], so they follow the workload's phases.
+//!   The best candidate is the one with the most hits among those promoting at most
+//!   [`PROMOTION_BUDGET`] of what LRU promotes (every promotion is an origin read and a cache
+//!   write); it replaces the live policy when the live one is over the budget, or when it is
+//!   ahead by more than [`SWITCH_MARGIN`] of the sampled accesses in the window.
+//! * Switch. The live policy is rebuilt as the winner: the cached blocks move over in the old
+//!   policy's order (coldest first) with their dirty flags; nothing is read or written, but
+//!   the old policy's history (ghosts, frequencies) is lost, which the margin pays for. It
+//!   costs time in proportion to the cached blocks, under the caller's lock.
+
+use crate::hash::mix64;
+use crate::{build, hints, Access, HintError, InsertError, Outcome, Params, Policy};
+
+/// One candidate: a policy by [`build`] name, behind a doorkeeper of `doorkeeper` cache
+/// capacities (0: none).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub policy: &'static str,
+    pub doorkeeper: u32,
+}
+
+const fn c(policy: &'static str, doorkeeper: u32) -> Candidate {
+    Candidate { policy, doorkeeper }
+}
+
+/// The candidates; the first serves until the miniatures have spoken.
+pub const CANDIDATES: &[Candidate] = &[
+    c("strata", 0),
+    c("s3fifo", 0),
+    c("arc", 0),
+    c("lirs", 0),
+    c("tinylfu", 0),
+    c("2q", 0),
+    c("s3fifo", 1),
+    c("arc", 1),
+    c("lirs", 1),
+    c("tinylfu", 1),
+    c("2q", 1),
+    c("s3fifo", 4),
+    c("arc", 4),
+    c("lirs", 4),
+    c("tinylfu", 4),
+    c("2q", 4),
+    c("s3fifo", 16),
+    c("arc", 16),
+    c("lirs", 16),
+    c("tinylfu", 16),
+    c("2q", 16),
+];
+/// Target size of a miniature cache, in blocks.
+const MINI_BLOCKS: usize = 4096;
+/// Sampled accesses per epoch, in miniature capacities.
+const EPOCH_CAPACITIES: u64 = 8;
+/// What an epoch's end keeps of the scores.
+const DECAY: f64 = 0.9;
+/// How far ahead (hits per sampled access in the window) a candidate must be to take over.
+const SWITCH_MARGIN: f64 = 0.005;
+/// Promotions allowed, as a fraction of what LRU's miniature promotes.
+const PROMOTION_BUDGET: f64 = 0.75;
+/// Bits of a block's hash compared with the sampling threshold.
+const SAMPLE_BITS: u32 = 24;
+
+struct Mini {
+    policy: Box<dyn Policy + Send>,
+    /// Decayed hit count.
+    hits: f64,
+    /// Decayed promotion count.
+    promotions: f64,
+}
+
+impl Mini {
+    fn new(policy: Box<dyn Policy + Send>) -> Self {
+        Mini { policy, hits: 0.0, promotions: 0.0 }
+    }
+
+    fn access(&mut self, access: Access) {
+        match self.policy.access(access) {
+            Outcome::Hit => self.hits += 1.0,
+            Outcome::Promote { .. } => self.promotions += 1.0,
+            Outcome::Miss => {}
+        }
+    }
+
+    fn decay(&mut self) {
+        self.hits *= DECAY;
+        self.promotions *= DECAY;
+    }
+}
+
+fn make(c: Candidate, capacity: usize, params: &Params) -> Box<dyn Policy + Send> {
+    let inner = build(c.policy, capacity, params).expect("candidates are built-in policies");
+    if c.doorkeeper == 0 {
+        return inner;
+    }
+    Box::new(Doorkept { inner, door: Doorkeeper::new(capacity * c.doorkeeper as usize) })
+}
+
+/// The blocks missed recently, about the last `len` of them, as two generations of a Bloom
+/// filter (10 bits and 4 probes per block): a block is remembered while it is in either, and
+/// the older one is cleared when the newer one has taken `len / 2` blocks. False positives
+/// (under 2%) only let a block through a turn early.
+#[derive(Debug)]
+pub struct Doorkeeper {
+    generations: [Vec<u64>; 2],
+    current: usize,
+    added: usize,
+    per_generation: usize,
+    mask: u64,
+}
+
+impl Doorkeeper {
+    const PROBES: u32 = 4;
+
+    pub fn new(len: usize) -> Self {
+        let per_generation = (len / 2).max(1);
+        let bits = (per_generation * 10).next_power_of_two().max(64);
+        Doorkeeper {
+            generations: [vec![0; bits / 64], vec![0; bits / 64]],
+            current: 0,
+            added: 0,
+            per_generation,
+            mask: bits as u64 - 1,
+        }
+    }
+
+    fn probes(&self, block: u64) -> impl Iterator<Item = u64> {
+        let h = mix64(block);
+        let (a, b) = (h, (h >> 32) | 1);
+        let mask = self.mask;
+        (0..Self::PROBES as u64).map(move |i| a.wrapping_add(i.wrapping_mul(b)) & mask)
+    }
+
+    fn in_generation(&self, g: usize, block: u64) -> bool {
+        self.probes(block).all(|bit| self.generations[g][(bit / 64) as usize] & (1 << (bit % 64)) != 0)
+    }
+
+    /// Whether `block` was remembered; remembers it either way.
+    pub fn check_and_remember(&mut self, block: u64) -> bool {
+        let seen = self.in_generation(0, block) || self.in_generation(1, block);
+        if !self.in_generation(self.current, block) {
+            if self.added >= self.per_generation {
+                self.current ^= 1;
+                self.generations[self.current].fill(0);
+                self.added = 0;
+            }
+            let g = self.current;
+            for bit in self.probes(block).collect::<Vec<_>>() {
+                self.generations[g][(bit / 64) as usize] |= 1 << (bit % 64);
+            }
+            self.added += 1;
+        }
+        seen
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.generations.iter().map(|g| g.len() * 8).sum()
+    }
+}
+
+/// The [`Policy`] methods a wrapper hands to the policy in its field `$inner` unchanged.
+macro_rules! delegate {
+    ($inner:ident) => {
+        fn len(&self) -> usize {
+            self.$inner.len()
+        }
+        fn contains(&self, block: u64) -> bool {
+            self.$inner.contains(block)
+        }
+        fn prefetch(&self, block: u64) {
+            self.$inner.prefetch(block)
+        }
+        fn remove(&mut self, block: u64) -> bool {
+            self.$inner.remove(block)
+        }
+        fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
+            self.$inner.insert(block, dirty)
+        }
+        fn set_dirty(&mut self, block: u64) -> bool {
+            self.$inner.set_dirty(block)
+        }
+        fn set_clean(&mut self, block: u64) -> bool {
+            self.$inner.set_clean(block)
+        }
+        fn is_dirty(&self, block: u64) -> bool {
+            self.$inner.is_dirty(block)
+        }
+        fn dirty_len(&self) -> usize {
+            self.$inner.dirty_len()
+        }
+        fn writeback_candidate(&mut self, now_ns: u64) -> Option<u64> {
+            self.$inner.writeback_candidate(now_ns)
+        }
+    };
+}
+
+/// A policy behind a [`Doorkeeper`]: a miss on a block not missed recently is only
+/// remembered, so the policy sees a block's misses from its second recent one on.
+struct Doorkept {
+    inner: Box<dyn Policy + Send>,
+    door: Doorkeeper,
+}
+
+impl Policy for Doorkept {
+    delegate!(inner);
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn access(&mut self, access: Access) -> Outcome {
+        if !self.inner.contains(access.block) && !self.door.check_and_remember(access.block) {
+            return Outcome::Miss;
+        }
+        self.inner.access(access)
+    }
+    fn save_hints(&self) -> Vec<u8> {
+        self.inner.save_hints()
+    }
+    fn load_hints(&mut self, hints: &[u8]) -> Result<(), HintError> {
+        self.inner.load_hints(hints)
+    }
+    fn bytes_per_entry(&self) -> f64 {
+        self.inner.bytes_per_entry() + self.door.bytes() as f64 / self.capacity() as f64
+    }
+}
+
+pub struct Adaptive {
+    capacity: usize,
+    params: Params,
+    live: Box<dyn Policy + Send>,
+    live_idx: usize,
+    minis: Vec<Mini>,
+    /// LRU in miniature: the promotion budget's yardstick.
+    lru: Mini,
+    /// A block is sampled when the top [`SAMPLE_BITS`] bits of its hash are below this.
+    threshold: u64,
+    /// Decayed count of sampled accesses.
+    sampled: f64,
+    epoch_len: u64,
+    in_epoch: u64,
+    switches: u64,
+}
+
+impl Adaptive {
+    pub fn new(capacity: usize, params: &Params) -> Self {
+        let rate = capacity.div_ceil(MINI_BLOCKS).max(1);
+        let mini_cap = capacity.div_ceil(rate).max(1);
+        Adaptive {
+            capacity,
+            params: params.clone(),
+            live: make(CANDIDATES[0], capacity, params),
+            live_idx: 0,
+            minis: CANDIDATES.iter().map(|&c| Mini::new(make(c, mini_cap, params))).collect(),
+            lru: Mini::new(build("lru", mini_cap, params).expect("lru is built in")),
+            threshold: (1u64 << SAMPLE_BITS) / rate as u64,
+            sampled: 0.0,
+            epoch_len: EPOCH_CAPACITIES * mini_cap as u64,
+            in_epoch: 0,
+            switches: 0,
+        }
+    }
+
+    /// The candidate serving now.
+    pub fn live(&self) -> Candidate {
+        CANDIDATES[self.live_idx]
+    }
+
+    /// How many times the live policy was replaced.
+    pub fn switches(&self) -> u64 {
+        self.switches
+    }
+
+    fn sampled(&self, block: u64) -> bool {
+        (mix64(block) >> (64 - SAMPLE_BITS)) < self.threshold
+    }
+
+    fn end_epoch(&mut self) {
+        let budget = PROMOTION_BUDGET * self.lru.promotions;
+        let within = |m: &Mini| m.promotions <= budget;
+        let best = self
+            .minis
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| within(m))
+            .max_by(|a, b| a.1.hits.total_cmp(&b.1.hits))
+            .or_else(|| self.minis.iter().enumerate().min_by(|a, b| a.1.promotions.total_cmp(&b.1.promotions)))
+            .map(|(i, _)| i)
+            .expect("there are candidates");
+        let (live, next) = (&self.minis[self.live_idx], &self.minis[best]);
+        if best != self.live_idx && (!within(live) || next.hits - live.hits > SWITCH_MARGIN * self.sampled) {
+            self.switch_to(best);
+        }
+        for m in &mut self.minis {
+            m.decay();
+        }
+        self.lru.decay();
+        self.sampled *= DECAY;
+    }
+
+    /// Rebuild the live policy as candidate `idx`, keeping the cached blocks and their dirty
+    /// flags.
+    pub fn switch_to(&mut self, idx: usize) {
+        let mut next = make(CANDIDATES[idx], self.capacity, &self.params);
+        for (block, _) in self.order() {
+            let dirty = self.live.is_dirty(block);
+            next.insert(block, dirty).expect("same capacity, distinct blocks");
+        }
+        self.live = next;
+        self.live_idx = idx;
+        self.switches += 1;
+    }
+
+    /// The cached blocks, coldest first, as the live policy orders them.
+    fn order(&self) -> Vec<(u64, u8)> {
+        hints::decode(self.live.name(), &self.live.save_hints()).expect("a policy decodes its own hints")
+    }
+}
+
+impl Policy for Adaptive {
+    delegate!(live);
+
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn access(&mut self, access: Access) -> Outcome {
+        if self.sampled(access.block) {
+            for m in &mut self.minis {
+                m.access(access);
+            }
+            self.lru.access(access);
+            self.sampled += 1.0;
+            self.in_epoch += 1;
+            if self.in_epoch >= self.epoch_len {
+                self.in_epoch = 0;
+                self.end_epoch();
+            }
+        }
+        self.live.access(access)
+    }
+
+    /// The live policy's order, under this policy's name (the tags are dropped: they mean
+    /// something only to the candidate that wrote them).
+    fn save_hints(&self) -> Vec<u8> {
+        hints::encode(self.name(), self.order().into_iter().map(|(b, _)| (b, 0)))
+    }
+
+    fn load_hints(&mut self, bytes: &[u8]) -> Result<(), HintError> {
+        let entries = hints::decode(self.name(), bytes)?;
+        if !self.live.is_empty() {
+            return Err(HintError::NotEmpty);
+        }
+        for (block, _) in entries.into_iter().take(self.capacity) {
+            // A duplicate in a blob that passed its checksum is skipped, not fatal.
+            let _ = self.live.insert(block, false);
+        }
+        Ok(())
+    }
+
+    fn bytes_per_entry(&self) -> f64 {
+        let minis: f64 =
+            self.minis.iter().chain([&self.lru]).map(|m| m.policy.bytes_per_entry() * m.policy.capacity() as f64).sum();
+        self.live.bytes_per_entry() + minis / self.capacity as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_doorkeeper_remembers_about_its_length() {
+        let mut d = Doorkeeper::new(1000);
+        assert!(!d.check_and_remember(7));
+        assert!(d.check_and_remember(7));
+        // 499 others: 7 is still in a generation.
+        for b in 100..599 {
+            d.check_and_remember(b);
+        }
+        assert!(d.check_and_remember(7));
+        // Two generations later it is gone.
+        for b in 1000..2100 {
+            d.check_and_remember(b);
+        }
+        assert!(!d.check_and_remember(7));
+        let false_positives = (1_000_000..1_010_000).filter(|&b| d.check_and_remember(b)).count();
+        assert!(false_positives < 300, "{false_positives} false positives in 10,000");
+    }
+
+    #[test]
+    fn a_doorkept_policy_promotes_on_the_second_recent_miss() {
+        let mut p = make(c("lru", 4), 4, &Params::default());
+        assert_eq!(p.access(Access::read(1, 0)), Outcome::Miss);
+        assert_eq!(p.access(Access::read(1, 0)), Outcome::Promote { evict: None });
+        assert_eq!(p.access(Access::read(1, 0)), Outcome::Hit);
+    }
+
+    #[test]
+    fn a_switch_keeps_the_cached_blocks_and_their_dirt() {
+        let mut p = Adaptive::new(64, &Params::default());
+        for b in 0..64 {
+            p.insert(b, b % 3 == 0).unwrap();
+        }
+        for (idx, &candidate) in CANDIDATES.iter().enumerate().skip(1) {
+            p.switch_to(idx);
+            assert_eq!(p.live(), candidate);
+            assert_eq!(p.len(), 64);
+            assert_eq!(p.dirty_len(), 22);
+            assert!((0..64).all(|b| p.contains(b) && p.is_dirty(b) == (b % 3 == 0)));
+        }
+        assert_eq!(p.switches(), CANDIDATES.len() as u64 - 1);
+    }
+
+    /// A hot set a fifth of the cache, hit between long scans of blocks read once: S3-FIFO
+    /// promotes every scanned block, over the budget, so the live policy must end behind a
+    /// doorkeeper (or be strata, which admits on a second reference).
+    #[test]
+    fn scans_between_hot_blocks_choose_a_doorkeeper() {
+        let mut p = Adaptive::new(1000, &Params::default());
+        p.switch_to(CANDIDATES.iter().position(|&x| x == c("s3fifo", 0)).unwrap());
+        let mut scan = 1_000_000u64;
+        for _ in 0..400 {
+            for b in 0..200 {
+                p.access(Access::read(b, 0));
+            }
+            for _ in 0..2000 {
+                p.access(Access::read(scan, 0));
+                scan += 1;
+            }
+        }
+        assert!(p.live().doorkeeper > 0 || p.live().policy == "strata", "{:?}", p.live());
+        let hot = (0..200).filter(|&b| p.contains(b)).count();
+        assert!(hot >= 190, "{:?}: {hot} of the 200 hot blocks cached", p.live());
+    }
+}
