@@ -319,9 +319,7 @@ impl Inner {
         let _guards = lock_all(&self.stripes, &stripes).await;
         let _origin_guards = lock_all(&self.origin_locks, &stripes).await;
         self.state.lock().check_running()?;
-        for b in first..=last {
-            self.write_back_live(b).await?;
-        }
+        self.write_back_live(first, last).await?;
         self.clear_logged(first, last).await?;
         self.counters.writes_around.fetch_add(blocks, Relaxed);
         self.kick.notify_one();
@@ -337,16 +335,53 @@ impl Inner {
     /// held): its newest copy is written back if dirty, then every logged copy is cleared on
     /// disk, oldest first, so none can come back over what the origin is about to get.
     pub(super) async fn go_around(&self, b: u64) -> Result<()> {
-        self.write_back_live(b).await?;
+        self.write_back_live(b, b).await?;
         self.clear_logged(b, b).await
     }
 
-    /// Writes back block `b`'s live copy if dirty and retires it (its locks held).
-    async fn write_back_live(&self, b: u64) -> Result<()> {
-        let live = self.state.lock().lookup(b);
-        if let Some(s) = live {
-            self.writeback_slot(b, s).await?;
+    /// Writes back the dirty live copies of blocks `first..=last`, with one origin flush for
+    /// them all, and retires their live copies (their block and origin-write locks held).
+    async fn write_back_live(&self, first: u64, last: u64) -> Result<()> {
+        let (live, picks) = {
             let mut st = self.state.lock();
+            let live: Vec<(u64, u32)> = (first..=last).filter_map(|b| st.lookup(b).map(|s| (b, s))).collect();
+            let mut picks = Vec::new();
+            for &(b, s) in &live {
+                if st.state(s) == (SlotState::Live { dirty: true }) {
+                    st.pin(s);
+                    picks.push(Pick {
+                        block: b,
+                        slot: s,
+                        seq: st.slot(s).seq,
+                        crc: st.slot(s).data_crc,
+                        zero: st.zero(s),
+                    });
+                }
+            }
+            (live, picks)
+        };
+        let r = async {
+            for p in &picks {
+                self.copy_run(&[p]).await?;
+            }
+            if picks.is_empty() {
+                Ok(())
+            } else {
+                self.origin_flush().await
+            }
+        }
+        .await;
+        let mut st = self.state.lock();
+        for p in &picks {
+            st.unpin(p.slot);
+        }
+        r?;
+        for p in &picks {
+            if st.mark_clean(p.slot, p.seq) {
+                relaxed(&self.counters.writebacks);
+            }
+        }
+        for (b, s) in live {
             if st.lookup(b) == Some(s) {
                 st.retire(s);
             }
@@ -367,31 +402,6 @@ impl Inner {
             if logged() {
                 self.commit_locked().await?;
             }
-        }
-        Ok(())
-    }
-
-    /// Writes back live slot `s` of block `b` now if it is dirty (block and origin-write locks
-    /// held).
-    async fn writeback_slot(&self, b: u64, s: u32) -> Result<()> {
-        let pick = {
-            let mut st = self.state.lock();
-            if st.state(s) != (SlotState::Live { dirty: true }) {
-                return Ok(());
-            }
-            st.pin(s);
-            Pick { block: b, slot: s, seq: st.slot(s).seq, crc: st.slot(s).data_crc, zero: st.zero(s) }
-        };
-        let r = async {
-            self.copy_run(&[&pick]).await?;
-            self.origin_flush().await
-        }
-        .await;
-        let mut st = self.state.lock();
-        st.unpin(s);
-        r?;
-        if st.mark_clean(s, pick.seq) {
-            relaxed(&self.counters.writebacks);
         }
         Ok(())
     }
