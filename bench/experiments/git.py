@@ -299,6 +299,7 @@ def run(ctx):
     pack_bytes = sum(f.stat().st_size for f in (src / "objects" / "pack").iterdir())
     origin = work / "origin.img"
     cachef = work / "cache.img"
+    chosen = targets()
     rows = []
 
     def done(row):
@@ -313,7 +314,7 @@ def run(ctx):
     done(one_run(ctx, FAST, str(fast), src, tags, work) | {"target": FAST})
     fast.unlink()
     for c in caches:
-        for target in targets():
+        for target in chosen:
             block, create = (BLOCK, b.cache_create) if target == "cache" else (WRITECACHE_BLOCK, b.writecache_create)
             # Written through before the target is made, as the fast device alone: a device
             # has no holes, and first writes into a sparse file cost the host file system
@@ -344,9 +345,9 @@ def run(ctx):
                        f"repository ({files} files, {commits} commits, pack {pack_bytes / b.MIB:.0f} MiB), then "
                        f"checkout of {TAGS} tags; cache: writeback, {BLOCK // b.KIB} KiB blocks; writecache: "
                        f"{WRITECACHE_BLOCK // b.KIB} KiB blocks (scale {ctx.scale:g}); lower is better",
-                       groups, targets() + ["device alone"], values, "time (s, including the syncs)",
+                       groups, chosen + ["device alone"], values, "time (s, including the syncs)",
                        "fast device size, or the device alone",
-                       panels=[ph for ph, _ in phases], colors=[COLORS[t] for t in targets()] + ["#7f7f7f"])
+                       panels=[ph for ph, _ in phases], colors=[COLORS[t] for t in chosen] + ["#7f7f7f"])
     origin_row = rows[0]
     return {
         "setup": {"files": files, "commits": commits, "files_per_commit": per_commit(files), "tags": TAGS,

@@ -38,6 +38,7 @@
 use crate::cost::CostModel;
 use crate::settings::GroupSettings;
 use std::collections::{HashMap, VecDeque};
+use strata_io::stats::latency_bucket;
 
 /// Nanoseconds on the caller's clock.
 pub type Nanos = u64;
@@ -90,7 +91,6 @@ impl Tuning {
     }
 }
 
-use strata_io::stats::latency_bucket;
 /// Latency histogram buckets: upper bounds in microseconds, powers of two (as `StatsDev`).
 pub use strata_io::stats::LATENCY_BUCKETS_US;
 

@@ -152,13 +152,6 @@ fn transfer_s(len: u64, mib_s: f64) -> f64 {
     len as f64 / (mib_s * 1_048_576.0)
 }
 
-/// Service time in seconds of an HDD request of `len` bytes at `offset` on a device of
-/// `size` bytes whose head sits where the previous request ended (`last_end`): see
-/// [`HddParams::mean_service_s`].
-pub fn hdd_service_s(p: &HddParams, size: u64, last_end: u64, offset: u64, len: u64) -> f64 {
-    p.mean_service_s(size, last_end, offset, len)
-}
-
 /// Service time in seconds of an SSD request of `len` bytes: the fixed read or write
 /// latency plus transfer at `mib_s`.
 pub fn ssd_service_s(p: &SsdParams, len: u64, write: bool) -> f64 {
@@ -217,7 +210,7 @@ impl DeviceTimer {
         }
         let t = match &self.model {
             DeviceModel::Hdd(p) if continues => transfer_s(len, p.mib_s),
-            DeviceModel::Hdd(p) => hdd_service_s(p, self.size, self.last_end, offset, len),
+            DeviceModel::Hdd(p) => p.mean_service_s(self.size, self.last_end, offset, len),
             DeviceModel::Ssd(p) if continues => transfer_s(len, p.mib_s),
             DeviceModel::Ssd(p) => ssd_service_s(p, len, write),
         };
@@ -476,11 +469,11 @@ mod tests {
     fn hdd_timing_by_hand() {
         let p = HddParams { seek_min_ms: 1.0, seek_max_ms: 9.0, rpm: 6000.0, mib_s: 4.0, seed: 1 };
         let size = 16 * 4096;
-        assert!(close(hdd_service_s(&p, size, 4096, 5 * 4096, 4096), 0.0109765625));
-        assert!(close(hdd_service_s(&p, size, 5 * 4096, 4096, 4096), 0.0109765625));
-        assert!(close(hdd_service_s(&p, size, 8192, 8192, 4096), 0.0009765625));
+        assert!(close(p.mean_service_s(size, 4096, 5 * 4096, 4096), 0.0109765625));
+        assert!(close(p.mean_service_s(size, 5 * 4096, 4096, 4096), 0.0109765625));
+        assert!(close(p.mean_service_s(size, 8192, 8192, 4096), 0.0009765625));
         // Beyond the stroke counts as a full stroke: 9 + 5 ms + transfer.
-        assert!(close(hdd_service_s(&p, size, 0, 100 * 4096, 4096), 0.0149765625));
+        assert!(close(p.mean_service_s(size, 0, 100 * 4096, 4096), 0.0149765625));
     }
 
     /// 100 us + 4 KiB at 400 MiB/s (9.765625 us); two channels halve the busy time.

@@ -163,7 +163,8 @@ impl Readahead {
             if policy.contains(nb) {
                 continue;
             }
-            if policy.len() >= policy.capacity() || policy.insert(nb, false).is_err() {
+            // Not cached, so only a full policy refuses it.
+            if policy.insert(nb, false).is_err() {
                 break;
             }
             observer.neighbour(nb);

@@ -123,7 +123,7 @@ pub struct Doorkeeper {
 }
 
 impl Doorkeeper {
-    const PROBES: u32 = 4;
+    const PROBES: usize = 4;
 
     pub fn new(len: usize) -> Self {
         let per_generation = (len / 2).max(1);
@@ -137,29 +137,30 @@ impl Doorkeeper {
         }
     }
 
-    fn probes(&self, block: u64) -> impl Iterator<Item = u64> {
+    /// The bits `block` sets, by double hashing of one 64-bit hash.
+    fn probes(&self, block: u64) -> [u64; Self::PROBES] {
         let h = mix64(block);
         let (a, b) = (h, (h >> 32) | 1);
-        let mask = self.mask;
-        (0..Self::PROBES as u64).map(move |i| a.wrapping_add(i.wrapping_mul(b)) & mask)
+        std::array::from_fn(|i| a.wrapping_add((i as u64).wrapping_mul(b)) & self.mask)
     }
 
-    fn in_generation(&self, g: usize, block: u64) -> bool {
-        self.probes(block).all(|bit| self.generations[g][(bit / 64) as usize] & (1 << (bit % 64)) != 0)
+    fn in_generation(&self, g: usize, bits: &[u64; Self::PROBES]) -> bool {
+        bits.iter().all(|&bit| self.generations[g][(bit / 64) as usize] & (1 << (bit % 64)) != 0)
     }
 
     /// Whether `block` was remembered; remembers it either way.
     pub fn check_and_remember(&mut self, block: u64) -> bool {
-        let seen = self.in_generation(0, block) || self.in_generation(1, block);
-        if !self.in_generation(self.current, block) {
+        let bits = self.probes(block);
+        let seen = self.in_generation(0, &bits) || self.in_generation(1, &bits);
+        if !self.in_generation(self.current, &bits) {
             if self.added >= self.per_generation {
                 self.current ^= 1;
                 self.generations[self.current].fill(0);
                 self.added = 0;
             }
-            let g = self.current;
-            for bit in self.probes(block).collect::<Vec<_>>() {
-                self.generations[g][(bit / 64) as usize] |= 1 << (bit % 64);
+            let g = &mut self.generations[self.current];
+            for bit in bits {
+                g[(bit / 64) as usize] |= 1 << (bit % 64);
             }
             self.added += 1;
         }
