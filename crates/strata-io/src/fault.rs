@@ -550,6 +550,11 @@ impl<D: BlockDev> BlockDev for FaultDev<D> {
         self.inner.message(msg)
     }
 
+    fn connect(&self) -> Option<std::sync::Arc<dyn BlockDev>> {
+        let inner = self.inner.connect()?;
+        Some(std::sync::Arc::new(FaultDev { inner, faults: self.faults.clone() }))
+    }
+
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         self.inner.shutdown()
     }

@@ -6,7 +6,7 @@ use crate::dev::{snapshot, Qos};
 use crate::sched::{GroupId, GroupReport, LATENCY_BUCKETS_US};
 use crate::settings::GROUP_KEYS;
 use serde::{Deserialize, Serialize};
-use strata_io::metrics::{latency_buckets, MetricKind, Sample};
+use strata_io::metrics::{latency_histogram, MetricKind, Sample};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QosStatus {
@@ -113,12 +113,13 @@ pub fn metrics(qos: &Qos, own: GroupId) -> Vec<Sample> {
             r.seeky_streams as f64,
         ),
     ];
-    v.extend(latency_buckets(
-        "strata_qos_latency_seconds_bucket",
-        "Requests of the group by latency from submission to completion (cumulative, le in seconds).",
+    v.extend(latency_histogram(
+        ["strata_qos_latency_seconds_bucket", "strata_qos_latency_seconds_sum", "strata_qos_latency_seconds_count"],
+        "Requests of the group by latency from submission to completion.",
         &[("group", r.name.clone())],
         &LATENCY_BUCKETS_US,
         c.latency_buckets.iter().copied(),
+        c.latency_ns_sum as f64 / 1e9,
     ));
     v
 }

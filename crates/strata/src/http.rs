@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
-use strata_io::metrics::{latency_buckets, MetricKind};
+use strata_io::metrics::{latency_histogram, MetricKind, Sample};
 use strata_io::stats::{StatsDev, LATENCY_BUCKETS_US, OPS};
 use strata_io::BlockDev;
 use strata_nbd::{Export, Server};
@@ -187,33 +187,29 @@ impl Admin {
         for v in &volumes {
             for op in OPS {
                 let s = v.dev.op(op);
-                let labels = format!("volume=\"{}\",op=\"{op}\"", v.name);
-                let buckets = latency_buckets(
-                    "strata_request_duration_seconds_bucket",
+                let samples = latency_histogram(
+                    [
+                        "strata_request_duration_seconds_bucket",
+                        "strata_request_duration_seconds_sum",
+                        "strata_request_duration_seconds_count",
+                    ],
                     "Request latency, by operation.",
-                    &[],
+                    &[("op", op.to_string())],
                     &LATENCY_BUCKETS_US,
                     s.buckets.iter().map(|b| b.load(std::sync::atomic::Ordering::Relaxed)),
+                    s.latency_us_sum.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
                 );
-                for b in &buckets {
-                    let _ = writeln!(out, "{}{{{labels},le=\"{}\"}} {}", b.name, b.labels[0].1, b.value);
+                for sample in &samples {
+                    let _ = writeln!(out, "{}", line(&v.name, sample));
                 }
-                let cumulative = buckets.last().map_or(0.0, |b| b.value);
-                let sum = s.latency_us_sum.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6;
-                let _ = writeln!(out, "strata_request_duration_seconds_sum{{{labels}}} {sum}");
-                let _ = writeln!(out, "strata_request_duration_seconds_count{{{labels}}} {cumulative}");
             }
         }
         // What each target reports about itself: one family per name, across the volumes.
         let mut families: BTreeMap<&str, (MetricKind, &str, Vec<String>)> = BTreeMap::new();
         for v in &volumes {
             for s in v.dev.metrics() {
-                let mut labels = format!("volume=\"{}\"", escape(&v.name));
-                for (k, value) in &s.labels {
-                    let _ = write!(labels, ",{k}=\"{}\"", escape(value));
-                }
-                let lines = &mut families.entry(s.name).or_insert((s.kind, s.help, Vec::new())).2;
-                lines.push(format!("{}{{{labels}}} {}", s.name, number(s.value)));
+                let family = s.kind.family(s.name);
+                families.entry(family).or_insert((s.kind, s.help, Vec::new())).2.push(line(&v.name, &s));
             }
         }
         for (name, (kind, help, lines)) in families {
@@ -225,6 +221,15 @@ impl Admin {
         }
         out
     }
+}
+
+/// A sample's line in the text format, labelled with its volume first.
+fn line(volume: &str, s: &Sample) -> String {
+    let mut labels = format!("volume=\"{}\"", escape(volume));
+    for (k, value) in &s.labels {
+        let _ = write!(labels, ",{k}=\"{}\"", escape(value));
+    }
+    format!("{}{{{labels}}} {}", s.name, number(s.value))
 }
 
 /// A label value in the text format: backslash, double quote and newline escaped.

@@ -28,7 +28,7 @@ fn served_with_io() -> (Server, String) {
         dir,
         ServerOpts {
             admin: true,
-            args: vec!["vol=cache:{dir}/cache.img".into(), "raw=mem:4MiB".into()],
+            args: vec!["vol=cache:{dir}/cache.img".into(), "raw=mem:4MiB".into(), "shared=qos:batch@mem:4MiB".into()],
             ..Default::default()
         },
     );
@@ -126,6 +126,12 @@ fn metrics_follow_the_prometheus_conventions() {
         assert_eq!(e.kind(family) == "counter", name.ends_with("_total"), "{name}{{{labels}}}: _total is for counters");
         assert!(!name.split('_').any(|w| ["s", "ms", "us"].contains(&w)), "{name}: units are spelled out");
         assert!(!name.starts_with("strata_target_"), "{name}: the old untyped gauges are gone");
+    }
+    for family in ["strata_request_duration_seconds", "strata_qos_latency_seconds"] {
+        assert_eq!(e.kind(family), "histogram", "{family}");
+        for suffix in ["_bucket", "_sum", "_count"] {
+            assert!(e.names().contains(format!("{family}{suffix}").as_str()), "{family}{suffix} missing");
+        }
     }
     for counter in [
         "strata_cache_read_hits_total",

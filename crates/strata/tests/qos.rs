@@ -62,6 +62,21 @@ async fn data_through_qos_over_slices_is_what_a_reference_holds() {
     }
 }
 
+/// A fault layer over a qos volume hands each connection its own stream, and its rules still
+/// apply to what comes through the handle.
+#[tokio::test]
+async fn connections_pass_through_a_fault_layer() {
+    let opener = Opener::new();
+    let dev = open(&opener, "fault:write:eio:0-4KiB@qos:a@mem:4MiB").await.unwrap();
+    let (one, two) = (dev.connect().expect("a handle per connection"), dev.connect().unwrap());
+    one.write(8192, Buf::from_slice(&[7; 4096]), false).await.unwrap();
+    assert_eq!(&two.read(8192, Buf::zeroed(4096)).await.unwrap()[..], &[7; 4096][..]);
+    let e = two.write(0, Buf::from_slice(&[1; 4096]), false).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Io, "{e}");
+    // The volume's own stream and one per connection.
+    assert_eq!(dev.status().unwrap()["groups"][0]["streams"], 3, "{}", dev.status().unwrap());
+}
+
 #[tokio::test]
 async fn settings_change_live_and_bad_ones_are_refused() {
     let opener = Opener::new();
