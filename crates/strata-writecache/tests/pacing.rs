@@ -133,6 +133,7 @@ async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
     assert_eq!(writes, [(at, BLOCK), (at, 32 * BLOCK)], "the logged block goes back, then one write");
     let s = status(&dev);
     assert_eq!((s.writes_around, s.free_blocks), (32, 1), "{s:?}");
+    assert_eq!((s.writes_around_partial, s.writes_around_writebacks), (0, 1), "{s:?}");
     assert_eq!(dev.read(at, Buf::zeroed(data.len())).await.unwrap().to_vec(), data);
     assert_eq!(dev.read(0, Buf::zeroed(BLOCK as usize)).await.unwrap().to_vec(), [1; BLOCK as usize]);
     dev.check_state().unwrap();

@@ -322,6 +322,8 @@ impl Inner {
         self.write_back_live(first, last).await?;
         self.clear_logged(first, last).await?;
         self.counters.writes_around.fetch_add(blocks, Relaxed);
+        let partial = self.partial_blocks(offset, buf.len() as u64);
+        self.counters.writes_around_partial.fetch_add(partial.len() as u64, Relaxed);
         self.kick.notify_one();
         let r = self.origin.write(offset, buf, fua).await;
         self.origin_writes.fetch_add(1, Relaxed);
@@ -329,6 +331,17 @@ impl Inner {
             self.last_stream.store(self.now_ns(), Relaxed);
         }
         r
+    }
+
+    /// The blocks a request covers only in part: at most its first and its last.
+    fn partial_blocks(&self, offset: u64, len: u64) -> Vec<u64> {
+        let end = offset + len;
+        let (first, last) = (offset / self.block, (end - 1) / self.block);
+        let whole = |b: u64| offset <= b * self.block && b * self.block + self.block_len(b) <= end;
+        let mut edges = vec![first, last];
+        edges.dedup();
+        edges.retain(|&b| !whole(b));
+        edges
     }
 
     /// Makes block `b` safe to write on the origin directly (its lock and origin-write lock
@@ -379,6 +392,7 @@ impl Inner {
         for p in &picks {
             if st.mark_clean(p.slot, p.seq) {
                 relaxed(&self.counters.writebacks);
+                relaxed(&self.counters.writes_around_writebacks);
             }
         }
         for (b, s) in live {

@@ -43,6 +43,8 @@ pub(crate) struct Counters {
     pub write_hits: AtomicU64,
     pub write_misses: AtomicU64,
     pub writes_around: AtomicU64,
+    pub writes_around_partial: AtomicU64,
+    pub writes_around_writebacks: AtomicU64,
     pub writebacks: AtomicU64,
     pub writeback_errors: AtomicU64,
     pub commits: AtomicU64,
