@@ -240,7 +240,8 @@ def target_figures(server, spec):
         return {"hit_ratio": t["read_hits"] / reads if reads else None, "writes_around": t["writes_around"],
                 "dirty_blocks_end": t["dirty_blocks"], "writebacks": t["writebacks"],
                 "write_hits": t["write_hits"], "writes_around_partial": t.get("writes_around_partial"),
-                "writes_around_writebacks": t.get("writes_around_writebacks")}
+                "writes_around_writebacks": t.get("writes_around_writebacks"),
+                "writes_around_superseded": t.get("writes_around_superseded")}
     return {}
 
 
@@ -328,7 +329,8 @@ def run(ctx):
 
     b.write_csv(out / "times.csv", rows, ["config", "target", "cache_mib", "clone_s", "checkout_s", "hit_ratio",
                                           "promotions", "bypassed", "writes_around", "writes_around_partial",
-                                          "writes_around_writebacks", "writebacks", "write_hits",
+                                          "writes_around_writebacks", "writes_around_superseded", "writebacks",
+                                          "write_hits",
                                           "dirty_blocks_end", "repo_disk_bytes", "clone_write_bytes",
                                           "clone_read_bytes", "checkout_read_bytes", "checkout_write_bytes",
                                           "checkout_read_requests", "checkout_write_requests"])

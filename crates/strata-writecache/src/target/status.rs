@@ -28,6 +28,7 @@ impl Inner {
             writes_around: c.writes_around.load(Relaxed),
             writes_around_partial: c.writes_around_partial.load(Relaxed),
             writes_around_writebacks: c.writes_around_writebacks.load(Relaxed),
+            writes_around_superseded: c.writes_around_superseded.load(Relaxed),
             writebacks: c.writebacks.load(Relaxed),
             writeback_rate: Some(f64::from_bits(self.writeback_rate.load(Relaxed))).filter(|r| r.is_finite()),
             writeback_errors: c.writeback_errors.load(Relaxed),
