@@ -239,7 +239,9 @@ def target_figures(server, spec):
         reads = t["read_hits"] + t["read_misses"]
         return {"hit_ratio": t["read_hits"] / reads if reads else None, "writes_around": t["writes_around"],
                 "dirty_blocks_end": t["dirty_blocks"], "writebacks": t["writebacks"],
-                "write_hits": t["write_hits"]}
+                "write_hits": t["write_hits"], "writes_around_partial": t.get("writes_around_partial"),
+                "writes_around_writebacks": t.get("writes_around_writebacks"),
+                "writes_around_superseded": t.get("writes_around_superseded")}
     return {}
 
 
@@ -326,7 +328,9 @@ def run(ctx):
                  | {"target": target, "cache_mib": c // b.MIB})
 
     b.write_csv(out / "times.csv", rows, ["config", "target", "cache_mib", "clone_s", "checkout_s", "hit_ratio",
-                                          "promotions", "bypassed", "writes_around", "writebacks", "write_hits",
+                                          "promotions", "bypassed", "writes_around", "writes_around_partial",
+                                          "writes_around_writebacks", "writes_around_superseded", "writebacks",
+                                          "write_hits",
                                           "dirty_blocks_end", "repo_disk_bytes", "clone_write_bytes",
                                           "clone_read_bytes", "checkout_read_bytes", "checkout_write_bytes",
                                           "checkout_read_requests", "checkout_write_requests"])

@@ -116,6 +116,13 @@ pub struct WritecacheStatus {
     pub write_misses: u64,
     /// Writes that went to the origin because no slot was free.
     pub writes_around: u64,
+    /// Blocks of writes around the log that covered only part of their block.
+    pub writes_around_partial: u64,
+    /// Dirty logged copies written back to the origin before a write went around them (only
+    /// blocks it covered in part: their copy holds the rest of the block).
+    pub writes_around_writebacks: u64,
+    /// Logged copies a write around the log replaced whole: dropped without a write-back.
+    pub writes_around_superseded: u64,
     pub writebacks: u64,
     /// The write-back controller's rate now, in blocks per second: 0 at or below the target,
     /// bcache's proportional-integral rate above it, `null` for flat out (flushing,
@@ -140,7 +147,7 @@ impl WritecacheStatus {
     /// The figures as Prometheus samples.
     pub fn samples(&self) -> Vec<Sample> {
         use MetricKind::{Counter, Gauge};
-        let rows: [(&'static str, MetricKind, &'static str, f64); 17] = [
+        let rows: [(&'static str, MetricKind, &'static str, f64); 20] = [
             ("strata_writecache_block_bytes", Gauge, "Size of a log slot.", self.block_bytes as f64),
             ("strata_writecache_blocks", Gauge, "Slots of the log.", self.blocks as f64),
             ("strata_writecache_free_blocks", Gauge, "Slots free for new writes.", self.free_blocks as f64),
@@ -170,6 +177,24 @@ impl WritecacheStatus {
                 Counter,
                 "Writes sent to the origin as the log was full.",
                 self.writes_around as f64,
+            ),
+            (
+                "strata_writecache_writes_around_partial_total",
+                Counter,
+                "Blocks of writes around the log that covered only part of their block.",
+                self.writes_around_partial as f64,
+            ),
+            (
+                "strata_writecache_writes_around_writebacks_total",
+                Counter,
+                "Dirty logged copies written back before a write went around them.",
+                self.writes_around_writebacks as f64,
+            ),
+            (
+                "strata_writecache_writes_around_superseded_total",
+                Counter,
+                "Logged copies a write around the log replaced whole, without a write-back.",
+                self.writes_around_superseded as f64,
             ),
             (
                 "strata_writecache_writebacks_total",

@@ -118,28 +118,30 @@ async fn log_filled_with_ones() -> (WritecacheDev, Arc<strata_io::testing::Recor
     (dev, origin, slots)
 }
 
-/// With no room in the log, a write of several blocks goes to the origin as one write (after
-/// the logged copies of its blocks go back and are cleared), and reads back right.
+/// With no room in the log, a write of several blocks goes to the origin as one write (the
+/// logged copies of the blocks it covers whole are cleared, not written back), and reads back
+/// right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_write_into_a_full_log_goes_around_as_one_origin_write() {
     let (dev, origin, slots) = log_filled_with_ones().await;
     assert_eq!(status(&dev).free_blocks, 0);
     origin.take();
-    // 32 blocks from the last logged block on: one logged (written back first), 31 not.
+    // 32 blocks from the last logged block on: one logged (superseded), 31 not.
     let at = (slots - 1) * BLOCK;
     let data = vec![7u8; 32 * BLOCK as usize];
     dev.write(at, Buf::from_slice(&data), true).await.unwrap();
     let (_, writes) = origin.take();
-    assert_eq!(writes, [(at, BLOCK), (at, 32 * BLOCK)], "the logged block goes back, then one write");
+    assert_eq!(writes, [(at, 32 * BLOCK)], "one write, the logged block not written back");
     let s = status(&dev);
     assert_eq!((s.writes_around, s.free_blocks), (32, 1), "{s:?}");
+    assert_eq!((s.writes_around_partial, s.writes_around_writebacks, s.writes_around_superseded), (0, 0, 1), "{s:?}");
     assert_eq!(dev.read(at, Buf::zeroed(data.len())).await.unwrap().to_vec(), data);
     assert_eq!(dev.read(0, Buf::zeroed(BLOCK as usize)).await.unwrap().to_vec(), [1; BLOCK as usize]);
     dev.check_state().unwrap();
 }
 
-/// A write around eight logged blocks writes each back and then clears them all with one
-/// commit, not one commit per block.
+/// A write around eight logged blocks clears them all with one commit, not one commit per
+/// block (and writes none of them back: it covers them whole).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_around_logged_blocks_clears_them_with_one_commit() {
     let (dev, origin, _) = log_filled_with_ones().await;
@@ -149,7 +151,7 @@ async fn a_write_around_logged_blocks_clears_them_with_one_commit() {
     let data = vec![9u8; 8 * BLOCK as usize];
     dev.write(0, Buf::from_slice(&data), false).await.unwrap();
     let (_, writes) = origin.take();
-    assert_eq!(writes.len(), 9, "eight write-backs, then the write: {writes:?}");
+    assert_eq!(writes, [(0, 8 * BLOCK)], "the write alone");
     assert_eq!(status(&dev).commits, commits + 1, "one commit clears the eight");
     assert_eq!(dev.read(0, Buf::zeroed(data.len())).await.unwrap().to_vec(), data);
     dev.check_state().unwrap();

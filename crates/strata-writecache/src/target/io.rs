@@ -1,10 +1,11 @@
 //! Foreground IO, split into cache blocks. A read of a logged block is served from its slot
 //! (pinned, so the slot is not reused under it); the others from the origin, one origin read
 //! per run of adjacent blocks the log does not hold. A write goes to a free slot, a partial
-//! one after merging with the block's newest copy; with no free slot it goes around the log
-//! (`go_around`), a request of several blocks as one origin write (`write_around`). A discard or write-zeroes of a whole logged
-//! block logs a zero entry (no data IO), so the origin never sees it before the log forgets
-//! the block; of an unlogged block it goes to the origin.
+//! one after merging with the block's newest copy; with no free slot it goes around the log,
+//! a request of several blocks as one origin write (`write_around`), and supersedes the
+//! logged copies of the blocks it covers whole (`supersede`). A discard or write-zeroes of a
+//! whole logged block logs a zero entry (no data IO), so the origin never sees it before the
+//! log forgets the block; of an unlogged block it goes to the origin.
 
 use super::state::SlotState;
 use super::writeback::Pick;
@@ -277,7 +278,7 @@ impl Inner {
             self.kick.notify_one();
             relaxed(&self.counters.writes_around);
             let _origin = self.origin_locks[self.stripe(b)].lock().await;
-            self.go_around(b).await?;
+            // The whole block (a partial write was merged above): no logged copy is written back.
             let r = if zero {
                 self.origin.write_zeroes(b * self.block, len as u64, ZeroFlags::default()).await
             } else {
@@ -285,6 +286,7 @@ impl Inner {
             };
             self.origin_writes.fetch_add(1, Relaxed);
             r?;
+            self.supersede(b, b, fua && !zero).await?;
             return Ok(None);
         };
         let crc = if zero { 0 } else { crc32c::crc32c(&block_data) };
@@ -304,10 +306,12 @@ impl Inner {
     }
 
     /// A request of several blocks the log has no room for goes to the origin as one write,
-    /// after the logged copies of its blocks are written back and cleared (`go_around`), all
-    /// its blocks' locks held (block locks, then origin-write locks, each in ascending order,
-    /// as every path takes them). A large one marks the origin as streaming, which pauses
-    /// write-back until `pause_writeback` after its end (see `writeback.rs`).
+    /// all its blocks' locks held (block locks, then origin-write locks, each in ascending
+    /// order, as every path takes them). Only the blocks it covers in part have their dirty
+    /// logged copies written back first (they hold newer data for the rest of the block than
+    /// the origin); the others' copies it supersedes (`supersede`). A large one marks the
+    /// origin as streaming, which pauses write-back until `pause_writeback` after its end
+    /// (see `writeback.rs`).
     async fn write_around(&self, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         let (first, last) = (offset / self.block, (offset + buf.len() as u64 - 1) / self.block);
         let blocks = last - first + 1;
@@ -319,32 +323,65 @@ impl Inner {
         let _guards = lock_all(&self.stripes, &stripes).await;
         let _origin_guards = lock_all(&self.origin_locks, &stripes).await;
         self.state.lock().check_running()?;
-        self.write_back_live(first, last).await?;
-        self.clear_logged(first, last).await?;
+        let partial = self.partial_blocks(offset, buf.len() as u64);
+        self.write_back_live(&partial).await?;
         self.counters.writes_around.fetch_add(blocks, Relaxed);
+        self.counters.writes_around_partial.fetch_add(partial.len() as u64, Relaxed);
         self.kick.notify_one();
         let r = self.origin.write(offset, buf, fua).await;
         self.origin_writes.fetch_add(1, Relaxed);
         if blocks >= STREAM_BLOCKS {
             self.last_stream.store(self.now_ns(), Relaxed);
         }
-        r
+        let buf = r?;
+        self.supersede(first, last, fua).await?;
+        Ok(buf)
     }
 
-    /// Makes block `b` safe to write on the origin directly (its lock and origin-write lock
-    /// held): its newest copy is written back if dirty, then every logged copy is cleared on
-    /// disk, oldest first, so none can come back over what the origin is about to get.
-    pub(super) async fn go_around(&self, b: u64) -> Result<()> {
-        self.write_back_live(b, b).await?;
-        self.clear_logged(b, b).await
+    /// The blocks a request covers only in part: at most its first and its last.
+    fn partial_blocks(&self, offset: u64, len: u64) -> Vec<u64> {
+        let end = offset + len;
+        let (first, last) = (offset / self.block, (end - 1) / self.block);
+        let whole = |b: u64| offset <= b * self.block && b * self.block + self.block_len(b) <= end;
+        let mut edges = vec![first, last];
+        edges.dedup();
+        edges.retain(|&b| !whole(b));
+        edges
     }
 
-    /// Writes back the dirty live copies of blocks `first..=last`, with one origin flush for
-    /// them all, and retires their live copies (their block and origin-write locks held).
-    async fn write_back_live(&self, first: u64, last: u64) -> Result<()> {
+    /// Once a write around the log has landed on the origin over blocks `first..=last` (their
+    /// block and origin-write locks held; `durable`: written with FUA), their logged copies
+    /// leave the index and are cleared on disk, one commit for them all, before the write is
+    /// acknowledged, so none can come back over it, on a read or after a crash. Reads get the
+    /// logged copy until then, never the origin's older data. When a copy is dirty, the origin
+    /// is flushed first: a crash must not leave the origin's older data with the log's newer
+    /// copy gone. Blocks covered in part were written back first (`write_back_live`).
+    async fn supersede(&self, first: u64, last: u64, durable: bool) -> Result<()> {
+        let dirty = {
+            let st = self.state.lock();
+            (first..=last).any(|b| st.dirty_copy(b))
+        };
+        if dirty && !durable {
+            self.origin_flush().await?;
+        }
+        {
+            let mut st = self.state.lock();
+            for b in first..=last {
+                if st.lookup(b).is_some() {
+                    relaxed(&self.counters.writes_around_superseded);
+                }
+                st.superseded(b);
+            }
+        }
+        self.clear_logged(first, last).await
+    }
+
+    /// Writes back the dirty live copies of `blocks`, with one origin flush for them all, and
+    /// retires their live copies (their block and origin-write locks held).
+    async fn write_back_live(&self, blocks: &[u64]) -> Result<()> {
         let (live, picks) = {
             let mut st = self.state.lock();
-            let live: Vec<(u64, u32)> = (first..=last).filter_map(|b| st.lookup(b).map(|s| (b, s))).collect();
+            let live: Vec<(u64, u32)> = blocks.iter().filter_map(|&b| st.lookup(b).map(|s| (b, s))).collect();
             let mut picks = Vec::new();
             for &(b, s) in &live {
                 if st.state(s) == (SlotState::Live { dirty: true }) {
@@ -379,6 +416,7 @@ impl Inner {
         for p in &picks {
             if st.mark_clean(p.slot, p.seq) {
                 relaxed(&self.counters.writebacks);
+                relaxed(&self.counters.writes_around_writebacks);
             }
         }
         for (b, s) in live {

@@ -3,8 +3,9 @@
 //! from the fast device, every other read from the origin (reads are never promoted). A
 //! commit writes the changed entries and flushes the fast device once; FLUSH and FUA wait
 //! for one. When no slot is free, a write goes around the log to the origin instead of
-//! waiting, after the block's logged copies are written back and cleared on disk, so an
-//! older copy can never win afterwards (see `state.rs` for the rules).
+//! waiting, and the block's logged copies are cleared on disk before it is acknowledged (a
+//! copy of a block it covers only in part written back first), so an older copy can never
+//! win afterwards (see `state.rs` for the rules).
 //!
 //! By concern: `io` serves reads, writes, discards and write-zeroes; `commit` makes entries
 //! durable; `writeback` copies dirty blocks to the origin in origin-address order and runs
@@ -43,6 +44,9 @@ pub(crate) struct Counters {
     pub write_hits: AtomicU64,
     pub write_misses: AtomicU64,
     pub writes_around: AtomicU64,
+    pub writes_around_partial: AtomicU64,
+    pub writes_around_writebacks: AtomicU64,
+    pub writes_around_superseded: AtomicU64,
     pub writebacks: AtomicU64,
     pub writeback_errors: AtomicU64,
     pub commits: AtomicU64,

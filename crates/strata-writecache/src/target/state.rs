@@ -6,7 +6,9 @@
 //! - a slot is reused only once its entry is zero on disk (`Free`);
 //! - the entries of a block's older copies (`Stale`) are cleared one per commit, oldest
 //!   first, so a torn commit can only leave a newer copy than the one it removed;
-//! - a block goes to the origin directly only once it has no logged copy on disk at all.
+//! - a block's entries are cleared with no live copy left only once the origin durably holds
+//!   data at least as new as the newest (written back, or a write around the log flushed);
+//!   a write around the log is acknowledged only once no copy of its blocks is left on disk.
 //!
 //! Memory: 37 bytes per slot and about 5 more for the index (`State::heap_bytes`). A slot is
 //! its entry's figures and two links (32 bytes), its state and flags in one byte, and its
@@ -347,6 +349,26 @@ impl State {
         }
         self.touch(s);
         self.write_gen += 1;
+    }
+
+    /// Whether a logged copy of `block` may hold data the origin does not hold durably (a
+    /// dirty one, live or older).
+    pub fn dirty_copy(&self, block: u64) -> bool {
+        self.lookup(block).is_some_and(|s| self.state(s) == SlotState::Live { dirty: true })
+            || self.stale.get(&block).is_some_and(|c| c.iter().any(|&(_, s)| !self.flag(s, RETIRED_CLEAN)))
+    }
+
+    /// The origin durably holds data newer than every logged copy of `block` (a write around
+    /// the log covered it whole): its live copy leaves the index, and commits may clear every
+    /// copy (see `clearable`).
+    pub fn superseded(&mut self, block: u64) {
+        if let Some(s) = self.lookup(block) {
+            self.retire(s);
+        }
+        let copies: Vec<u32> = self.stale.get(&block).map_or_else(Vec::new, |c| c.iter().map(|&(_, s)| s).collect());
+        for s in copies {
+            self.set_flag(s, RETIRED_CLEAN, true);
+        }
     }
 
     /// Marks a live slot clean if it still holds the copy written back (same sequence).
