@@ -308,12 +308,18 @@ impl Layout {
 
     /// The most slots that fit a device of `device_bytes`.
     pub fn fit(device_bytes: u64, block_bytes: u32) -> u64 {
-        let mut slots = device_bytes / block_bytes as u64;
-        while slots > 0 && Layout::new(slots, block_bytes).end > device_bytes {
-            let over = Layout::new(slots, block_bytes).end - device_bytes;
-            slots -= over.div_ceil(block_bytes as u64).clamp(1, slots);
+        // `end` grows with the slots: bisect between a count that fits (or none) and one
+        // whose data alone does not.
+        let (mut fits, mut too_many) = (0, device_bytes / block_bytes as u64 + 1);
+        while too_many - fits > 1 {
+            let mid = fits + (too_many - fits) / 2;
+            if Layout::new(mid, block_bytes).end <= device_bytes {
+                fits = mid;
+            } else {
+                too_many = mid;
+            }
         }
-        slots
+        fits
     }
 
     /// Offset of copy `copy` (0 or 1) of table page `page`.
@@ -499,11 +505,16 @@ mod tests {
 
     #[test]
     fn layout_fits_the_device() {
-        for dev in [8u64 << 20, 100 << 20, 1 << 30, (1 << 30) + 12345] {
-            let slots = Layout::fit(dev, 64 << 10);
-            assert!(Layout::new(slots, 64 << 10).end <= dev);
-            assert!(Layout::new(slots + 1, 64 << 10).end > dev);
+        for (dev, block) in
+            [(8u64 << 20, 64 << 10), (100 << 20, 64 << 10), (1 << 30, 64 << 10), ((1 << 30) + 12345, 64 << 10)]
+                .into_iter()
+                .chain([(Layout::new(16 << 20, 4096).end, 4096), (Layout::new(1 << 20, 4096).end + 4095, 4096)])
+        {
+            let slots = Layout::fit(dev, block);
+            assert!(Layout::new(slots, block).end <= dev);
+            assert!(Layout::new(slots + 1, block).end > dev, "{dev} bytes: {slots} slots of {block}");
         }
+        assert_eq!(Layout::fit(Layout::new(16 << 20, 4096).end, 4096), 16 << 20, "a device sized for n slots holds n");
         assert_eq!(Layout::fit(1 << 20, 64 << 10), 0);
     }
 
