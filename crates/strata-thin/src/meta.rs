@@ -1109,6 +1109,8 @@ impl Maps {
         load_bitmaps(dev, &mut data, md_blocks, "data").await?;
         let over = read_tree(dev, sb.data_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
         apply_overflow(&mut data, &over, "data")?;
+        md.loaded();
+        data.loaded();
         md.begin_commit();
         data.begin_commit();
         md.durable();
