@@ -56,10 +56,9 @@ async fn check_dev(dev: &dyn BlockDev) -> Result<Report> {
     let details = devices(&tm, &maps.sb)?;
     let mut c = Counter::new(maps.limits(), &maps.blocks())?;
     c.tops(&tm, maps.sb.data_mapping_root, maps.sb.device_details_root)?;
-    let nodes = std::mem::take(&mut tm.blocks);
-    (c, tm.blocks) = read_in_use(dev, &maps.md, (c, nodes), |(c, nodes), b, bytes| {
+    read_in_use(dev, &maps.md, |b, bytes| {
         if c.unread(b) && c.take(b, bytes) {
-            nodes.insert(b, Box::from(bytes));
+            tm.blocks.insert(b, Box::from(bytes));
         }
     })
     .await?;

@@ -175,7 +175,7 @@ impl Metadata {
         } else {
             let mut blocks = FxHashMap::default();
             blocks.reserve(md.allocated() as usize);
-            let blocks = read_in_use(dev, &md, blocks, |blocks, b, bytes| {
+            read_in_use(dev, &md, |b, bytes| {
                 blocks.insert(b, Box::from(bytes));
             })
             .await?;
@@ -812,51 +812,45 @@ async fn read_tree(
     Ok(out)
 }
 
-/// Blocks read at once by `read_in_use` (16 MiB).
-const RUN: u64 = 4096;
+/// Blocks read at once by `read_in_use` (2 MiB: large reads, and what a run holds is still
+/// in the caches when `each` goes through it).
+const RUN: u64 = 512;
 
 /// Every block but the superblock that the metadata space map counts in use, read in
-/// device order `RUN` blocks at a time (runs holding none are skipped) and handed to
-/// `each` with `state` and the block's bytes; returns `state`. Two buffers serve all the
-/// reads: `each` goes through one run on a blocking thread while the next is read.
-pub async fn read_in_use<S: Send + 'static>(
-    dev: &dyn BlockDev,
-    md: &SpaceMap,
-    state: S,
-    each: fn(&mut S, u64, &[u8]),
-) -> Result<S> {
+/// device order `RUN` blocks at a time (runs holding none are skipped) and handed to `each`
+/// with its bytes. Two buffers serve all the reads: the next run is read while `each` goes
+/// through the last one (at once, when the device reads on other threads or in the kernel;
+/// a read from the page cache is done before).
+pub(crate) async fn read_in_use(dev: &dyn BlockDev, md: &SpaceMap, mut each: impl FnMut(u64, &[u8])) -> Result<()> {
+    let in_use = |b: u64| b != SUPERBLOCK && md.count(b) > 0;
     let mut runs = (0..md.nr_blocks()).step_by(RUN as usize).filter_map(|start| {
         let end = (start + RUN).min(md.nr_blocks());
-        let used: Vec<u64> = (start..end).filter(|&b| b != SUPERBLOCK && md.count(b) > 0).collect();
-        Some((*used.first()?, used))
+        let first = (start..end).find(|&b| in_use(b))?;
+        Some((first, (first..end).rfind(|&b| in_use(b)).unwrap_or(first) + 1))
     });
-    let (mut state, mut spare, mut held) = (Some(state), None, None);
+    let (mut held, mut spare): (Option<(u64, Buf)>, Option<Buf>) = (None, None);
     loop {
-        let task = held.take().map(|(first, used, buf): (u64, Vec<u64>, Buf)| {
-            let mut state = state.take().expect("the state is back between runs");
-            tokio::task::spawn_blocking(move || {
-                for b in used {
-                    let at = (b - first) as usize * BLOCK;
-                    each(&mut state, b, &buf[at..at + BLOCK]);
-                }
-                (state, buf)
-            })
-        });
-        let read = match runs.next() {
-            Some((first, used)) => {
-                let mut buf = spare.take().unwrap_or_else(|| Buf::zeroed(RUN as usize * BLOCK));
-                buf.set_len((used[used.len() - 1] + 1 - first) as usize * BLOCK);
-                Some((first, used, dev.read(first * BLOCK as u64, buf).await))
-            }
-            None => None,
+        let next = runs.next();
+        let reading = async {
+            let (first, end) = next?;
+            let mut buf = spare.take().unwrap_or_else(|| Buf::zeroed(RUN as usize * BLOCK));
+            buf.set_len((end - first) as usize * BLOCK);
+            Some(dev.read(first * BLOCK as u64, buf).await.map(|buf| (first, buf)))
         };
-        if let Some(task) = task {
-            let (back, buf) = task.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-            (state, spare) = (Some(back), Some(buf));
-        }
+        let handing = async {
+            let (first, buf) = held.take()?;
+            for (b, bytes) in (first..).zip(buf.chunks_exact(BLOCK)) {
+                if in_use(b) {
+                    each(b, bytes);
+                }
+            }
+            Some(buf)
+        };
+        let (read, handed) = futures::join!(reading, handing);
+        spare = handed;
         match read {
-            Some((first, used, buf)) => held = Some((first, used, buf?)),
-            None => return Ok(state.expect("the state is back after the last run")),
+            Some(got) => held = Some(got?),
+            None => return Ok(()),
         }
     }
 }
@@ -1046,7 +1040,7 @@ async fn load_upper(
 
 /// What opening a pool and checking it read first: the superblock and both space maps,
 /// every block of them checked.
-pub struct Maps {
+pub(crate) struct Maps {
     pub sb: Superblock,
     pub md: SpaceMap,
     pub data: SpaceMap,
@@ -1137,14 +1131,18 @@ fn space_map_blocks(sm_blocks: &[u64], md: &SpaceMap, data: &SpaceMap) -> Vec<u6
 
 /// The top-level mapping tree and the device-details tree, every node read and checked; the
 /// devices' own trees are not followed.
-pub async fn read_tops(dev: &dyn BlockDev, sb: &Superblock, limits: (u64, u64)) -> Result<FxHashMap<u64, Box<[u8]>>> {
+pub(crate) async fn read_tops(
+    dev: &dyn BlockDev,
+    sb: &Superblock,
+    limits: (u64, u64),
+) -> Result<FxHashMap<u64, Box<[u8]>>> {
     let roots = [(sb.data_mapping_root, Level::Top), (sb.device_details_root, Level::Details)];
     load_nodes(dev, &roots, limits, FxHashMap::default(), false).await
 }
 
 /// The devices' details from the details tree, checked against the devices the top-level
 /// mapping tree holds (`tm` holds both trees' nodes).
-pub fn devices(tm: &Tm, sb: &Superblock) -> Result<BTreeMap<DevId, DeviceDetails>> {
+pub(crate) fn devices(tm: &Tm, sb: &Superblock) -> Result<BTreeMap<DevId, DeviceDetails>> {
     let mut details = BTreeMap::new();
     let mut bad = None;
     tm.walk(sb.device_details_root, &mut |k, v| {
