@@ -187,6 +187,11 @@ enum Ins {
 }
 
 impl Tm {
+    /// Nodes alone, without space maps (for walks over trees read apart).
+    pub fn nodes(blocks: FxHashMap<u64, Box<[u8]>>) -> Tm {
+        Tm { blocks, shadowed: FxHashSet::default(), md: SpaceMap::new(1), data: SpaceMap::new(1) }
+    }
+
     pub fn read(&self, b: u64) -> Result<Node> {
         let bytes = self.blocks.get(&b).ok_or_else(|| not_loaded(b))?;
         Node::decode(bytes, b)

@@ -52,7 +52,7 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Invalid, msg)
 }
 
-async fn read_block(dev: &dyn BlockDev, b: u64) -> Result<Buf> {
+pub(crate) async fn read_block(dev: &dyn BlockDev, b: u64) -> Result<Buf> {
     dev.read(b * BLOCK as u64, Buf::zeroed(BLOCK)).await
 }
 
@@ -159,103 +159,31 @@ impl Metadata {
     }
 
     async fn open_with(dev: &dyn BlockDev, lazy: bool) -> Result<Metadata> {
-        let sb = read_superblock(dev).await?;
-        if sb.held_root != 0 {
-            return Err(invalid(
-                "the pool holds a metadata snapshot (release it with dmsetup message ... release_metadata_snap)",
-            ));
-        }
-        let md_blocks = sb.metadata_sm.nr_blocks;
-        if md_blocks > MAX_METADATA_BLOCKS || md_blocks * BLOCK as u64 > dev.size() || md_blocks == 0 {
-            return Err(corrupt(format!(
-                "the metadata space map covers {md_blocks} blocks, the device {}",
-                dev.size() / 4096
-            )));
-        }
-        let mut sm_blocks = Vec::new();
-        // The metadata space map: one index block listing its bitmaps.
-        let mut md = SpaceMap::new(md_blocks);
-        let index_at = sb.metadata_sm.bitmap_root;
-        let index = read_checked(dev, index_at, md_blocks, INDEX_XOR, "metadata space map index").await?;
-        sm_blocks.push(index_at);
-        let n = nr_bitmaps(md_blocks);
-        if n > MAX_METADATA_BITMAPS {
-            return Err(corrupt("the metadata space map has too many bitmaps"));
-        }
-        for i in 0..n {
-            let e = IndexEntry::decode(&index[16 + i * INDEX_ENTRY_BYTES..]);
-            md.bitmaps[i] = e.blocknr;
-            md.summary[i] = (e.nr_free, e.none_free_before);
-        }
-        load_bitmaps(dev, &mut md, md_blocks, "metadata").await?;
-        let over = read_tree(dev, sb.metadata_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
-        apply_overflow(&mut md, &over, "metadata")?;
-        // The data space map: its bitmaps are listed in a B-tree.
-        let data_blocks = sb.data_sm.nr_blocks;
-        let mut data = SpaceMap::new(data_blocks);
-        let entries = read_tree(dev, sb.data_sm.bitmap_root, INDEX_ENTRY_BYTES, md_blocks, &mut sm_blocks).await?;
-        if entries.len() != nr_bitmaps(data_blocks) {
-            return Err(corrupt(format!(
-                "the data space map's index lists {} bitmaps for {data_blocks} blocks",
-                entries.len()
-            )));
-        }
-        for (i, (k, v)) in entries.iter().enumerate() {
-            if *k != i as u64 {
-                return Err(corrupt(format!("the data space map's index has no bitmap {i}")));
-            }
-            let e = IndexEntry::decode(v);
-            data.bitmaps[i] = e.blocknr;
-            data.summary[i] = (e.nr_free, e.none_free_before);
-        }
-        load_bitmaps(dev, &mut data, md_blocks, "data").await?;
-        let over = read_tree(dev, sb.data_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
-        apply_overflow(&mut data, &over, "data")?;
-        md.begin_commit();
-        data.begin_commit();
-        md.durable();
-        data.durable();
+        let Maps { sb, md, data, sm_blocks } = Maps::read(dev).await?;
+        let limits = (md.nr_blocks(), data.nr_blocks());
         // The mapping and details trees, every node read and checked: the blocks the
         // metadata space map counts in use are read first, in device order and in large
         // reads; the trees are then walked over them (a block referenced but counted free is
         // read alone, and found damaged or short of references as before).
-        let limits = (md_blocks, data_blocks);
-        let roots = [(sb.data_mapping_root, Level::Top), (sb.device_details_root, Level::Details)];
         let blocks = if lazy {
-            let mut blocks = load_nodes(dev, &roots, limits, FxHashMap::default(), false).await?;
-            let tops = Tm { blocks: std::mem::take(&mut blocks), shadowed: FxHashSet::default(), md, data };
+            let tops = Tm::nodes(read_tops(dev, &sb, limits).await?);
             let mut subtrees = Vec::new();
             tops.walk(sb.data_mapping_root, &mut |_, v| subtrees.push(le64(v, 0)))?;
-            let Tm { blocks: mut loaded, md: m2, data: d2, .. } = tops;
-            (md, data) = (m2, d2);
+            let mut loaded = tops.blocks;
             load_upper(dev, &subtrees, limits, &mut loaded).await?;
             loaded
         } else {
-            let blocks = read_in_use(dev, &md).await?;
+            let mut blocks = FxHashMap::default();
+            blocks.reserve(md.allocated() as usize);
+            read_in_use(dev, &md, |b, bytes| {
+                blocks.insert(b, Box::from(bytes));
+            })
+            .await?;
+            let roots = [(sb.data_mapping_root, Level::Top), (sb.device_details_root, Level::Details)];
             load_nodes(dev, &roots, limits, blocks, true).await?
         };
         let tm = Tm { blocks, shadowed: FxHashSet::default(), md, data };
-        let mut details = BTreeMap::new();
-        let mut bad = None;
-        tm.walk(sb.device_details_root, &mut |k, v| {
-            if k > MAX_DEV_ID as u64 {
-                bad = Some(k);
-            }
-            details.insert(k as DevId, DeviceDetails::decode(v));
-        })?;
-        if let Some(k) = bad {
-            return Err(corrupt(format!("device id {k} out of range")));
-        }
-        let mut mapped = BTreeSet::new();
-        tm.walk(sb.data_mapping_root, &mut |k, _| {
-            mapped.insert(k as DevId);
-        })?;
-        if mapped != details.keys().copied().collect() {
-            return Err(corrupt(format!(
-                "the mapping tree's devices {mapped:?} differ from the details tree's {:?}",
-                details.keys().collect::<Vec<_>>()
-            )));
-        }
+        let details = devices(&tm, &sb)?;
         Ok(Metadata {
             root: sb.data_mapping_root,
             details_root: sb.device_details_root,
@@ -351,9 +279,12 @@ impl Metadata {
 
     /// Every block the space maps themselves occupy (bitmaps, indexes, overflow trees).
     pub fn space_map_blocks(&self) -> Vec<u64> {
-        let mut v = self.sm_blocks.clone();
-        v.extend(self.tm.md.bitmaps.iter().chain(&self.tm.data.bitmaps).copied().filter(|&b| b != 0));
-        v
+        space_map_blocks(&self.sm_blocks, &self.tm.md, &self.tm.data)
+    }
+
+    /// The current roots of the top-level mapping tree and of the device-details tree.
+    pub fn roots(&self) -> (u64, u64) {
+        (self.root, self.details_root)
     }
 
     /// strata's record (data spec, volume sizes) from the superblock's tail.
@@ -795,7 +726,7 @@ impl Commit {
     }
 }
 
-fn unknown(id: DevId) -> Error {
+pub(crate) fn unknown(id: DevId) -> Error {
     invalid(format!("no thin device {id} in the pool"))
 }
 
@@ -875,34 +806,53 @@ async fn read_tree(
     let level = if vs == 4 { Level::Counts } else { Level::Index };
     let nodes = load_nodes(dev, &[(root, level)], (md_blocks, 0), FxHashMap::default(), true).await?;
     blocks.extend(nodes.keys().copied());
-    let tm = Tm { blocks: nodes, shadowed: FxHashSet::default(), md: SpaceMap::new(1), data: SpaceMap::new(1) };
+    let tm = Tm::nodes(nodes);
     let mut out = Vec::new();
     tm.walk(root, &mut |k, v| out.push((k, v.to_vec())))?;
     Ok(out)
 }
 
-/// Blocks read at once by `read_in_use` (16 MiB).
-const RUN: u64 = 4096;
+/// Blocks read at once by `read_in_use` (2 MiB: large reads, and what a run holds is still
+/// in the caches when `each` goes through it).
+const RUN: u64 = 512;
 
-/// Every block the metadata space map counts in use, read in device order, `RUN` blocks at
-/// a time (runs holding none are skipped).
-async fn read_in_use(dev: &dyn BlockDev, md: &SpaceMap) -> Result<FxHashMap<u64, Box<[u8]>>> {
-    let mut out = FxHashMap::default();
-    out.reserve(md.allocated() as usize);
-    let mut start = 0;
-    while start < md.nr_blocks() {
+/// Every block but the superblock that the metadata space map counts in use, read in
+/// device order `RUN` blocks at a time (runs holding none are skipped) and handed to `each`
+/// with its bytes. Two buffers serve all the reads: the next run is read while `each` goes
+/// through the last one (at once, when the device reads on other threads or in the kernel;
+/// a read from the page cache is done before).
+pub(crate) async fn read_in_use(dev: &dyn BlockDev, md: &SpaceMap, mut each: impl FnMut(u64, &[u8])) -> Result<()> {
+    let in_use = |b: u64| b != SUPERBLOCK && md.count(b) > 0;
+    let mut runs = (0..md.nr_blocks()).step_by(RUN as usize).filter_map(|start| {
         let end = (start + RUN).min(md.nr_blocks());
-        let used: Vec<u64> = (start..end).filter(|&b| b != SUPERBLOCK && md.count(b) > 0).collect();
-        if let (Some(&first), Some(&last)) = (used.first(), used.last()) {
-            let buf = dev.read(first * BLOCK as u64, Buf::zeroed((last + 1 - first) as usize * BLOCK)).await?;
-            for b in used {
-                let at = (b - first) as usize * BLOCK;
-                out.insert(b, Box::from(&buf[at..at + BLOCK]));
+        let first = (start..end).find(|&b| in_use(b))?;
+        Some((first, (first..end).rfind(|&b| in_use(b)).unwrap_or(first) + 1))
+    });
+    let (mut held, mut spare): (Option<(u64, Buf)>, Option<Buf>) = (None, None);
+    loop {
+        let next = runs.next();
+        let reading = async {
+            let (first, end) = next?;
+            let mut buf = spare.take().unwrap_or_else(|| Buf::zeroed(RUN as usize * BLOCK));
+            buf.set_len((end - first) as usize * BLOCK);
+            Some(dev.read(first * BLOCK as u64, buf).await.map(|buf| (first, buf)))
+        };
+        let handing = async {
+            let (first, buf) = held.take()?;
+            for (b, bytes) in (first..).zip(buf.chunks_exact(BLOCK)) {
+                if in_use(b) {
+                    each(b, bytes);
+                }
             }
+            Some(buf)
+        };
+        let (read, handed) = futures::join!(reading, handing);
+        spare = handed;
+        match read {
+            Some(got) => held = Some(got?),
+            None => return Ok(()),
         }
-        start = end;
     }
-    Ok(out)
 }
 
 /// Reads every node of the trees rooted at `roots`, breadth first, each checked as
@@ -930,7 +880,7 @@ pub async fn load_nodes(
                 let ahead = pre.remove(&b);
                 async move {
                     if b == SUPERBLOCK || b >= md_blocks {
-                        return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+                        return Err(out_of_range(b));
                     }
                     match ahead {
                         Some(bytes) => Ok(bytes),
@@ -970,22 +920,32 @@ pub async fn load_nodes(
     Ok(out)
 }
 
+pub(crate) fn out_of_range(b: u64) -> Error {
+    corrupt(format!("a B-tree points at block {b}, out of range"))
+}
+
 /// Checks node `b` as thin_check does, and that its lowest key is not below `lo` (its
 /// parent's key).
 fn check_keys(bytes: &[u8], b: u64, vs: usize, root: bool, lo: Option<u64>) -> Result<NodeHeader> {
     let h = check_node(bytes, b, vs, root).map_err(corrupt)?;
-    if let Some(lo) = lo.filter(|_| h.nr_entries > 0) {
-        let k = le64(bytes, NODE_HEADER);
-        if k < lo {
-            return Err(corrupt(format!("block {b}: lowest key {k} below its parent's key {lo}")));
-        }
-    }
+    check_lowest(b, h.nr_entries as usize, le64(bytes, NODE_HEADER), lo)?;
     Ok(h)
+}
+
+/// Checks that node `b`'s lowest key (`first`, if it has `n` > 0 entries) is not below `lo`,
+/// its parent's key for it.
+pub(crate) fn check_lowest(b: u64, n: usize, first: u64, lo: Option<u64>) -> Result<()> {
+    match lo {
+        Some(lo) if n > 0 && first < lo => {
+            Err(corrupt(format!("block {b}: lowest key {first} below its parent's key {lo}")))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks a node of a device's mapping tree: as any node, and a leaf's mappings against the
 /// data blocks there are.
-fn check_bottom(bytes: &[u8], b: u64, root: bool, lo: Option<u64>, data_blocks: u64) -> Result<NodeHeader> {
+pub(crate) fn check_bottom(bytes: &[u8], b: u64, root: bool, lo: Option<u64>, data_blocks: u64) -> Result<NodeHeader> {
     let h = check_keys(bytes, b, 8, root, lo)?;
     if h.flags == LEAF_NODE {
         let v0 = NODE_HEADER + 8 * h.max_entries as usize;
@@ -1003,7 +963,7 @@ fn check_bottom(bytes: &[u8], b: u64, root: bool, lo: Option<u64>, data_blocks: 
 pub async fn fetch(dev: &dyn BlockDev, b: u64, lo: Option<u64>, limits: (u64, u64)) -> Result<Box<[u8]>> {
     let (md_blocks, data_blocks) = limits;
     if b == SUPERBLOCK || b >= md_blocks {
-        return Err(corrupt(format!("a B-tree points at block {b}, out of range")));
+        return Err(out_of_range(b));
     }
     let bytes: Box<[u8]> = Box::from(&read_block(dev, b).await?[..]);
     check_bottom(&bytes, b, lo.is_none(), lo, data_blocks)?;
@@ -1076,6 +1036,135 @@ async fn load_upper(
         frontier = next;
     }
     Ok(())
+}
+
+/// What opening a pool and checking it read first: the superblock and both space maps,
+/// every block of them checked.
+pub(crate) struct Maps {
+    pub sb: Superblock,
+    pub md: SpaceMap,
+    pub data: SpaceMap,
+    /// The blocks of the space maps' indexes and overflow trees (bitmaps are in `md` and
+    /// `data`).
+    pub sm_blocks: Vec<u64>,
+}
+
+impl Maps {
+    pub async fn read(dev: &dyn BlockDev) -> Result<Maps> {
+        let sb = read_superblock(dev).await?;
+        if sb.held_root != 0 {
+            return Err(invalid(
+                "the pool holds a metadata snapshot (release it with dmsetup message ... release_metadata_snap)",
+            ));
+        }
+        let md_blocks = sb.metadata_sm.nr_blocks;
+        if md_blocks > MAX_METADATA_BLOCKS || md_blocks * BLOCK as u64 > dev.size() || md_blocks == 0 {
+            return Err(corrupt(format!(
+                "the metadata space map covers {md_blocks} blocks, the device {}",
+                dev.size() / 4096
+            )));
+        }
+        let mut sm_blocks = Vec::new();
+        // The metadata space map: one index block listing its bitmaps.
+        let mut md = SpaceMap::new(md_blocks);
+        let index_at = sb.metadata_sm.bitmap_root;
+        let index = read_checked(dev, index_at, md_blocks, INDEX_XOR, "metadata space map index").await?;
+        sm_blocks.push(index_at);
+        let n = nr_bitmaps(md_blocks);
+        if n > MAX_METADATA_BITMAPS {
+            return Err(corrupt("the metadata space map has too many bitmaps"));
+        }
+        for i in 0..n {
+            let e = IndexEntry::decode(&index[16 + i * INDEX_ENTRY_BYTES..]);
+            md.bitmaps[i] = e.blocknr;
+            md.summary[i] = (e.nr_free, e.none_free_before);
+        }
+        load_bitmaps(dev, &mut md, md_blocks, "metadata").await?;
+        let over = read_tree(dev, sb.metadata_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
+        apply_overflow(&mut md, &over, "metadata")?;
+        // The data space map: its bitmaps are listed in a B-tree.
+        let data_blocks = sb.data_sm.nr_blocks;
+        let mut data = SpaceMap::new(data_blocks);
+        let entries = read_tree(dev, sb.data_sm.bitmap_root, INDEX_ENTRY_BYTES, md_blocks, &mut sm_blocks).await?;
+        if entries.len() != nr_bitmaps(data_blocks) {
+            return Err(corrupt(format!(
+                "the data space map's index lists {} bitmaps for {data_blocks} blocks",
+                entries.len()
+            )));
+        }
+        for (i, (k, v)) in entries.iter().enumerate() {
+            if *k != i as u64 {
+                return Err(corrupt(format!("the data space map's index has no bitmap {i}")));
+            }
+            let e = IndexEntry::decode(v);
+            data.bitmaps[i] = e.blocknr;
+            data.summary[i] = (e.nr_free, e.none_free_before);
+        }
+        load_bitmaps(dev, &mut data, md_blocks, "data").await?;
+        let over = read_tree(dev, sb.data_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
+        apply_overflow(&mut data, &over, "data")?;
+        md.loaded();
+        data.loaded();
+        md.begin_commit();
+        data.begin_commit();
+        md.durable();
+        data.durable();
+        Ok(Maps { sb, md, data, sm_blocks })
+    }
+
+    /// The metadata and data blocks there are.
+    pub fn limits(&self) -> (u64, u64) {
+        (self.md.nr_blocks(), self.data.nr_blocks())
+    }
+
+    /// Every block the space maps occupy (`Metadata::space_map_blocks`).
+    pub fn blocks(&self) -> Vec<u64> {
+        space_map_blocks(&self.sm_blocks, &self.md, &self.data)
+    }
+}
+
+fn space_map_blocks(sm_blocks: &[u64], md: &SpaceMap, data: &SpaceMap) -> Vec<u64> {
+    let mut v = sm_blocks.to_vec();
+    v.extend(md.bitmaps.iter().chain(&data.bitmaps).copied().filter(|&b| b != 0));
+    v
+}
+
+/// The top-level mapping tree and the device-details tree, every node read and checked; the
+/// devices' own trees are not followed.
+pub(crate) async fn read_tops(
+    dev: &dyn BlockDev,
+    sb: &Superblock,
+    limits: (u64, u64),
+) -> Result<FxHashMap<u64, Box<[u8]>>> {
+    let roots = [(sb.data_mapping_root, Level::Top), (sb.device_details_root, Level::Details)];
+    load_nodes(dev, &roots, limits, FxHashMap::default(), false).await
+}
+
+/// The devices' details from the details tree, checked against the devices the top-level
+/// mapping tree holds (`tm` holds both trees' nodes).
+pub(crate) fn devices(tm: &Tm, sb: &Superblock) -> Result<BTreeMap<DevId, DeviceDetails>> {
+    let mut details = BTreeMap::new();
+    let mut bad = None;
+    tm.walk(sb.device_details_root, &mut |k, v| {
+        if k > MAX_DEV_ID as u64 {
+            bad = Some(k);
+        }
+        details.insert(k as DevId, DeviceDetails::decode(v));
+    })?;
+    if let Some(k) = bad {
+        return Err(corrupt(format!("device id {k} out of range")));
+    }
+    let mut mapped = BTreeSet::new();
+    tm.walk(sb.data_mapping_root, &mut |k, _| {
+        mapped.insert(k as DevId);
+    })?;
+    if mapped != details.keys().copied().collect() {
+        return Err(corrupt(format!(
+            "the mapping tree's devices {mapped:?} differ from the details tree's {:?}",
+            details.keys().collect::<Vec<_>>()
+        )));
+    }
+    Ok(details)
 }
 
 /// Reads and checks the superblock alone (for strata's record of the data device).

@@ -96,9 +96,9 @@ impl SpaceMap {
         } else if old > 0 && c == 0 {
             self.allocated -= 1;
         }
-        if c >= 3 {
+        if c >= 3 && old < 3 {
             self.over.insert(b);
-        } else if old >= 3 {
+        } else if c < 3 && old >= 3 {
             self.over.remove(&b);
         }
         if c >= BIG as u32 {
@@ -207,20 +207,31 @@ impl SpaceMap {
         (nr_free, first_free.unwrap_or((last - first) as u32))
     }
 
-    /// Loads bitmap `i`'s counts from its entries (counts of 3 are fixed up from the overflow
-    /// tree afterwards).
+    /// Loads bitmap `i`'s counts from its entries into a map just made (counts of 3 are
+    /// fixed up from the overflow tree afterwards, then `loaded`).
     pub fn decode_bitmap(&mut self, i: usize, entries: &[u8]) {
         let first = i as u64 * ENTRIES_PER_BITMAP;
         let last = (first + ENTRIES_PER_BITMAP).min(self.nr_blocks);
-        for b in first..last {
-            let e = (b - first) as usize;
-            let w = u64::from_le_bytes(entries[e / 32 * 8..e / 32 * 8 + 8].try_into().unwrap());
-            let bits = (w >> ((e % 32) * 2)) & 3;
-            let c = ((bits & 1) << 1) | (bits >> 1);
-            if c != 0 {
-                self.store(b, c as u32);
+        let small = &mut self.small[first as usize..last as usize];
+        for (counts, word) in small.chunks_mut(32).zip(entries.chunks_exact(8)) {
+            let w = u64::from_le_bytes(word.try_into().unwrap());
+            if w == 0 {
+                continue;
+            }
+            for (e, count) in counts.iter_mut().enumerate() {
+                // Entry e: bit 2e holds the high bit of the count, bit 2e+1 the low bit.
+                let bits = (w >> (e * 2)) & 3;
+                let c = ((bits & 1) << 1) | (bits >> 1);
+                debug_assert_eq!(*count, 0, "a bitmap loaded into a map just made");
+                *count = c as u8;
+                self.allocated += (c != 0) as u64;
             }
         }
+    }
+
+    /// Every count is loaded: the blocks counted 3 and more are indexed (at once, in order).
+    pub fn loaded(&mut self) {
+        self.over = (0..self.nr_blocks).filter(|&b| self.small[b as usize] >= 3).collect();
     }
 }
 
@@ -251,10 +262,13 @@ mod tests {
             }
             back.decode_bitmap(i, &out);
         }
+        back.loaded();
         for b in [0, 1, 2, 3, 16319, 16320, 19999] {
             assert_eq!(back.count(b), sm.count(b).min(3), "block {b}");
         }
         assert_eq!(sm.overflow(), vec![(2, 3)]);
+        assert_eq!(back.overflow(), vec![(2, 3)]);
+        assert_eq!(back.allocated(), 6);
     }
 
     #[test]

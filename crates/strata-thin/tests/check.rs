@@ -1,0 +1,144 @@
+//! The checker against damage made on purpose: counts below their references, leaks, a
+//! damaged node deep in a snapshot's tree, and subtrees shared by a snapshot and its
+//! origin (each reference counted, each node walked once).
+
+mod common;
+
+use strata_io::mem::MemDev;
+use strata_io::BlockDev;
+use strata_thin::check::{check, check_counts, Report};
+use strata_thin::meta::Metadata;
+
+/// A pool with volume 1 of `mapped` blocks and its snapshot 2, then `overwrites` blocks of
+/// the snapshot written (each one a leaf of its own), committed.
+async fn pool(mapped: u64, overwrites: u64) -> (MemDev, Metadata) {
+    let md = MemDev::new(16 << 20);
+    let mut m = Metadata::format(&md, 64 << 30, 64 << 10, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    for v in 0..mapped {
+        let b = m.alloc_data().unwrap();
+        m.insert(1, v, b).unwrap();
+    }
+    m.create_snapshot(2, 1).unwrap();
+    for v in (0..mapped).step_by((mapped / overwrites.max(1)) as usize).take(overwrites as usize) {
+        let b = m.alloc_data().unwrap();
+        m.insert(2, v, b).unwrap();
+    }
+    m.commit(&md).await.unwrap();
+    (md, m)
+}
+
+/// Every node of the tree at `root`: (block, is a leaf).
+fn nodes(m: &Metadata, root: u64) -> Vec<(u64, bool)> {
+    let n = m.tm.view(root).unwrap();
+    let mut out = vec![(root, n.leaf)];
+    if !n.leaf {
+        for i in 0..n.len {
+            out.extend(nodes(m, n.val64(i)));
+        }
+    }
+    out
+}
+
+/// thin_check's verdict on the metadata in `md`.
+fn thin_check(md: &MemDev) -> Option<(bool, String)> {
+    let mut bytes = vec![0u8; md.size() as usize];
+    md.read_into(0, &mut bytes).unwrap();
+    common::thin_check_bytes(&bytes)
+}
+
+#[tokio::test]
+async fn a_data_block_counted_below_its_references_is_an_error() {
+    let (md, mut m) = pool(2000, 20).await;
+    let (b, _) = m.lookup(1, 1000).unwrap().unwrap();
+    let c = m.tm.data.count(b);
+    assert!(check(&md).await.clean());
+    m.tm.data.dec(b).unwrap();
+    m.set_volume_size(1, 1 << 30).unwrap();
+    m.commit(&md).await.unwrap();
+    let r = check(&md).await;
+    let want = format!("data reference counts differ for block {b}: {c} references, count {}", c - 1);
+    assert_eq!(r.errors, [want], "{r:?}");
+    // (thin_check 0.9 passes this pool: it does not compare the data space map's counts
+    // with the mappings; strata is stricter, as the block would be handed out again.)
+}
+
+#[tokio::test]
+async fn leaks_are_warnings_and_a_leaked_leaf_maps_nothing() {
+    let (md, mut m) = pool(2000, 20).await;
+    // The snapshot's own leaves, freed with it but left as they were: counted in use again,
+    // they are leaks, and the blocks they map (freed too) are not referenced by them.
+    let own: Vec<u64> = nodes(&m, m.subtree(2).unwrap())
+        .into_iter()
+        .filter(|&(b, leaf)| leaf && m.tm.md.count(b) == 1)
+        .map(|(b, _)| b)
+        .collect();
+    assert!(own.len() >= 10, "{own:?}");
+    let (shared, _) = m.lookup(1, 1).unwrap().unwrap();
+    m.delete(2).unwrap();
+    m.commit(&md).await.unwrap();
+    for &b in &own {
+        assert_eq!(m.tm.md.count(b), 0);
+        m.tm.md.inc(b);
+    }
+    m.tm.data.inc(shared);
+    m.set_volume_size(1, 1 << 30).unwrap();
+    m.commit(&md).await.unwrap();
+    let r = check(&md).await;
+    assert!(r.clean(), "{r:?}");
+    let want = [
+        format!("{} metadata blocks leaked (counted above their references)", own.len()),
+        "1 data blocks leaked (counted above their references)".to_string(),
+    ];
+    assert_eq!(r.warnings, want, "{r:?}");
+    assert_eq!(r.data_blocks_used, m.tm.data.allocated());
+    assert_eq!(r.metadata_blocks_used, m.tm.md.allocated() - own.len() as u64);
+}
+
+#[tokio::test]
+async fn a_damaged_leaf_deep_in_a_snapshot_tree_is_an_error() {
+    let (md, m) = pool(5000, 10).await;
+    // A leaf of the snapshot's alone, under its root.
+    let leaf = nodes(&m, m.subtree(2).unwrap())
+        .into_iter()
+        .filter(|&(b, leaf)| leaf && m.tm.md.count(b) == 1)
+        .map(|(b, _)| b)
+        .nth(5)
+        .unwrap();
+    assert!(!nodes(&m, m.subtree(1).unwrap()).iter().any(|&(b, _)| b == leaf));
+    let mut bytes = [0u8; 1];
+    md.read_into(leaf * 4096 + 3000, &mut bytes).unwrap();
+    md.write_from(leaf * 4096 + 3000, &[bytes[0] ^ 0x40]).unwrap();
+    let r = check(&md).await;
+    assert_eq!(r.errors, [format!("block {leaf}: bad B-tree node checksum")], "{r:?}");
+    if let Some((ok, text)) = thin_check(&md) {
+        assert!(!ok, "thin_check passed a damaged leaf: {text}");
+    }
+}
+
+#[tokio::test]
+async fn a_subtree_shared_by_a_snapshot_and_its_origin_is_counted_once_per_reference() {
+    // Three levels: a root, internal nodes, leaves.
+    let (md, mut m) = pool(40_000, 0).await;
+    // A write to the origin copies its root (and the nodes on the way to the leaf written):
+    // the internal nodes under it are then shared by two roots and counted twice; the
+    // leaves under those, reached from both trees, once (and the data blocks they map, once
+    // per leaf).
+    let b = m.alloc_data().unwrap();
+    m.insert(1, 0, b).unwrap();
+    m.commit(&md).await.unwrap();
+    let (one, two) = (nodes(&m, m.subtree(1).unwrap()), nodes(&m, m.subtree(2).unwrap()));
+    let shared: Vec<(u64, bool)> = two.iter().copied().filter(|n| one.contains(n)).collect();
+    let count = |leaf: bool| shared.iter().filter(|n| n.1 == leaf).map(|n| m.tm.md.count(n.0)).collect::<Vec<_>>();
+    assert!(!count(false).is_empty() && count(false).iter().all(|&c| c == 2), "{:?}", count(false));
+    assert!(count(true).iter().filter(|&&c| c == 1).count() >= 100, "{:?}", count(true));
+    let r = check(&md).await;
+    assert!(r.clean() && r.warnings.is_empty(), "{r:?}");
+    assert_eq!((r.devices, r.mapped_blocks), (2, 80_000));
+    assert_eq!((r.metadata_blocks_used, r.data_blocks_used), (m.tm.md.allocated(), m.tm.data.allocated()));
+    let fields = |r: &Report| serde_json::to_string(r).unwrap();
+    assert_eq!(fields(&check_counts(&m)), fields(&r), "the open pool's count");
+    if let Some((ok, text)) = thin_check(&md) {
+        assert!(ok, "thin_check: {text}");
+    }
+}
