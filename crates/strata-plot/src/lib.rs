@@ -115,7 +115,8 @@ fn ensure_font() -> Result<(), PlotError> {
     }
 }
 
-/// A colour-blind-friendly palette (Okabe–Ito plus greys), cycled.
+/// A colour-blind-friendly palette (Okabe–Ito plus greys), cycled: the series of the second
+/// round are drawn dashed with hollow markers, so up to twenty lines stay apart.
 const PALETTE: [RGBColor; 10] = [
     RGBColor(0, 114, 178),
     RGBColor(213, 94, 0),
@@ -195,8 +196,13 @@ where
         .y_label_area_size(70)
         .build_cartesian_2d(x, y)
         .map_err(|e| e.to_string())?;
+    let (log_x, log_y) = (spec.log_x, spec.log_y);
+    let x_tick = move |v: &f64| tick_label(*v, log_x);
+    let y_tick = move |v: &f64| tick_label(*v, log_y);
     chart
         .configure_mesh()
+        .x_label_formatter(&x_tick)
+        .y_label_formatter(&y_tick)
         .x_desc(&spec.x_label)
         .y_desc(&spec.y_label)
         .label_style((FONT_FAMILY, 15))
@@ -207,6 +213,7 @@ where
         .map_err(|e| e.to_string())?;
     for (k, s) in spec.series.iter().enumerate() {
         let color = PALETTE[k % PALETTE.len()];
+        let dashed = (k / PALETTE.len()) % 2 == 1;
         let mut pts: Vec<(f64, f64)> = s.points.clone();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let line = match spec.smooth {
@@ -218,13 +225,19 @@ where
             }
             None => pts.clone(),
         };
-        chart
-            .draw_series(LineSeries::new(line, color.stroke_width(2)))
-            .map_err(|e| e.to_string())?
-            .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(3)));
+        let style = color.stroke_width(2);
+        let drawn = if dashed {
+            chart.draw_series(DashedLineSeries::new(line, 9, 5, style)).map_err(|e| e.to_string())?
+        } else {
+            chart.draw_series(LineSeries::new(line, style)).map_err(|e| e.to_string())?
+        };
+        drawn.label(s.name.clone()).legend(move |(x, y)| {
+            let (dash, gap) = if dashed { (6, 4) } else { (22, 22) };
+            plotters::element::DashedPathElement::new(vec![(x, y), (x + 22, y)], dash, gap, color.stroke_width(3))
+        });
         if spec.smooth.is_none() {
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
+            let marker = if dashed { color.stroke_width(2) } else { color.filled() };
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, marker))).map_err(|e| e.to_string())?;
         }
     }
     chart
@@ -236,6 +249,19 @@ where
         .draw()
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// A tick's label: the number without a needless ".0"; on a log axis only at 1, 2 and 5 of
+/// each power of ten (the others crowd each other out).
+fn tick_label(v: f64, log: bool) -> String {
+    if log && v > 0.0 {
+        let mantissa = v / 10f64.powf(v.log10().floor());
+        if ![1.0, 2.0, 5.0, 10.0].iter().any(|m| (mantissa - m).abs() < 1e-6 * m) {
+            return String::new();
+        }
+    }
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]
@@ -266,6 +292,16 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn ticks_are_short_and_log_axes_keep_one_two_five() {
+        assert_eq!(tick_label(20.0, false), "20");
+        assert_eq!(tick_label(0.25, false), "0.25");
+        assert_eq!(tick_label(70.0, false), "70");
+        let log: Vec<String> =
+            [1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 20.0, 70.0, 200.0, 0.5].iter().map(|&v| tick_label(v, true)).collect();
+        assert_eq!(log, ["1", "2", "", "5", "", "10", "20", "", "200", "0.5"]);
     }
 
     #[test]

@@ -171,7 +171,8 @@ fn trace_workload(path: &Path, args: &SimArgs) -> Result<(Workload, Format)> {
 /// Run `strata sim`.
 pub fn run(args: SimArgs) -> Result<()> {
     let policies = sim::parse_policy_list(&args.policy).map_err(|e| anyhow!(e))?;
-    let (workload, source) = match (&args.synthetic, &args.trace) {
+    // What the summary line names, and the shorter name a plot's title carries.
+    let (workload, source, title) = match (&args.synthetic, &args.trace) {
         (Some(p), _) => {
             let bs = block_size(&args, 4096)?;
             if args.blocks == 0 {
@@ -185,11 +186,14 @@ pub fn run(args: SimArgs) -> Result<()> {
                 interval_ns: 1_000_000_000 / args.iops.max(1),
                 block_size: bs,
             };
-            (synthetic::workload(p, &options), format!("synthetic {p} over {} blocks, seed {}", args.blocks, args.seed))
+            let source = format!("synthetic {p} over {} blocks, seed {}", args.blocks, args.seed);
+            (synthetic::workload(p, &options), source.clone(), source)
         }
         (None, Some(path)) => {
             let (w, format) = trace_workload(path, &args)?;
-            (w, format!("{} ({format}, {:?} ops)", path.display(), args.ops).to_lowercase())
+            let how = format!("({format}, {:?} ops)", args.ops).to_lowercase();
+            let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into());
+            (w, format!("{} {how}", path.display()), format!("{name} {how}"))
         }
         (None, None) => bail!("give a TRACE file or --synthetic PATTERN"),
     };
@@ -237,7 +241,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         }
     }
     if let Some(path) = &args.plot {
-        report::plot(path, &format!("Hit ratio vs cache size — {source}"), &results, workload.block_size)
+        report::plot(path, &format!("Hit ratio vs cache size — {title}"), &results, workload.block_size)
             .with_context(|| format!("plotting {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
