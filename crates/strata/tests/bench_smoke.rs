@@ -127,7 +127,19 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     got.sort();
     assert_eq!(
         got,
-        ["git", "mixed", "overhead", "qos", "remote", "small-cache", "thin", "warmup", "writeback", "writelog"]
+        [
+            "git",
+            "mixed",
+            "overhead",
+            "policies",
+            "qos",
+            "remote",
+            "small-cache",
+            "thin",
+            "warmup",
+            "writeback",
+            "writelog"
+        ]
     );
     // thin: every ratio measured (qcow2's needs qemu-nbd), the pool checked clean at the end.
     let t = &exps["thin"];

@@ -15,8 +15,10 @@
 //!   (hits and promotions) are multiplied by [`DECAY`], so they follow the workload's phases.
 //!   The best candidate is the one with the most hits among those promoting at most
 //!   [`PROMOTION_BUDGET`] of what LRU promotes (every promotion is an origin read and a cache
-//!   write); it replaces the live policy when the live one is over the budget, or when it is
-//!   ahead by more than [`SWITCH_MARGIN`] of the sampled accesses in the window.
+//!   write), unless that costs more than [`BUDGET_HIT_COST`] of the sampled accesses in hits:
+//!   then the one with the most hits, whatever it promotes. It replaces the live policy when
+//!   it is ahead by more than [`SWITCH_MARGIN`] of the sampled accesses in the window, or when
+//!   the live one is over the budget and the best is within it.
 //! * Switch. The live policy is rebuilt as the winner: the cached blocks move over in the old
 //!   policy's order (coldest first) with their dirty flags; nothing is read or written, but
 //!   the old policy's history (ghosts, frequencies) is lost, which the margin pays for. It
@@ -71,6 +73,9 @@ const DECAY: f64 = 0.9;
 const SWITCH_MARGIN: f64 = 0.005;
 /// Promotions allowed, as a fraction of what LRU's miniature promotes.
 const PROMOTION_BUDGET: f64 = 0.75;
+/// The most the budget may cost, in hits per sampled access: when every candidate within it
+/// is further behind the one with the most hits, that one serves, whatever it promotes.
+const BUDGET_HIT_COST: f64 = 0.01;
 /// Bits of a block's hash compared with the sampling threshold.
 const SAMPLE_BITS: u32 = 24;
 
@@ -294,17 +299,18 @@ impl Adaptive {
     fn end_epoch(&mut self) {
         let budget = PROMOTION_BUDGET * self.lru.promotions;
         let within = |m: &Mini| m.promotions <= budget;
-        let best = self
-            .minis
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| within(m))
-            .max_by(|a, b| a.1.hits.total_cmp(&b.1.hits))
-            .or_else(|| self.minis.iter().enumerate().min_by(|a, b| a.1.promotions.total_cmp(&b.1.promotions)))
-            .map(|(i, _)| i)
-            .expect("there are candidates");
+        let most_hits = |filter: &dyn Fn(&Mini) -> bool| {
+            let ms = self.minis.iter().enumerate().filter(|(_, m)| filter(m));
+            ms.max_by(|a, b| a.1.hits.total_cmp(&b.1.hits)).map(|(i, _)| i)
+        };
+        let most = most_hits(&|_| true).expect("there are candidates");
+        let best = match most_hits(&within) {
+            Some(frugal) if self.minis[most].hits - self.minis[frugal].hits <= BUDGET_HIT_COST * self.sampled => frugal,
+            _ => most,
+        };
         let (live, next) = (&self.minis[self.live_idx], &self.minis[best]);
-        if best != self.live_idx && (!within(live) || next.hits - live.hits > SWITCH_MARGIN * self.sampled) {
+        let ahead = next.hits - live.hits > SWITCH_MARGIN * self.sampled;
+        if best != self.live_idx && (ahead || (!within(live) && within(next))) {
             self.switch_to(best);
         }
         for m in &mut self.minis {
@@ -430,6 +436,27 @@ mod tests {
             assert!((0..64).all(|b| p.contains(b) && p.is_dirty(b) == (b % 3 == 0)));
         }
         assert_eq!(p.switches(), CANDIDATES.len() as u64 - 1);
+    }
+
+    /// The budget holds while it costs at most a point of hits: a frugal candidate 0.5 point
+    /// behind the best is chosen, one 2 points behind is not.
+    #[test]
+    fn the_budget_may_cost_at_most_a_point_of_hits() {
+        let plain = CANDIDATES.iter().position(|&x| x == c("s3fifo", 0)).unwrap();
+        let frugal = CANDIDATES.iter().position(|&x| x == c("arc", 4)).unwrap();
+        for (frugal_hits, chosen) in [(495.0, frugal), (480.0, plain)] {
+            let mut p = Adaptive::new(1000, &Params::default());
+            (p.sampled, p.lru.promotions) = (1000.0, 100.0);
+            for (i, m) in p.minis.iter_mut().enumerate() {
+                (m.hits, m.promotions) = match i {
+                    _ if i == plain => (500.0, 95.0),
+                    _ if i == frugal => (frugal_hits, 50.0),
+                    _ => (100.0, 50.0),
+                };
+            }
+            p.end_epoch();
+            assert_eq!(p.live(), CANDIDATES[chosen], "frugal candidate at {frugal_hits} hits");
+        }
     }
 
     /// A hot set a fifth of the cache, hit between long scans of blocks read once: S3-FIFO
