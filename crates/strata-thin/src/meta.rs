@@ -512,9 +512,10 @@ impl Metadata {
         Ok(false)
     }
 
-    /// Runs every deletion in progress to its end, `budget` nodes a step, committing each
-    /// step to `dev` (offline use: nothing else runs).
+    /// Runs every deletion in progress to its end, `budget` nodes a step, committing to
+    /// `dev` every few steps and at each deletion's end (offline use: nothing else runs).
     pub async fn finish_deletions(&mut self, dev: &dyn BlockDev, budget: usize) -> Result<()> {
+        let mut steps = 0;
         while let Some(&id) = self.deleting().first() {
             loop {
                 let missing = self.missing_for_step(id, budget)?;
@@ -527,8 +528,10 @@ impl Metadata {
                 }
                 self.load(nodes);
             }
-            self.delete_step(id, budget)?;
-            self.commit(dev).await?;
+            steps += 1;
+            if self.delete_step(id, budget)? || steps % 8 == 0 {
+                self.commit(dev).await?;
+            }
         }
         Ok(())
     }

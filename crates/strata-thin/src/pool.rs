@@ -125,6 +125,10 @@ pub struct Pool {
 /// volume's own (up to 64,512 mappings), a few ms under the pool's lock.
 pub const DELETE_STEP_NODES: usize = 256;
 
+/// Background deletion steps per commit (the last step of a deletion is committed at once;
+/// a FLUSH or the periodic commit commits those before too).
+pub const DELETE_STEPS_PER_COMMIT: usize = 8;
+
 /// The pool's state for `strata status` and the thin volumes' status.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PoolStatus {
@@ -351,6 +355,11 @@ impl Pool {
     /// once the nodes it frees are in memory; IO waits for one step at most, and a FLUSH
     /// then commits it with its own changes.
     pub async fn delete_step(&self) -> Result<Option<(DevId, bool)>> {
+        self.step(true).await
+    }
+
+    /// `delete_step`, committed if `commit` or if the deletion ended.
+    async fn step(&self, commit: bool) -> Result<Option<(DevId, bool)>> {
         self.check_writable()?;
         let Some(id) = self.state.lock().meta.deleting().first().copied() else { return Ok(None) };
         let budget = self.delete_step_nodes.load(Relaxed) as usize;
@@ -369,7 +378,9 @@ impl Pool {
             // The metadata in memory may be half changed: nothing more is committed.
             Err(e) => return Err(self.fail(format!("deleting thin device {id} failed: {}", e.context))),
         };
-        self.commit().await?;
+        if commit || done {
+            self.commit().await?;
+        }
         Ok(Some((id, done)))
     }
 
@@ -724,10 +735,12 @@ async fn periodic_commit(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
     }
 }
 
-/// Frees the space of deleted devices, a step at a time (`Pool::delete_step`), each step
-/// committed and followed by a yield so IO proceeds, until the pool is dropped. Steps stop
-/// while paused or once the pool has failed.
+/// Frees the space of deleted devices, a step at a time (`Pool::delete_step`), every
+/// `DELETE_STEPS_PER_COMMIT`th step and each deletion's last committed, a yield after each
+/// so IO proceeds, until the pool is dropped. Steps stop while paused or once the pool has
+/// failed.
 async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
+    let mut steps = 0;
     loop {
         let step = {
             let Some(p) = pool.upgrade() else { return };
@@ -737,11 +750,21 @@ async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
             if idle {
                 None
             } else {
-                Some(p.delete_step().await)
+                steps += 1;
+                Some(p.step(steps % DELETE_STEPS_PER_COMMIT == 0).await)
             }
         };
         match step {
-            None | Some(Ok(None)) => kick.notified().await,
+            None | Some(Ok(None)) => {
+                // Steps left uncommitted by a pause are committed now.
+                if let Some(p) = pool.upgrade() {
+                    if p.dirty() && p.state.lock().failed.is_none() {
+                        let _ = p.commit().await;
+                    }
+                }
+                steps = 0;
+                kick.notified().await
+            }
             Some(Ok(Some(_))) => tokio::task::yield_now().await,
             Some(Err(e)) => {
                 if let Some(p) = pool.upgrade() {
