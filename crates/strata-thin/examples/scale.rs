@@ -1,6 +1,7 @@
 //! Pool-scale figures: a volume with N mapped blocks, S snapshots each overwriting a share of
 //! it, then the time to open and check the pool, a snapshot's creation time, metadata bytes
-//! per mapped block, and the time a deleted snapshot's own 1 GiB takes to show free.
+//! per mapped block, and the time a deleted snapshot's own 1 GiB, and a deleted volume of N
+//! blocks of its own, take to show free (deleted in committed steps, as a server does).
 //! `cargo run --release -p strata-thin --example scale -- 1000000 100 10 [PATH]`: with PATH,
 //! the metadata is also written there (a sparse file) and opened and checked from it too.
 
@@ -23,7 +24,7 @@ async fn main() {
         args.get(2).copied().unwrap_or(10),
     );
     let own = (1u64 << 30) / 65536;
-    let data_blocks = n + snaps * n * churn / 100 + own + 1000;
+    let data_blocks = 2 * n + snaps * n * churn / 100 + own + 1000;
     let md = MemDev::new(4 << 30);
     let mut m = Metadata::format(&md, data_blocks * 65536, 65536, "", false).await.unwrap();
     m.create_thin(0).unwrap();
@@ -61,16 +62,16 @@ async fn main() {
         m.insert(del, v, b).unwrap();
     }
     m.commit(&md).await.unwrap();
-    let free = m.tm.data.free();
-    let t = Instant::now();
-    m.delete(del).unwrap();
+    deleted(&mut m, &md, del, &format!("a snapshot with {} own blocks", own.min(n))).await;
+    // A volume of n blocks of its own, deleted.
+    let vol = del + 1;
+    m.create_thin(vol).unwrap();
+    for v in 0..n {
+        let b = m.alloc_data().unwrap();
+        m.insert(vol, v, b).unwrap();
+    }
     m.commit(&md).await.unwrap();
-    println!(
-        "delete of a snapshot with {} own blocks: {:?} until {} blocks show free",
-        own.min(n),
-        t.elapsed(),
-        m.tm.data.free() - free
-    );
+    deleted(&mut m, &md, vol, &format!("a volume of {n} blocks of its own")).await;
     drop(m);
     open_and_check(&md, "in RAM").await;
     if let Some(path) = std::env::args().nth(4) {
@@ -87,6 +88,42 @@ async fn main() {
         drop((f, md));
         open_file(path).await;
     }
+}
+
+/// Deletes device `id` as a server does: marked (one transaction, committed), then freed by
+/// steps of `DELETE_STEP_NODES` nodes, committed every `DELETE_STEPS_PER_COMMIT` steps and at
+/// the end. Prints the time the mark holds the
+/// pool, the longest step (what holds the pool's lock; its commit runs outside it), and
+/// the time until the space shows free.
+async fn deleted(m: &mut Metadata, md: &MemDev, id: u32, what: &str) {
+    let free = m.tm.data.free();
+    let t = Instant::now();
+    m.start_delete(id).unwrap();
+    m.commit(md).await.unwrap();
+    let marked = t.elapsed();
+    let (mut steps, mut longest, mut commits) = (0, std::time::Duration::ZERO, std::time::Duration::ZERO);
+    let mut stepping = std::time::Duration::ZERO;
+    loop {
+        let s = Instant::now();
+        let done = m.delete_step(id, strata_thin::pool::DELETE_STEP_NODES).unwrap();
+        longest = longest.max(s.elapsed());
+        stepping += s.elapsed();
+        steps += 1;
+        if done || steps % strata_thin::pool::DELETE_STEPS_PER_COMMIT == 0 {
+            let c = Instant::now();
+            m.commit(md).await.unwrap();
+            commits = commits.max(c.elapsed());
+        }
+        if done {
+            break;
+        }
+    }
+    println!(
+        "delete of {what}: marked and committed in {marked:?}; {steps} steps, the longest {longest:?}, \
+         {stepping:?} in all (a commit at most {commits:?}); {:?} until {} blocks show free",
+        t.elapsed(),
+        m.tm.data.free() - free
+    );
 }
 
 /// Opens and checks the metadata in the file at `path` (`scale open PATH` alone, for a

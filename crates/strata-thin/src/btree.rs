@@ -229,7 +229,7 @@ impl Tm {
 
     /// Frees a node of this transaction whose entries moved elsewhere (no counts dropped
     /// below it).
-    fn forget(&mut self, b: u64) -> Result<()> {
+    pub(crate) fn forget(&mut self, b: u64) -> Result<()> {
         self.md.dec(b).map_err(corrupt)?;
         self.blocks.remove(&b);
         self.shadowed.remove(&b);
@@ -445,7 +445,7 @@ impl Tm {
 
     /// Child `i` of `parent` is under a third full: merge it with a sibling, or share the
     /// sibling's entries evenly.
-    fn rebalance(&mut self, parent: &mut Node, i: usize, refs: Refs) -> Result<()> {
+    pub(crate) fn rebalance(&mut self, parent: &mut Node, i: usize, refs: Refs) -> Result<()> {
         let (l, r) = if i + 1 < parent.len() { (i, i + 1) } else { (i - 1, i) };
         let lb = self.shadow(parent.val64(l), refs)?;
         let rb = self.shadow(parent.val64(r), refs)?;

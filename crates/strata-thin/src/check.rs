@@ -77,7 +77,7 @@ async fn check_dev(dev: &dyn BlockDev) -> Result<Report> {
     for b in c.unreached() {
         c.untake(&read_block(dev, b).await?);
     }
-    c.report(&tm, &maps.md, &maps.data, &details)
+    c.report(&tm, &maps.md, &maps.data, &details, &maps.sb.record.deleting)
 }
 
 /// Compares the space maps of an open pool with the references its trees hold (the nodes
@@ -105,7 +105,7 @@ fn count_in_memory(m: &Metadata) -> Result<Report> {
     for b in c.unreached() {
         c.untake(&m.tm.blocks[&b]);
     }
-    c.report(&m.tm, &m.tm.md, &m.tm.data, m.devices())
+    c.report(&m.tm, &m.tm.md, &m.tm.data, m.devices(), m.deleting())
 }
 
 /// What the count knows of one metadata block.
@@ -316,6 +316,7 @@ impl Counter {
         md: &SpaceMap,
         data: &SpaceMap,
         details: &BTreeMap<DevId, DeviceDetails>,
+        deleting: &std::collections::BTreeSet<DevId>,
     ) -> Result<Report> {
         let mut r = Report { devices: details.len(), ..Report::default() };
         let mut memo = FxHashMap::default();
@@ -323,7 +324,8 @@ impl Counter {
             let root = self.roots.get(&(id as u64)).copied().ok_or_else(|| unknown(id))?;
             let n = self.entries(tm, root, &mut memo)?;
             r.mapped_blocks += n;
-            if n != d.mapped_blocks {
+            // A device being deleted keeps its details while its tree shrinks.
+            if n != d.mapped_blocks && !deleting.contains(&id) {
                 r.warnings
                     .push(format!("device {id}: details say {} mapped blocks, its tree holds {n}", d.mapped_blocks));
             }

@@ -208,10 +208,15 @@ pub struct Superblock {
 /// size. It lives in the superblock's tail, from byte 1024, behind a tag; the checksum
 /// covers it, neither thin_check nor the kernel reads it, and the kernel's commits keep it
 /// (they rewrite only the fields they know). thin_restore writes a superblock without it.
+///
+/// After the sizes, the devices being deleted in the background (`deleting`): a count and
+/// their ids, written only when there are some (a record written before it had none, and
+/// zeroes there read as none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {
     pub data_spec: String,
     pub sizes: std::collections::BTreeMap<u32, u64>,
+    pub deleting: std::collections::BTreeSet<u32>,
 }
 
 const RECORD_AT: usize = 1024;
@@ -221,6 +226,12 @@ impl Record {
     /// The volumes whose sizes fit beside a data spec of `spec_len` bytes.
     pub fn capacity(spec_len: usize) -> usize {
         (BLOCK - RECORD_AT - 8 - 2 - spec_len - 4) / 12
+    }
+
+    /// Whether the whole record fits in the superblock's tail.
+    pub fn fits(&self) -> bool {
+        let deleting = if self.deleting.is_empty() { 0 } else { 4 + 4 * self.deleting.len() };
+        8 + 2 + self.data_spec.len() + 4 + 12 * self.sizes.len() + deleting <= BLOCK - RECORD_AT
     }
 
     fn decode(b: &[u8]) -> Record {
@@ -241,11 +252,19 @@ impl Record {
             r.sizes.insert(le32(b, at), le64(b, at + 4));
             at += 12;
         }
+        if at + 4 <= BLOCK {
+            let m = le32(b, at) as usize;
+            at += 4;
+            for _ in 0..m.min((BLOCK - at) / 4) {
+                r.deleting.insert(le32(b, at));
+                at += 4;
+            }
+        }
         r
     }
 
     fn encode(&self, b: &mut [u8]) {
-        if self.data_spec.is_empty() && self.sizes.is_empty() {
+        if self.data_spec.is_empty() && self.sizes.is_empty() && self.deleting.is_empty() {
             return;
         }
         let spec = self.data_spec.as_bytes();
@@ -261,6 +280,15 @@ impl Record {
             put32(b, at, id);
             put64(b, at + 4, bytes);
             at += 12;
+        }
+        if !self.deleting.is_empty() && at + 4 <= BLOCK {
+            let m = self.deleting.len().min((BLOCK - at - 4) / 4);
+            put32(b, at, m as u32);
+            at += 4;
+            for &id in self.deleting.iter().take(m) {
+                put32(b, at, id);
+                at += 4;
+            }
         }
     }
 }
@@ -440,7 +468,11 @@ mod tests {
             metadata_block_size: BLOCK_SECTORS,
             metadata_nr_blocks: 1024,
             data_sm: SmRoot { nr_blocks: 100, nr_allocated: 2, bitmap_root: 4, ref_count_root: 5 },
-            record: Record { data_spec: "/d.img".into(), sizes: [(1, 1 << 40), (7, 4096)].into() },
+            record: Record {
+                data_spec: "/d.img".into(),
+                sizes: [(1, 1 << 40), (7, 4096)].into(),
+                deleting: [3, 9].into(),
+            },
             ..Superblock::default()
         };
         let mut b = sb.encode();

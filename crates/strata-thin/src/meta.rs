@@ -294,7 +294,8 @@ impl Metadata {
 
     /// Records the data device's spec, for opening the pool by its metadata device alone.
     pub fn set_data_spec(&mut self, spec: &str) -> Result<()> {
-        if Record::capacity(spec.len()) < self.sb.record.sizes.len().max(1) {
+        let r = Record { data_spec: spec.to_string(), ..self.sb.record.clone() };
+        if Record::capacity(spec.len()) < r.sizes.len().max(1) || !r.fits() {
             return Err(invalid(format!("the data spec {spec:?} is too long to record")));
         }
         self.sb.record.data_spec = spec.to_string();
@@ -306,7 +307,10 @@ impl Metadata {
     pub fn set_volume_size(&mut self, id: DevId, bytes: u64) -> Result<()> {
         self.device(id)?;
         let r = &mut self.sb.record;
-        if !r.sizes.contains_key(&id) && r.sizes.len() >= Record::capacity(r.data_spec.len()) {
+        let mut grown = r.clone();
+        grown.sizes.insert(id, bytes);
+        let fits = r.sizes.len() < Record::capacity(r.data_spec.len()) && grown.fits();
+        if !r.sizes.contains_key(&id) && !fits {
             return Err(invalid(format!(
                 "no room left in the superblock to record the size of volume {id}; give size= when serving it"
             )));
@@ -341,7 +345,11 @@ impl Metadata {
         &self.details
     }
 
+    /// Volume `id`'s details (a device being deleted is none).
     pub fn device(&self, id: DevId) -> Result<DeviceDetails> {
+        if self.deleting().contains(&id) {
+            return Err(being_deleted(id));
+        }
         self.details.get(&id).copied().ok_or_else(|| unknown(id))
     }
 
@@ -383,6 +391,9 @@ impl Metadata {
     /// raised), whatever the origin's size; blocks older than the new time are shared from
     /// now on and copied on the first write to either.
     pub fn create_snapshot(&mut self, id: DevId, origin: DevId) -> Result<()> {
+        if self.deleting().contains(&origin) {
+            return Err(being_deleted(origin));
+        }
         let o = self.details.get(&origin).copied().ok_or_else(|| unknown_origin(origin))?;
         self.check_new_id(id)?;
         if self.sb.time >= MAX_TIME {
@@ -421,10 +432,112 @@ impl Metadata {
         }
     }
 
-    /// Deletes a device: its subtree loses a reference, and blocks no longer referenced
-    /// are freed.
+    /// Deletes a device at once, in this transaction (`start_delete`, then every step;
+    /// the nodes it holds alone must be in memory: `missing_for_delete`).
     pub fn delete(&mut self, id: DevId) -> Result<()> {
+        self.start_delete(id)?;
+        self.drop_device(id)
+    }
+
+    /// Starts deleting device `id` in the background: it is recorded as being deleted
+    /// (strata's record, so the mark commits with this transaction) and hidden at once (no
+    /// longer a volume: it cannot be served, snapshotted or resized, and its id is refused
+    /// until the deletion ends); `delete_step` then frees its space a bounded piece at a
+    /// time. Its details (mapped_blocks) are left as they were until it is gone.
+    pub fn start_delete(&mut self, id: DevId) -> Result<()> {
         self.device(id)?;
+        let mut r = self.sb.record.clone();
+        r.sizes.remove(&id);
+        r.deleting.insert(id);
+        if !r.fits() {
+            return Err(invalid(format!("no room left in the superblock to record that device {id} is being deleted")));
+        }
+        self.sb.record = r;
+        self.sb.transaction_id += 1;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// The devices being deleted in the background (strata's record).
+    pub fn deleting(&self) -> &BTreeSet<DevId> {
+        &self.sb.record.deleting
+    }
+
+    /// The devices that are volumes: every device but those being deleted.
+    pub fn volumes(&self) -> impl Iterator<Item = (DevId, &DeviceDetails)> + '_ {
+        self.details.iter().filter(|(id, _)| !self.deleting().contains(id)).map(|(&id, d)| (id, d))
+    }
+
+    /// One step of deleting device `id` (marked by `start_delete`), at most about `budget`
+    /// nodes of its tree dropped: if what is left of its tree holds at most `budget` nodes
+    /// of its own, the device goes (its tree dropped whole, removed from both trees and
+    /// from the record: true); else subtrees are cut off the right of its tree, each one
+    /// dropped (a shared one only loses a reference; one of its own is freed with its data
+    /// blocks), the tree kept valid (nodes on the way shadowed, thin ones rebalanced, a root
+    /// of one entry replaced by its child). The nodes it frees must be in memory
+    /// (`missing_for_step`).
+    pub fn delete_step(&mut self, id: DevId, budget: usize) -> Result<bool> {
+        if !self.deleting().contains(&id) {
+            return Err(invalid(format!("thin device {id} is not being deleted")));
+        }
+        let budget = budget.max(1);
+        let mut sub = self.subtree(id)?;
+        if self.own_nodes(sub, budget)?.is_some() {
+            self.drop_device(id)?;
+            return Ok(true);
+        }
+        let mut left = budget;
+        while left > 0 && !self.tm.view(sub)?.leaf {
+            let (root, cost) = self.cut_last(sub, left)?;
+            sub = root;
+            left = left.saturating_sub(cost.max(1));
+            // A root of one entry gives way to its child, as `Tm::remove` does.
+            loop {
+                let n = self.tm.view(sub)?;
+                if n.leaf || n.len != 1 {
+                    break;
+                }
+                let child = n.val64(0);
+                if self.tm.md.count(sub) > 1 {
+                    self.tm.md.inc(child);
+                    self.tm.md.dec(sub).map_err(corrupt)?;
+                } else {
+                    self.tm.forget(sub)?;
+                }
+                sub = child;
+            }
+        }
+        self.set_subtree(id, sub)?;
+        self.dirty = true;
+        Ok(false)
+    }
+
+    /// Runs every deletion in progress to its end, `budget` nodes a step, committing to
+    /// `dev` every few steps and at each deletion's end (offline use: nothing else runs).
+    pub async fn finish_deletions(&mut self, dev: &dyn BlockDev, budget: usize) -> Result<()> {
+        let mut steps = 0;
+        while let Some(&id) = self.deleting().first() {
+            loop {
+                let missing = self.missing_for_step(id, budget)?;
+                if missing.is_empty() {
+                    break;
+                }
+                let mut nodes = Vec::new();
+                for (b, lo) in missing {
+                    nodes.push((b, fetch(dev, b, Some(lo), self.limits()).await?));
+                }
+                self.load(nodes);
+            }
+            steps += 1;
+            if self.delete_step(id, budget)? || steps % 8 == 0 {
+                self.commit(dev).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a device whose deletion has been started, dropping what is left of its tree.
+    fn drop_device(&mut self, id: DevId) -> Result<()> {
         let (root, sub) = self.tm.remove(self.root, id as u64, Refs::Subtree)?;
         self.root = root;
         let sub = sub.ok_or_else(|| corrupt(format!("device {id} has details but no mappings")))?;
@@ -434,9 +547,103 @@ impl Metadata {
         self.details.remove(&id);
         self.changed.remove(&id);
         self.sb.record.sizes.remove(&id);
+        self.sb.record.deleting.remove(&id);
         self.sb.transaction_id += 1;
         self.dirty = true;
         Ok(())
+    }
+
+    /// The nodes dropping one reference to the tree at `b` frees (those reached through
+    /// nodes held once), counting a shared node met as one, or None past `limit`. A node
+    /// not in memory is a leaf (the open reads every node above them).
+    fn own_nodes(&self, b: u64, limit: usize) -> Result<Option<usize>> {
+        let mut n = 0;
+        let mut todo = vec![b];
+        while let Some(b) = todo.pop() {
+            n += 1;
+            if n > limit {
+                return Ok(None);
+            }
+            if self.tm.md.count(b) != 1 || !self.tm.blocks.contains_key(&b) {
+                continue;
+            }
+            let v = self.tm.view(b)?;
+            if !v.leaf {
+                todo.extend((0..v.len).map(|i| v.val64(i)));
+            }
+        }
+        Ok(Some(n))
+    }
+
+    /// Cuts one subtree off the right of the tree at `root` (an internal node): the last
+    /// child of the rightmost node whose last child costs at most `left` (`own_nodes`),
+    /// going down from the root. Returns the new root and the cost.
+    fn cut_last(&mut self, root: u64, left: usize) -> Result<(u64, usize)> {
+        let b = self.tm.shadow(root, Refs::Data)?;
+        let mut n = self.tm.read(b)?;
+        let Some(i) = n.len().checked_sub(1) else {
+            return Err(corrupt(format!("metadata block {b}: an internal node with no entries")));
+        };
+        let c = n.val64(i);
+        let cost = match self.own_nodes(c, left)? {
+            Some(cost) => {
+                n.remove_at(i);
+                self.tm.dec_tree(c, Refs::Data)?;
+                cost
+            }
+            None => {
+                let (c, cost) = self.cut_last(c, left)?;
+                let child = self.tm.read(c)?;
+                if child.is_empty() {
+                    n.remove_at(i);
+                    self.tm.forget(c)?;
+                } else {
+                    n.set_val(i, &c.to_le_bytes());
+                    if child.len() < child.max() / 3 && n.len() > 1 {
+                        self.tm.rebalance(&mut n, i, Refs::Data)?;
+                    }
+                }
+                cost
+            }
+        };
+        self.tm.write(b, &n);
+        Ok((b, cost))
+    }
+
+    /// The nodes not read yet that the next `delete_step(id, budget)` frees: at most those
+    /// of the device's own (reached through nodes held once) among the last `budget` leaves
+    /// of its tree that are its own, or all of them if the step drops the tree whole.
+    pub fn missing_for_step(&self, id: DevId, budget: usize) -> Result<Vec<(u64, u64)>> {
+        if !self.lazy {
+            return Ok(Vec::new());
+        }
+        let sub = self.subtree(id)?;
+        if self.own_nodes(sub, budget.max(1))?.is_some() {
+            return self.missing_for_delete(id);
+        }
+        // Right to left, depth first; a shared node's subtree is never freed by a step.
+        let (mut out, mut leaves) = (Vec::new(), 0);
+        let mut todo = vec![(sub, 0u64)];
+        while let Some((b, key)) = todo.pop() {
+            if leaves >= budget.max(1) {
+                break;
+            }
+            if self.tm.md.count(b) != 1 {
+                continue;
+            }
+            if !self.tm.blocks.contains_key(&b) {
+                out.push((b, key));
+                leaves += 1;
+                continue;
+            }
+            let v = self.tm.view(b)?;
+            if v.leaf {
+                leaves += 1;
+            } else {
+                todo.extend((0..v.len).map(|i| (v.val64(i), v.key(i))));
+            }
+        }
+        Ok(out)
     }
 
     /// Grows the data space to `blocks` data blocks (the caller has checked the data device
@@ -475,6 +682,12 @@ impl Metadata {
     fn check_new_id(&self, id: DevId) -> Result<()> {
         if id > MAX_DEV_ID {
             return Err(invalid(format!("device id {id} out of range (0 to {MAX_DEV_ID})")));
+        }
+        if self.deleting().contains(&id) {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("thin device {id} is being deleted: its id is free once its space is"),
+            ));
         }
         if self.details.contains_key(&id) {
             return Err(Error::new(ErrorKind::Busy, format!("thin device {id} already exists")));
@@ -561,7 +774,7 @@ impl Metadata {
     pub fn usage(&self) -> Result<BTreeMap<DevId, (u64, u64)>> {
         let mut owners: FxHashMap<u64, u32> = FxHashMap::default();
         let mut maps = BTreeMap::new();
-        for &id in self.details.keys() {
+        for id in self.volumes().map(|(id, _)| id).collect::<Vec<_>>() {
             let blocks: Vec<u64> = self.mappings(id)?.into_iter().map(|(_, b, _)| b).collect();
             for &b in &blocks {
                 *owners.entry(b).or_default() += 1;
@@ -728,6 +941,10 @@ impl Commit {
 
 pub(crate) fn unknown(id: DevId) -> Error {
     invalid(format!("no thin device {id} in the pool"))
+}
+
+fn being_deleted(id: DevId) -> Error {
+    invalid(format!("thin device {id} is being deleted"))
 }
 
 fn unknown_origin(id: DevId) -> Error {

@@ -113,7 +113,21 @@ pub struct Pool {
     last_commit_ms: AtomicU64,
     /// Volumes open (served) now, by id: these cannot be deleted.
     open_volumes: Mutex<FxHashMap<DevId, usize>>,
+    /// Wakes the background deleter (a deletion started, or steps resumed).
+    delete_kick: Arc<tokio::sync::Notify>,
+    /// Nodes a deletion step drops at most (`Metadata::delete_step`), and whether the
+    /// background deleter is paused.
+    delete_step_nodes: AtomicU64,
+    deletions_paused: AtomicBool,
 }
+
+/// Nodes a background deletion step drops at most by default: about 256 leaves of a
+/// volume's own (up to 64,512 mappings), a few ms under the pool's lock.
+pub const DELETE_STEP_NODES: usize = 256;
+
+/// Background deletion steps per commit (the last step of a deletion is committed at once;
+/// a FLUSH or the periodic commit commits those before too).
+pub const DELETE_STEPS_PER_COMMIT: usize = 8;
 
 /// The pool's state for `strata status` and the thin volumes' status.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -146,6 +160,9 @@ pub struct PoolStatus {
     pub commit_period_ms: u64,
     /// When the last commit was durable, in ms since the Unix epoch (0: none since open).
     pub last_commit_unix_ms: u64,
+    /// Devices being deleted in the background (hidden, their space being freed).
+    #[serde(default)]
+    pub deleting: Vec<DevId>,
 }
 
 /// Metadata blocks kept free for commits: provisioning stops below this.
@@ -206,8 +223,13 @@ impl Pool {
             below_low_water: AtomicBool::new(false),
             last_commit_ms: AtomicU64::new(0),
             open_volumes: Mutex::new(FxHashMap::default()),
+            delete_kick: Arc::new(tokio::sync::Notify::new()),
+            delete_step_nodes: AtomicU64::new(DELETE_STEP_NODES as u64),
+            deletions_paused: AtomicBool::new(false),
         });
         tokio::spawn(periodic_commit(Arc::downgrade(&pool), pool.kick.clone()));
+        // Deletions recorded as in progress resume at once.
+        tokio::spawn(background_delete(Arc::downgrade(&pool), pool.delete_kick.clone()));
         Ok(pool)
     }
 
@@ -297,7 +319,9 @@ impl Pool {
         r
     }
 
-    /// Deletes volume `id`, committed; refused while it is open (served).
+    /// Deletes volume `id`: it is marked as being deleted and hidden, committed (one
+    /// transaction), and its space is freed in the background (`background_delete`);
+    /// refused while it is open (served).
     pub async fn delete_volume(&self, id: DevId) -> Result<()> {
         if self.open_volumes.lock().contains_key(&id) {
             return Err(Error::new(
@@ -305,18 +329,71 @@ impl Pool {
                 format!("thin volume {id} is open (served): remove its export first (strata export remove)"),
             ));
         }
+        self.change(|m| m.start_delete(id)).await?;
+        self.delete_kick.notify_one();
+        Ok(())
+    }
+
+    /// The devices being deleted in the background.
+    pub fn deleting(&self) -> Vec<DevId> {
+        self.state.lock().meta.deleting().iter().copied().collect()
+    }
+
+    /// Pauses or resumes the background deleter (a step in progress finishes).
+    pub fn pause_deletions(&self, paused: bool) {
+        self.deletions_paused.store(paused, Relaxed);
+        self.delete_kick.notify_one();
+    }
+
+    /// Sets the nodes a deletion step drops at most (at least 1).
+    pub fn set_delete_step_nodes(&self, nodes: usize) {
+        self.delete_step_nodes.store(nodes.max(1) as u64, Relaxed);
+    }
+
+    /// One step of the first deletion in progress, committed: Ok(None) when there is none,
+    /// else the device and whether its deletion ended. The step runs under the pool's lock
+    /// once the nodes it frees are in memory; IO waits for one step at most, and a FLUSH
+    /// then commits it with its own changes.
+    pub async fn delete_step(&self) -> Result<Option<(DevId, bool)>> {
+        self.step(true).await
+    }
+
+    /// `delete_step`, committed if `commit` or if the deletion ended.
+    async fn step(&self, commit: bool) -> Result<Option<(DevId, bool)>> {
         self.check_writable()?;
-        // The nodes it held alone are read first; the delete runs with them in memory.
-        self.with_loaded(
-            |m| m.missing_for_delete(id),
-            |st| {
-                let r = st.meta.delete(id);
-                self.watch_low_water(st);
-                r
-            },
-        )
-        .await??;
-        self.commit().await
+        let Some(id) = self.state.lock().meta.deleting().first().copied() else { return Ok(None) };
+        let budget = self.delete_step_nodes.load(Relaxed) as usize;
+        let done = self
+            .with_loaded(
+                |m| m.missing_for_step(id, budget),
+                |st| {
+                    let r = st.meta.delete_step(id, budget);
+                    self.watch_low_water(st);
+                    r
+                },
+            )
+            .await?;
+        let done = match done {
+            Ok(done) => done,
+            // The metadata in memory may be half changed: nothing more is committed.
+            Err(e) => return Err(self.fail(format!("deleting thin device {id} failed: {}", e.context))),
+        };
+        if commit || done {
+            self.commit().await?;
+        }
+        Ok(Some((id, done)))
+    }
+
+    /// Waits until no deletion is in progress (the background deleter's work is done);
+    /// an error if the pool fails first.
+    pub async fn wait_deletions(&self) -> Result<()> {
+        loop {
+            self.check_writable()?;
+            if self.state.lock().meta.deleting().is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// Grows the data space to `data_bytes` and the metadata space to `md_bytes`, growing
@@ -364,7 +441,7 @@ impl Pool {
             }
             ["delete", i] => {
                 self.delete_volume(id(i)?).await?;
-                Ok(format!("deleted thin volume {i}"))
+                Ok(format!("deleted thin volume {i} (its space is freed in the background)"))
             }
             ["extend", "data", bytes] => {
                 self.extend(Some(num(bytes)?), None).await?;
@@ -606,7 +683,7 @@ impl Pool {
             data_used_blocks: m.tm.data.allocated(),
             metadata_blocks: m.tm.md.nr_blocks(),
             metadata_used_blocks: m.tm.md.allocated(),
-            volumes: m.devices().len(),
+            volumes: m.volumes().count(),
             skip_block_zeroing: self.opts.skip_block_zeroing,
             commits: c.commits.load(Relaxed),
             provisioned_blocks: c.provisioned.load(Relaxed),
@@ -620,14 +697,16 @@ impl Pool {
             below_low_water: self.below_low_water.load(Relaxed),
             commit_period_ms: t.commit_period.as_millis() as u64,
             last_commit_unix_ms: self.last_commit_ms.load(Relaxed),
+            deleting: m.deleting().iter().copied().collect(),
         }
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        // The background committer holds no reference: wake it to see the pool gone.
+        // The background tasks hold no reference: wake them to see the pool gone.
         self.kick.notify_one();
+        self.delete_kick.notify_one();
     }
 }
 
@@ -652,6 +731,47 @@ async fn periodic_commit(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
         if let Err(e) = p.commit().await {
             eprintln!("strata: {}: periodic commit: {}", p.describe, e.context);
             return;
+        }
+    }
+}
+
+/// Frees the space of deleted devices, a step at a time (`Pool::delete_step`), every
+/// `DELETE_STEPS_PER_COMMIT`th step and each deletion's last committed, a yield after each
+/// so IO proceeds, until the pool is dropped. Steps stop while paused or once the pool has
+/// failed.
+async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
+    let mut steps = 0;
+    loop {
+        let step = {
+            let Some(p) = pool.upgrade() else { return };
+            let idle = p.deletions_paused.load(Relaxed)
+                || p.state.lock().failed.is_some()
+                || p.state.lock().meta.deleting().is_empty();
+            if idle {
+                None
+            } else {
+                steps += 1;
+                Some(p.step(steps % DELETE_STEPS_PER_COMMIT == 0).await)
+            }
+        };
+        match step {
+            None | Some(Ok(None)) => {
+                // Steps left uncommitted by a pause are committed now.
+                if let Some(p) = pool.upgrade() {
+                    if p.dirty() && p.state.lock().failed.is_none() {
+                        let _ = p.commit().await;
+                    }
+                }
+                steps = 0;
+                kick.notified().await
+            }
+            Some(Ok(Some(_))) => tokio::task::yield_now().await,
+            Some(Err(e)) => {
+                if let Some(p) = pool.upgrade() {
+                    eprintln!("strata: {}: background deletion: {}", p.describe, e.context);
+                }
+                kick.notified().await;
+            }
         }
     }
 }

@@ -347,6 +347,7 @@ async fn a_reopened_pool_reads_its_leaves_when_needed_and_deletes_and_trims_thro
     let p = reopen().await;
     let used = p.status().data_used_blocks;
     p.delete_volume(2).await.unwrap();
+    p.wait_deletions().await.unwrap();
     assert_eq!(p.status().data_used_blocks, used - n.div_ceil(3));
     let dev = ThinDev::new(p.clone(), 1, Some(n * BS)).unwrap();
     dev.discard(100 * BS, 700 * BS).await.unwrap();

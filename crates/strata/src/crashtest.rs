@@ -1442,7 +1442,7 @@ pub async fn powercut_run<T: CrashTarget>(
         let p = &s.pool;
         detail.push_str(&format!(
             "status at the cut: pool {}, commits {}, provisioned {}, copied {}, unmapped {}, mapped_blocks {}, \
-             data_used_blocks {}, volumes {}\n",
+             data_used_blocks {}, volumes {}, deleting {:?}\n",
             p.mode,
             p.commits,
             p.provisioned_blocks,
@@ -1450,7 +1450,8 @@ pub async fn powercut_run<T: CrashTarget>(
             p.unmapped_blocks,
             s.mapped_blocks,
             p.data_used_blocks,
-            p.volumes
+            p.volumes,
+            p.deleting
         ));
     }
     run.cut.store(true, SeqCst);

@@ -221,9 +221,15 @@ pub fn run(args: ThinArgs) -> Result<()> {
                 Ok(())
             }
             ThinCommand::Delete(a) => {
-                if !live(&a.admin, &a.pool, &format!("delete {}", a.id)).await? {
-                    change(&a.pool, |m| m.delete(a.id)).await?;
+                if live(&a.admin, &a.pool, &format!("delete {}", a.id)).await? {
+                    println!(
+                        "deleted thin volume {} of {} (its space is freed in the background)",
+                        a.id,
+                        a.pool.display()
+                    );
+                    return Ok(());
                 }
+                delete_offline(&a.pool, a.id).await?;
                 println!("deleted thin volume {} of {}", a.id, a.pool.display());
                 Ok(())
             }
@@ -395,12 +401,25 @@ async fn change(path: &Path, f: impl FnOnce(&mut Metadata) -> strata_io::Result<
     m.commit(&*dev).await.with_context(|| format!("cannot commit to {}", path.display()))
 }
 
+/// Deletes volume `id` of the pool at `path` (not served): marked as being deleted and
+/// committed, then its space freed a step at a time, each step committed (a deletion left
+/// unfinished, by this or by a server, is finished too).
+async fn delete_offline(path: &Path, id: u32) -> Result<()> {
+    let dev = claim(path)?;
+    let mut m = Metadata::open(&*dev).await.with_context(|| format!("cannot read the pool {}", path.display()))?;
+    m.start_delete(id).with_context(|| path.display().to_string())?;
+    m.commit(&*dev).await.with_context(|| format!("cannot commit to {}", path.display()))?;
+    m.finish_deletions(&*dev, strata_thin::pool::DELETE_STEP_NODES)
+        .await
+        .with_context(|| format!("cannot free the space of thin volume {id} of {}", path.display()))
+}
+
 async fn list(a: PoolPath) -> Result<()> {
     let m = load(&a.pool, true).await?;
     let bs = m.data_block_bytes();
     let usage = m.usage()?;
     println!("{:>8} {:>10} {:>12} {:>12} {:>8} {:>8}", "ID", "SIZE", "MAPPED", "EXCLUSIVE", "CREATED", "SNAPPED");
-    for (&id, d) in m.devices() {
+    for (id, d) in m.volumes() {
         let size = m.record().sizes.get(&id).map(|&s| format_size(s)).unwrap_or_else(|| "-".into());
         let (mapped, exclusive) = usage[&id];
         println!(
@@ -421,6 +440,9 @@ async fn list(a: PoolPath) -> Result<()> {
         m.tm.md.nr_blocks(),
         m.transaction_id()
     );
+    if !m.deleting().is_empty() {
+        println!("deleting: {:?} (their space is being freed)", m.deleting().iter().collect::<Vec<_>>());
+    }
     Ok(())
 }
 

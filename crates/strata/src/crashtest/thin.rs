@@ -15,6 +15,9 @@ use strata_thin::{Pool, PoolOptions, ThinDev};
 pub const THIN_BLOCK: u64 = 64 << 10;
 /// The data device holds this many volumes' worth of blocks (snapshots keep old ones).
 const DATA_PER_VOLUME: u64 = 3;
+/// Nodes a background deletion step drops: one, so a 64 MiB volume's tree (a few leaves)
+/// takes several steps and cuts land between them.
+const DELETE_STEP_NODES: usize = 1;
 /// The volume the clients write.
 const VOLUME: u32 = 1;
 
@@ -95,6 +98,7 @@ impl CrashTarget for ThinTarget {
         m.commit(&*md).await?;
         let pool =
             Pool::open(md, data, "mem:crash", PoolOptions { skip_block_zeroing, ..PoolOptions::default() }).await?;
+        pool.set_delete_step_nodes(DELETE_STEP_NODES);
         Ok(ThinDev::new(pool, VOLUME, None)?)
     }
 
@@ -125,6 +129,7 @@ impl CrashTarget for ThinTarget {
     async fn reopen(&self, md: Arc<MemDev>, data: Arc<MemDev>) -> anyhow::Result<(ThinDev, Vec<String>)> {
         let problems = check_both(&md, "after the cut").await;
         let pool = Pool::open(md, data, "mem:crash", PoolOptions::default()).await?;
+        pool.set_delete_step_nodes(DELETE_STEP_NODES);
         Ok((ThinDev::new(pool, VOLUME, None)?, problems))
     }
 
@@ -136,12 +141,17 @@ impl CrashTarget for ThinTarget {
     /// Deletes every snapshot (freeing the blocks only they held), so the volume's second
     /// read shows whether that touched its blocks.
     async fn settle(&self, vol: &ThinDev) -> (Vec<String>, Vec<String>) {
-        let ids: Vec<u32> = vol.pool().with_meta(|m| m.devices().keys().copied().filter(|&id| id != VOLUME).collect());
+        let ids: Vec<u32> =
+            vol.pool().with_meta(|m| m.volumes().map(|(id, _)| id).filter(|&id| id != VOLUME).collect());
         let mut problems = Vec::new();
         for &id in &ids {
             if let Err(e) = self.delete_snapshot(vol, id).await {
                 problems.push(format!("deleting snapshot {id} after recovery: {e}"));
             }
+        }
+        // Deletions resumed from before the cut, and these, run to their end.
+        if let Err(e) = vol.pool().wait_deletions().await {
+            problems.push(format!("freeing deleted snapshots' space after recovery: {e}"));
         }
         (problems, vec![format!("deleted snapshots {ids:?}")])
     }
@@ -165,8 +175,9 @@ impl CrashTarget for ThinTarget {
     }
 
     async fn delete_snapshot(&self, vol: &ThinDev, id: u32) -> anyhow::Result<()> {
-        vol.pool().with_meta(|m| m.delete(id)).map_err(io)?;
-        vol.pool().commit().await.map_err(io)
+        // Marked and committed at once; the space is freed by background steps (one leaf
+        // each here), so cuts land between them.
+        vol.pool().delete_volume(id).await.map_err(io)
     }
 
     fn open_snapshot(&self, vol: &ThinDev, id: u32) -> anyhow::Result<Arc<dyn BlockDev>> {
