@@ -220,6 +220,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         }
 
+        // Caught from before any listener exists: a client may stop the server as soon as it
+        // sees the socket.
+        let stop = stop_signal()?;
         let mut tasks = Vec::new();
         if let Some(path) = &unix {
             if path.exists() {
@@ -253,7 +256,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             eprintln!("strata: export {:?}: {} bytes, {}", v.name, v.dev.size(), v.dev.describe());
         }
 
-        wait_for_signal().await?;
+        stop.await;
         eprintln!("strata: shutting down: finishing in-flight requests");
         server.shutdown();
         for t in tasks {
@@ -280,13 +283,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     })
 }
 
-async fn wait_for_signal() -> Result<()> {
+/// SIGTERM or SIGINT: handled from this call on, awaited with the future it returns.
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
