@@ -306,16 +306,14 @@ impl Metadata {
     /// Records volume `id`'s size (dm-thin keeps none).
     pub fn set_volume_size(&mut self, id: DevId, bytes: u64) -> Result<()> {
         self.device(id)?;
-        let r = &mut self.sb.record;
-        let mut grown = r.clone();
-        grown.sizes.insert(id, bytes);
-        let fits = r.sizes.len() < Record::capacity(r.data_spec.len()) && grown.fits();
-        if !r.sizes.contains_key(&id) && !fits {
+        let mut r = self.sb.record.clone();
+        r.sizes.insert(id, bytes);
+        if !r.fits() {
             return Err(invalid(format!(
                 "no room left in the superblock to record the size of volume {id}; give size= when serving it"
             )));
         }
-        r.sizes.insert(id, bytes);
+        self.sb.record = r;
         self.dirty = true;
         Ok(())
     }
@@ -529,7 +527,7 @@ impl Metadata {
                 self.load(nodes);
             }
             steps += 1;
-            if self.delete_step(id, budget)? || steps % 8 == 0 {
+            if self.delete_step(id, budget)? || steps % crate::pool::DELETE_STEPS_PER_COMMIT == 0 {
                 self.commit(dev).await?;
             }
         }

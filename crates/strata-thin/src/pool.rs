@@ -744,9 +744,10 @@ async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
     loop {
         let step = {
             let Some(p) = pool.upgrade() else { return };
-            let idle = p.deletions_paused.load(Relaxed)
-                || p.state.lock().failed.is_some()
-                || p.state.lock().meta.deleting().is_empty();
+            let idle = p.deletions_paused.load(Relaxed) || {
+                let st = p.state.lock();
+                st.failed.is_some() || st.meta.deleting().is_empty()
+            };
             if idle {
                 None
             } else {

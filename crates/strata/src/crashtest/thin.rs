@@ -15,8 +15,9 @@ use strata_thin::{Pool, PoolOptions, ThinDev};
 pub const THIN_BLOCK: u64 = 64 << 10;
 /// The data device holds this many volumes' worth of blocks (snapshots keep old ones).
 const DATA_PER_VOLUME: u64 = 3;
-/// Nodes a background deletion step drops: one, so a 64 MiB volume's tree (a few leaves)
-/// takes several steps and cuts land between them.
+/// Nodes a background deletion step drops: one, the smallest step. The volumes here (8 MiB)
+/// are a single leaf, so a deletion is its mark and one step, and cuts land between the two;
+/// deletions of many steps are tested in strata-thin's `tests/delete.rs`.
 const DELETE_STEP_NODES: usize = 1;
 /// The volume the clients write.
 const VOLUME: u32 = 1;
