@@ -13,7 +13,7 @@ The five are checked against the same rule too, to show what it asks. Writes rul
 row per policy and cell) and the counts of cells held per policy and set.
 
 Scale 1: 1, 2, 5, 10, 25 and 50% of each footprint; synthetic workloads of 2,000,000
-requests over 262,144 blocks (about 10 minutes on 2 cores, most of it `adaptive`). Below
+requests over 262,144 blocks (3 to 7 minutes on 2 shared cores, most of it `adaptive`). Below
 0.25: 2 and 25% only, the CloudPhysics sample and two synthetic workloads; below 0.5, no
 other block sizes.
 """
