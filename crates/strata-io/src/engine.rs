@@ -285,76 +285,15 @@ impl IoEngine for UringEngine {
         let (reply, wait) = oneshot::channel();
         let f = InFlight { file, op, depth, done_bytes: 0, reply };
         let queued = self.ring.state.lock().queue(&self.ring.uring, f);
-        if queued && !BATCH.with(|b| b.defer(&self.ring)) {
-            self.ring.enter();
+        if queued {
+            if let Err(e) = self.ring.uring.submit() {
+                // The entry stays in the ring; the next enter (a submitter's or the reaper's) takes it.
+                if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                    panic!("io_uring submit failed: {e}");
+                }
+            }
         }
         Box::pin(async move { wait.await.unwrap_or_else(|_| engine_gone()) })
-    }
-}
-
-/// Submissions this thread holds back (see [`batch`]).
-#[derive(Default)]
-struct Batch {
-    depth: std::cell::Cell<usize>,
-    /// A ring with entries put in and not yet submitted.
-    held: std::cell::RefCell<Option<Arc<Ring>>>,
-}
-
-impl Batch {
-    /// True if a batch is open on this thread and takes over entering `ring`.
-    fn defer(&self, ring: &Arc<Ring>) -> bool {
-        if self.depth.get() == 0 {
-            return false;
-        }
-        let mut held = self.held.borrow_mut();
-        match &*held {
-            Some(r) if Arc::ptr_eq(r, ring) => {}
-            // Another ring (there is one per process, so only ever in tests): submit what the
-            // first holds and hold the new one.
-            Some(r) => {
-                r.enter();
-                *held = Some(ring.clone());
-            }
-            None => *held = Some(ring.clone()),
-        }
-        true
-    }
-}
-
-thread_local! {
-    static BATCH: Batch = Batch::default();
-}
-
-/// Holds back the io_uring submissions made on this thread while the returned guard lives,
-/// then submits them together, with one system call, when it drops: a caller that starts
-/// many operations at once (a connection with a socket buffer full of requests) hands the
-/// device all of them at once, and pays one kernel entry instead of one per operation.
-/// Entries held back are already in the ring: any other submitter's or the reaper's kernel
-/// entry takes them too. Never hold the guard across an `.await`: the thread could move on to
-/// other work, or wait for the very operations it holds back.
-pub fn batch() -> SubmitBatch {
-    BATCH.with(|b| b.depth.set(b.depth.get() + 1));
-    SubmitBatch { _not_send: std::marker::PhantomData }
-}
-
-/// See [`batch`].
-pub struct SubmitBatch {
-    _not_send: std::marker::PhantomData<*const ()>,
-}
-
-impl Drop for SubmitBatch {
-    fn drop(&mut self) {
-        let ring = BATCH.with(|b| {
-            b.depth.set(b.depth.get() - 1);
-            if b.depth.get() == 0 {
-                b.held.borrow_mut().take()
-            } else {
-                None
-            }
-        });
-        if let Some(ring) = ring {
-            ring.enter();
-        }
     }
 }
 
@@ -411,16 +350,6 @@ fn sqe_for(f: &InFlight, token: u64) -> io_uring::squeue::Entry {
 }
 
 impl Ring {
-    /// Submits what the ring holds. An entry a failed enter leaves in the ring goes with the
-    /// next one (a submitter's or the reaper's).
-    fn enter(&self) {
-        if let Err(e) = self.uring.submit() {
-            if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
-                panic!("io_uring submit failed: {e}");
-            }
-        }
-    }
-
     /// The reaper thread: waits for completions and finishes what they complete.
     fn reap_thread(&self) {
         loop {
@@ -445,7 +374,11 @@ impl Ring {
                 ready.clear_ready();
             }
             if self.reap() {
-                self.enter();
+                if let Err(e) = self.uring.submit() {
+                    if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                        panic!("io_uring submit failed: {e}");
+                    }
+                }
             }
         }
     }

@@ -219,11 +219,7 @@ where
     let mut client_gone = false;
 
     loop {
-        {
-            // Every request the buffer holds reaches the device with one kernel entry.
-            let _batch = strata_io::engine::batch();
-            while !client_gone && s.held < held_max && s.take(&mut input, &mut inbox) {}
-        }
+        while !client_gone && s.held < held_max && s.take(&mut input, &mut inbox) {}
         if matches!(input, Input::Closed) && s.held == 0 {
             break;
         }

@@ -1,9 +1,9 @@
 //! Many requests in one socket write, on an O_DIRECT file whose io_uring completions the
 //! runtime's reactor collects (as under `strata serve`): the connection parses every request
-//! its buffer holds and hands the device the whole batch with one kernel entry. Every request
-//! must still get exactly its own reply, a flush must come after every write acknowledged
-//! before it was sent, a malformed request gets its error, and requests cut across socket
-//! reads are taken whole. In a test binary of its own: the reaping runtime is process-wide.
+//! its buffer holds and starts them all before it waits. Every request must still get exactly
+//! its own reply, a flush must come after every write acknowledged before it was sent, a
+//! malformed request gets its error, and requests cut across socket reads are taken whole.
+//! In a test binary of its own: the reaping runtime is process-wide.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
