@@ -5,11 +5,25 @@ on the file (io_uring, O_DIRECT and buffered) as the limit. Rounds alternate the
 so drift on a shared machine hits all of them; each figure is the median of the rounds;
 server CPU per request comes from /proc.
 
+Queue depth: during every run a thread samples the backing file's block device
+(/sys/block/DEV/stat: the mean number of requests in flight over each 0.1 s, from the weighted
+time in queue), so fio's own depth on the device and strata's can be compared; during the
+strata O_DIRECT runs it also reads strata's own gauge (operations at the kernel, from the
+admin endpoint's /metrics). After the rounds, one short pass per O_DIRECT series under
+`perf stat` counts system calls per request (the timed rounds run without it).
+
 Scale 1: a 1 GiB file, 10 s per run, 3 rounds (about 8 minutes).
 """
 
+import json
 import os
+import re
+import signal
 import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
 
 import benchlib as b
 import plots
@@ -19,6 +33,111 @@ TITLE = "NBD data path: strata vs nbdkit vs fio on the file"
 RWS = ["randread", "randwrite"]
 SERIES = ["strata file (page cache)", "strata file (O_DIRECT)", "strata mem", "nbdkit file", "nbdkit memory",
           "fio io_uring O_DIRECT on the file", "fio io_uring buffered on the file"]
+
+
+SYSCALLS = ["io_uring_enter", "read", "write", "writev", "recvfrom", "sendmsg", "epoll_wait", "futex"]
+DEPTH_INTERVAL_S = 0.1
+
+
+def block_device(path):
+    """The /sys/block directory of the disk holding `path` (a partition's parent disk)."""
+    st = os.stat(path)
+    d = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}").resolve()
+    if (d / "partition").exists():
+        d = d.parent
+    return d if (d / "stat").exists() else None
+
+
+class DepthSampler:
+    """Samples queue depth every DEPTH_INTERVAL_S in a thread: the block device's mean in-flight
+    count over the interval (weighted time in queue / time), and, given strata's admin address
+    and a volume, strata's own gauge (`strata_device_queue_depth_*`, absent in older builds)."""
+
+    def __init__(self, disk, admin=None, volume=None):
+        self.disk, self.admin, self.volume = disk, admin, volume
+        self.points = []  # (t_s, disk depth, strata depth)
+        self.first = self.last = None  # strata's per-depth seconds at the start and the end
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def disk_queue_ms(self):
+        if self.disk is None:
+            return None
+        return int((self.disk / "stat").read_text().split()[10])
+
+    def strata_gauge(self):
+        if not self.admin:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{self.admin}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        vol = f'volume="{self.volume}"'
+        integral, at = None, {}
+        for line in text.splitlines():
+            if vol not in line:
+                continue
+            if line.startswith("strata_device_queue_depth_integral_seconds_total{"):
+                integral = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("strata_device_queue_depth_seconds_total{"):
+                at[re.search(r'depth="([^"]+)"', line).group(1)] = float(line.rsplit(" ", 1)[1])
+        return None if integral is None else (integral, at)
+
+    def loop(self):
+        t0 = time.monotonic()
+        prev = (t0, self.disk_queue_ms(), self.strata_gauge())
+        self.first = prev[2]
+        while not self.stop_ev.wait(DEPTH_INTERVAL_S):
+            now = (time.monotonic(), self.disk_queue_ms(), self.strata_gauge())
+            dt = now[0] - prev[0]
+            disk = (now[1] - prev[1]) / 1000 / dt if now[1] is not None else None
+            mine = (now[2][0] - prev[2][0]) / dt if now[2] and prev[2] else None
+            self.points.append((now[0] - t0, disk, mine))
+            self.last = now[2] or self.last
+            prev = now
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_ev.set()
+        self.thread.join()
+
+    def mean(self, which):
+        ys = [p[which] for p in self.points if p[which] is not None]
+        return sum(ys) / len(ys) if ys else None
+
+    def histogram(self):
+        """Share of the run's time strata's device spent at each depth."""
+        if not self.first or not self.last:
+            return {}
+        d = {k: v - self.first[1].get(k, 0.0) for k, v in self.last[1].items()}
+        total = sum(d.values())
+        return {k: v / total for k, v in d.items() if v > 0} if total > 0 else {}
+
+
+def perf_syscalls(pid=None, argv=None):
+    """The `perf stat` command that counts system calls, attached to `pid` (until it gets
+    SIGINT) or around `argv`, and the path it writes its counts to (see read_perf)."""
+    out = Path(f"/var/tmp/strata-perf-{os.getpid()}-{time.monotonic_ns()}.csv")
+    events = ",".join(["raw_syscalls:sys_enter"] + [f"syscalls:sys_enter_{s}" for s in SYSCALLS])
+    cmd = ["perf", "stat", "-x", ",", "-o", str(out), "-e", events]
+    cmd += ["-p", str(pid)] if pid else ["--", *argv]
+    return cmd, out
+
+
+def read_perf(path):
+    """Per-syscall counts (`all` for every system call) from perf stat's CSV at `path`."""
+    counts = {}
+    for line in path.read_text().splitlines():
+        parts = line.split(",")
+        if len(parts) > 2 and parts[2].startswith(("raw_syscalls", "syscalls")):
+            name = parts[2].split(":")[1].replace("sys_enter_", "").replace("sys_enter", "all")
+            counts[name] = float(parts[0]) if parts[0][:1].isdigit() else None
+    path.unlink(missing_ok=True)
+    return counts
 
 
 def params(scale):
@@ -50,26 +169,45 @@ def run(ctx):
 
     common = ["--name=job", "--bs=4k", f"--iodepth={iodepth}", f"--runtime={int(runtime * 1000)}ms", "--time_based",
               f"--size={size_mib}M", "--randrepeat=0", "--norandommap"]
+    disk = block_device(img)
     results = {}
+    depth_rows, depth_hist = [], []
 
-    def record(name, rw, report, server_cpu):
+    def record(name, rw, report, server_cpu, depth=None):
         side = b.job_side(report, rw)
         ios = side["total_ios"] if "total_ios" in side else side["io_bytes"] // 4096
         job = report["jobs"][0]
         runtime_s = job["elapsed"] if job.get("elapsed") else runtime
         client_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * runtime_s
-        r = results.setdefault(f"{name} {rw}", {"iops": [], "server_us_per_req": [], "client_us_per_req": []})
+        r = results.setdefault(f"{name} {rw}", {"iops": [], "server_us_per_req": [], "client_us_per_req": [],
+                                                 "disk_queue_depth": [], "strata_queue_depth": []})
         r["iops"].append(side["iops"])
         if server_cpu is not None and ios:
             r["server_us_per_req"].append(server_cpu / ios * 1e6)
         if ios:
             r["client_us_per_req"].append(client_cpu / ios * 1e6)
+        if depth is not None:
+            for key, which in (("disk_queue_depth", 1), ("strata_queue_depth", 2)):
+                if depth.mean(which) is not None:
+                    r[key].append(depth.mean(which))
+            depth_rows.extend({"series": name, "rw": rw, "round": rnd, "t_s": round(t, 2), "disk_queue_depth": dq,
+                               "strata_queue_depth": sq} for t, dq, sq in depth.points)
+            for d, share in sorted(depth.histogram().items(), key=lambda kv: int(kv[0].rstrip("+"))):
+                depth_hist.append({"series": name, "rw": rw, "round": rnd, "depth": d, "time_share": share})
 
     def run_nbd(server, name, export, rw):
         p.set(step=f"round {rnd + 1}/{rounds}: {name} {rw}")
         warm()
-        rep, cpu = b.fio_server_cpu(server, common + ["--ioengine=nbd", f"--uri={server.uri(export)}", f"--rw={rw}"])
-        record(name, rw, rep, cpu)
+        admin = getattr(server, "admin", None)
+        with DepthSampler(disk, admin, export) as depth:
+            rep, cpu = b.fio_server_cpu(server, common + ["--ioengine=nbd", f"--uri={server.uri(export)}", f"--rw={rw}"])
+        record(name, rw, rep, cpu, depth)
+
+    def run_fio(name, direct, rw):
+        warm()
+        with DepthSampler(disk) as depth:
+            rep = b.fio(common + ["--ioengine=io_uring", f"--direct={direct}", f"--filename={img}", f"--rw={rw}"])
+        record(name, rw, rep, None, depth)
 
     log = ctx.scratch / "overhead-servers.log"
     for rnd in range(rounds):
@@ -77,7 +215,8 @@ def run(ctx):
             # A server claims each file it opens: the buffered volume gets a server of its own.
             with b.Strata(ctx, work / "s.sock", f"buffered={img}?direct=off", admin=False) as s:
                 run_nbd(s, "strata file (page cache)", "buffered", rw)
-            with b.Strata(ctx, work / "s.sock", f"direct={img}", f"mem=mem:{size_mib}MiB", admin=False) as s:
+            # The admin endpoint gives the O_DIRECT volume's queue-depth gauge.
+            with b.Strata(ctx, work / "s.sock", f"direct={img}", f"mem=mem:{size_mib}MiB") as s:
                 run_nbd(s, "strata file (O_DIRECT)", "direct", rw)
                 # Fill the RAM volume first so reads hit real memory, as nbdkit's do below.
                 if rw == "randread":
@@ -90,12 +229,40 @@ def run(ctx):
                     b.fill_nbd(k.uri(), size_mib * b.MIB)
                 run_nbd(k, "nbdkit memory", "", rw)
             p.set(step=f"round {rnd + 1}/{rounds}: fio on the file {rw}")
+            run_fio("fio io_uring O_DIRECT on the file", 1, rw)
+            run_fio("fio io_uring buffered on the file", 0, rw)
+
+    # System calls per request, in a pass of its own: perf's tracepoints cost the process
+    # they count, so none of the timed rounds runs under it.
+    syscalls = {}
+    if b.which("perf"):
+        short = [a if not a.startswith("--runtime=") else f"--runtime={int(min(runtime, 5) * 1000)}ms" for a in common]
+        for rw in RWS:
+            p.set(step=f"system calls: strata O_DIRECT {rw}")
+            with b.Strata(ctx, work / "s.sock", f"direct={img}", admin=False) as s:
+                warm()
+                cmd, counts = perf_syscalls(pid=s.p.pid)
+                perf = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(0.3)
+                rep, cpu = b.fio_server_cpu(s, short + ["--ioengine=nbd", f"--uri={s.uri('direct')}", f"--rw={rw}"])
+                perf.send_signal(signal.SIGINT)
+                perf.wait(timeout=30)
+            ios = b.job_side(rep, rw)["total_ios"]
+            syscalls[f"strata file (O_DIRECT) {rw}"] = {k: v / ios for k, v in read_perf(counts).items() if v is not None}
+            syscalls[f"strata file (O_DIRECT) {rw}"]["server_us_per_req"] = cpu / ios * 1e6
+            p.set(step=f"system calls: fio io_uring O_DIRECT {rw}")
             warm()
-            rep = b.fio(common + ["--ioengine=io_uring", "--direct=1", f"--filename={img}", f"--rw={rw}"])
-            record("fio io_uring O_DIRECT on the file", rw, rep, None)
-            warm()
-            rep = b.fio(common + ["--ioengine=io_uring", "--direct=0", f"--filename={img}", f"--rw={rw}"])
-            record("fio io_uring buffered on the file", rw, rep, None)
+            cmd, counts = perf_syscalls(argv=["fio", "--output-format=json", *short, "--ioengine=io_uring", "--direct=1",
+                                           f"--filename={img}", f"--rw={rw}"])
+            done = b.run(cmd)
+            text = done.stdout
+            rep = json.loads(text[text.index("{"):])
+            ios = b.job_side(rep, rw)["total_ios"]
+            syscalls[f"fio io_uring O_DIRECT on the file {rw}"] = {
+                k: v / ios for k, v in read_perf(counts).items() if v is not None}
+        b.write_csv(out / "syscalls.csv",
+                    [{"series": k, **{n: round(v, 3) for n, v in c.items()}} for k, c in syscalls.items()],
+                    ["series", "all", *SYSCALLS, "server_us_per_req"])
 
     summary = {k: {m: b.median(v) for m, v in r.items()} | {"rounds": r["iops"]} for k, r in results.items()}
     ratios = {}
@@ -113,8 +280,26 @@ def run(ctx):
     for k, r in summary.items():
         name, rw = k.rsplit(" ", 1)
         rows.append({"series": name, "rw": rw, "iops": r["iops"], "server_us_per_req": r["server_us_per_req"],
-                     "client_us_per_req": r["client_us_per_req"]})
-    b.write_csv(out / "overhead.csv", rows, ["series", "rw", "iops", "server_us_per_req", "client_us_per_req"])
+                     "client_us_per_req": r["client_us_per_req"], "disk_queue_depth": r["disk_queue_depth"],
+                     "strata_queue_depth": r["strata_queue_depth"]})
+    b.write_csv(out / "overhead.csv", rows, ["series", "rw", "iops", "server_us_per_req", "client_us_per_req",
+                                             "disk_queue_depth", "strata_queue_depth"])
+    b.write_csv(out / "queue_depth.csv", depth_rows,
+                ["series", "rw", "round", "t_s", "disk_queue_depth", "strata_queue_depth"])
+    b.write_csv(out / "queue_depth_hist.csv", depth_hist, ["series", "rw", "round", "depth", "time_share"])
+    last = rounds - 1
+    for rw in RWS:
+        series = []
+        for name, col, label in [("strata file (O_DIRECT)", "strata_queue_depth", "strata O_DIRECT: strata's gauge"),
+                                 ("strata file (O_DIRECT)", "disk_queue_depth", "strata O_DIRECT: the disk"),
+                                 ("fio io_uring O_DIRECT on the file", "disk_queue_depth", "fio io_uring O_DIRECT: the disk")]:
+            pts = [(r["t_s"], r[col]) for r in depth_rows if r["series"] == name and r["rw"] == rw and r["round"] == last]
+            series.append((label, pts))
+        plots.time_series(out / f"queue_depth_{rw}.png",
+                          f"Queue depth over time, 4 KiB {rw} at iodepth 32, round {rounds} of {rounds} (scale "
+                          f"{ctx.scale:g}); strata's gauge counts its operations at the kernel, the disk's is "
+                          f"/sys/block mean in flight per {DEPTH_INTERVAL_S} s (any other IO on the disk included)",
+                          series, "requests in flight", smooth_s=0.5, ylim=(0, iodepth * 1.25))
     b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
     values = {(None, r["rw"], r["series"]): r["iops"] for r in rows}
     plots.grouped_bars(out / "iops.png",
@@ -125,5 +310,7 @@ def run(ctx):
         "setup": {"size_mib": size_mib, "runtime_s": runtime, "rounds": rounds, "iodepth": iodepth},
         "results": summary,
         "ratios": ratios,
-        "files": ["overhead.csv", "ratios.csv", "iops.png"],
+        "syscalls_per_request": syscalls,
+        "files": ["overhead.csv", "ratios.csv", "iops.png", "queue_depth.csv", "queue_depth_hist.csv",
+                  "queue_depth_randread.png", "queue_depth_randwrite.png"] + (["syscalls.csv"] if syscalls else []),
     }

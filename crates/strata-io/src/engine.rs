@@ -5,6 +5,7 @@
 //! for still owns its memory until the kernel is done with it.
 //! Which one is faster depends on the machine; `docs/BENCHMARKS.md` has the measurements.
 
+use crate::depth::QueueDepth;
 use crate::{BoxFut, Buf};
 use std::collections::VecDeque;
 use std::fs::File;
@@ -38,7 +39,8 @@ pub type Completion = (Option<Buf>, io::Result<usize>);
 
 pub trait IoEngine: Send + Sync {
     fn name(&self) -> &'static str;
-    fn submit(&self, file: Arc<File>, op: Op) -> BoxFut<'static, Completion>;
+    /// Runs `op` on `file`; `depth` counts it while the kernel has it.
+    fn submit(&self, file: Arc<File>, op: Op, depth: Arc<QueueDepth>) -> BoxFut<'static, Completion>;
 }
 
 /// Engine kinds by name, as used in specs (`?engine=uring`).
@@ -154,7 +156,7 @@ fn engine_gone() -> Completion {
 // ---------------------------------------------------------------------------------------
 // Thread pool engine
 
-type Job = (Arc<File>, Op, oneshot::Sender<Completion>);
+type Job = (Arc<File>, Op, Arc<QueueDepth>, oneshot::Sender<Completion>);
 
 pub struct PoolEngine {
     tx: crossbeam_channel::Sender<Job>,
@@ -168,8 +170,11 @@ impl PoolEngine {
             std::thread::Builder::new()
                 .name(format!("strata-io-{i}"))
                 .spawn(move || {
-                    for (file, op, done) in rx {
-                        let _ = done.send(run_blocking(&file, op));
+                    for (file, op, depth, done) in rx {
+                        depth.enter();
+                        let completion = run_blocking(&file, op);
+                        depth.leave();
+                        let _ = done.send(completion);
                     }
                 })
                 .expect("spawn IO thread");
@@ -183,9 +188,9 @@ impl IoEngine for PoolEngine {
         "pool"
     }
 
-    fn submit(&self, file: Arc<File>, op: Op) -> BoxFut<'static, Completion> {
+    fn submit(&self, file: Arc<File>, op: Op, depth: Arc<QueueDepth>) -> BoxFut<'static, Completion> {
         let (done, wait) = oneshot::channel();
-        let sent = self.tx.send((file, op, done)).is_ok();
+        let sent = self.tx.send((file, op, depth, done)).is_ok();
         Box::pin(async move {
             if !sent {
                 return engine_gone();
@@ -224,6 +229,7 @@ struct RingState {
 struct InFlight {
     file: Arc<File>,
     op: Op,
+    depth: Arc<QueueDepth>,
     done_bytes: usize,
     reply: oneshot::Sender<Completion>,
 }
@@ -275,9 +281,10 @@ impl IoEngine for UringEngine {
         "uring"
     }
 
-    fn submit(&self, file: Arc<File>, op: Op) -> BoxFut<'static, Completion> {
+    fn submit(&self, file: Arc<File>, op: Op, depth: Arc<QueueDepth>) -> BoxFut<'static, Completion> {
         let (reply, wait) = oneshot::channel();
-        let queued = self.ring.state.lock().queue(&self.ring.uring, InFlight { file, op, done_bytes: 0, reply });
+        let f = InFlight { file, op, depth, done_bytes: 0, reply };
+        let queued = self.ring.state.lock().queue(&self.ring.uring, f);
         if queued {
             if let Err(e) = self.ring.uring.submit() {
                 // The entry stays in the ring; the next enter (a submitter's or the reaper's) takes it.
@@ -302,6 +309,7 @@ impl RingState {
             self.slots.len() - 1
         });
         self.inflight += 1;
+        f.depth.enter();
         self.push(uring, slot, f);
         true
     }
@@ -394,6 +402,7 @@ impl Ring {
                 }
                 Some(result) => {
                     st.inflight -= 1;
+                    f.depth.leave();
                     st.free.push(slot);
                     let buf = match f.op {
                         Op::Read { buf, .. } | Op::Write { buf, .. } => Some(buf),

@@ -9,6 +9,7 @@
 //! the open file description, so a second open of the same file is refused within one process
 //! as well as from another. `Claim::Unclaimed` (a spec's `?ro&shared`) reads without a lock.
 
+use crate::depth::QueueDepth;
 use crate::engine::{self, EngineKind, IoEngine, Op};
 use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
 use std::fs::{File, OpenOptions};
@@ -57,6 +58,9 @@ pub struct FileDev {
     align: u64,
     read_only: bool,
     engine: Arc<dyn IoEngine>,
+    /// Operations handed to the engine and not yet completed, over time (reads and writes
+    /// that the page cache answers inline never reach it).
+    depth: Arc<QueueDepth>,
     /// Aligned writes share it; a read-modify-write takes it alone.
     rmw: RwLock<()>,
     /// Why the device stopped taking writes: an fdatasync or FUA write failed, and the kernel
@@ -167,6 +171,7 @@ impl FileDev {
             align: if direct { sector } else { 1 },
             read_only: opts.read_only,
             engine: engine::shared(opts.engine),
+            depth: Arc::new(QueueDepth::new()),
             rmw: RwLock::new(()),
             stopped: parking_lot::Mutex::new(None),
         })
@@ -224,7 +229,7 @@ impl FileDev {
     }
 
     async fn engine_read(&self, offset: u64, buf: Buf) -> Result<Buf> {
-        let (buf, res) = self.engine.submit(self.file.clone(), Op::Read { offset, buf }).await;
+        let (buf, res) = self.engine.submit(self.file.clone(), Op::Read { offset, buf }, self.depth.clone()).await;
         res.map_err(|e| self.os_err(e, "read", offset))?;
         Ok(buf.expect("read returns its buffer"))
     }
@@ -239,7 +244,8 @@ impl FileDev {
             res.map_err(|e| self.os_err(e, "write", offset))?;
             return Ok(buf.expect("write returns its buffer"));
         }
-        let (buf, res) = self.engine.submit(self.file.clone(), Op::Write { offset, buf, dsync: fua }).await;
+        let (buf, res) =
+            self.engine.submit(self.file.clone(), Op::Write { offset, buf, dsync: fua }, self.depth.clone()).await;
         res.map_err(|e| self.os_err(e, "write", offset))?;
         Ok(buf.expect("write returns its buffer"))
     }
@@ -290,7 +296,8 @@ impl FileDev {
     }
 
     async fn fallocate(&self, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
-        let (_, res) = self.engine.submit(self.file.clone(), Op::Fallocate { mode, offset, len }).await;
+        let (_, res) =
+            self.engine.submit(self.file.clone(), Op::Fallocate { mode, offset, len }, self.depth.clone()).await;
         res.map(|_| ())
     }
 
@@ -660,7 +667,7 @@ impl BlockDev for FileDev {
                 return Ok(());
             }
             self.writable("flush")?;
-            let (_, res) = self.engine.submit(self.file.clone(), Op::Fdatasync).await;
+            let (_, res) = self.engine.submit(self.file.clone(), Op::Fdatasync, self.depth.clone()).await;
             res.map(|_| ()).map_err(|e| self.durability_failed(self.os_err(e, "flush", 0)))
         })
     }
@@ -675,6 +682,10 @@ impl BlockDev for FileDev {
 
     fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
         crate::ready(self.extents(offset, len))
+    }
+
+    fn metrics(&self) -> Vec<crate::metrics::Sample> {
+        self.depth.samples()
     }
 }
 

@@ -3,6 +3,7 @@
 //! stack on. Nothing here knows about caching or the NBD wire format.
 
 pub mod buf;
+pub mod depth;
 pub mod engine;
 pub mod error;
 pub mod fault;
