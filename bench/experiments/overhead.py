@@ -128,6 +128,20 @@ def perf_syscalls(pid=None, argv=None):
     return cmd, out
 
 
+def perf_counts_syscalls():
+    """Whether `perf` is here and may count system call tracepoints (it needs tracefs and a
+    low enough perf_event_paranoid): the pass is skipped, with a message, when it may not."""
+    if not b.which("perf"):
+        print("overhead: perf is not installed: no system-call counts", flush=True)
+        return False
+    probe = subprocess.run(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "--", "true"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if probe.returncode != 0:
+        print(f"overhead: perf cannot count system calls here ({probe.stderr.strip()[:200]}): skipped", flush=True)
+        return False
+    return True
+
+
 def read_perf(path):
     """Per-syscall counts (`all` for every system call) from perf stat's CSV at `path`."""
     counts = {}
@@ -235,7 +249,7 @@ def run(ctx):
     # System calls per request, in a pass of its own: perf's tracepoints cost the process
     # they count, so none of the timed rounds runs under it.
     syscalls = {}
-    if b.which("perf"):
+    if perf_counts_syscalls():
         short = [a if not a.startswith("--runtime=") else f"--runtime={int(min(runtime, 5) * 1000)}ms" for a in common]
         for rw in RWS:
             p.set(step=f"system calls: strata O_DIRECT {rw}")
