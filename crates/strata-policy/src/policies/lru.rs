@@ -138,6 +138,7 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
         let Some(v) = victim else {
             return Outcome::Miss;
         };
+        // The map finds the victim by the block number in `blocks`: out of the map first.
         let old = self.blocks[v as usize];
         self.map.remove(old, &self.blocks);
         self.blocks[v as usize] = a.block;
