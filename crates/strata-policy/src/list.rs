@@ -32,7 +32,7 @@ pub(crate) trait Linked<const L: usize> {
     fn link_mut(&mut self) -> &mut Link;
 }
 
-/// A bare link array is itself an arena: used for side lists such as the dirty list, where
+/// A bare link array is itself an arena: used for side lists such as LRU's queue, where
 /// entry `i`'s links live at index `i` of a separate `Vec<Link>`.
 impl Linked<0> for Link {
     #[inline]

@@ -25,6 +25,8 @@ struct Node {
     at: Where,
 }
 
+super::keyed_by_block!(Node);
+
 impl Linked<0> for Node {
     fn link(&self) -> &Link {
         &self.link
@@ -71,7 +73,7 @@ impl Arc {
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
-        let &i = self.map.get(&block)?;
+        let i = self.map.get(block, &self.arena.nodes)?;
         matches!(self.arena.nodes[i as usize].at, Where::T1 | Where::T2).then_some(i)
     }
 
@@ -109,7 +111,7 @@ impl Arc {
     fn forget(&mut self, i: u32) {
         self.unlink(i);
         let block = self.block_of(i);
-        self.map.remove(&block);
+        self.map.remove(block, &self.arena.nodes);
         self.arena.free(i);
     }
 
@@ -146,7 +148,7 @@ impl Arc {
     fn add(&mut self, block: u64, at: Where) -> u32 {
         let i = self.arena.alloc(Node { block, link: Link::NONE, at });
         self.place(i, at);
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.arena.nodes);
         i
     }
 
@@ -231,7 +233,7 @@ impl Policy for Arc {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        match self.map.get(&a.block).map(|&i| (i, self.arena.nodes[i as usize].at)) {
+        match self.map.get(a.block, &self.arena.nodes).map(|i| (i, self.arena.nodes[i as usize].at)) {
             Some((i, Where::T1 | Where::T2)) => {
                 self.unlink(i);
                 self.place(i, Where::T2);
@@ -261,7 +263,7 @@ impl Policy for Arc {
         if self.cached() >= self.c {
             return Err(InsertError::Full(self.c));
         }
-        if let Some(&g) = self.map.get(&block) {
+        if let Some(g) = self.map.get(block, &self.arena.nodes) {
             self.forget(g);
         }
         if self.t1.len() + self.b1.len() >= self.c {
@@ -294,7 +296,7 @@ impl Policy for Arc {
         }
         let skip = entries.len().saturating_sub(self.c);
         for (block, tag) in entries.into_iter().skip(skip) {
-            if !self.map.contains_key(&block) {
+            if !self.map.contains_key(block, &self.arena.nodes) {
                 self.add(block, if tag == 1 { Where::T2 } else { Where::T1 });
             }
         }

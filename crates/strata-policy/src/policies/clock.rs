@@ -38,7 +38,7 @@ impl Clock {
 
     #[inline]
     fn resident(&self, block: u64) -> Option<u32> {
-        self.map.get(&block).copied()
+        self.map.get(block, &self.blocks)
     }
 
     #[inline]
@@ -73,7 +73,7 @@ impl Clock {
 
     fn drop_slot(&mut self, s: u32) -> u64 {
         let block = self.blocks[s as usize];
-        self.map.remove(&block);
+        self.map.remove(block, &self.blocks);
         self.dirty.set_clean(s);
         self.blocks[s as usize] = EMPTY;
         self.referenced[s as usize] = false;
@@ -83,7 +83,7 @@ impl Clock {
     fn fill(&mut self, s: u32, block: u64) {
         self.blocks[s as usize] = block;
         self.referenced[s as usize] = false;
-        self.map.insert(block, s);
+        self.map.insert(block, s, &self.blocks);
     }
 }
 
@@ -103,7 +103,7 @@ impl Policy for Clock {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        if let Some(&s) = self.map.get(&a.block) {
+        if let Some(s) = self.map.get(a.block, &self.blocks) {
             self.referenced[s as usize] = true;
             return Outcome::Hit;
         }
@@ -132,7 +132,7 @@ impl Policy for Clock {
     }
 
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-        if self.map.contains_key(&block) {
+        if self.map.contains_key(block, &self.blocks) {
             return Err(InsertError::AlreadyCached(block));
         }
         let Some(s) = self.free.pop() else {
@@ -161,7 +161,7 @@ impl Policy for Clock {
             return Err(HintError::NotEmpty);
         }
         for (block, referenced) in entries {
-            if self.map.contains_key(&block) {
+            if self.map.contains_key(block, &self.blocks) {
                 continue;
             }
             let Some(s) = self.free.pop() else { break };

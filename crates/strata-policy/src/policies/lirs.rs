@@ -30,6 +30,8 @@ struct Node {
     in_s: bool,
 }
 
+super::keyed_by_block!(Node);
+
 impl Linked<0> for Node {
     fn link(&self) -> &Link {
         &self.s
@@ -85,7 +87,7 @@ impl Lirs {
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
-        let &i = self.map.get(&block)?;
+        let i = self.map.get(block, &self.arena.nodes)?;
         (self.arena.nodes[i as usize].state != NONRES).then_some(i)
     }
 
@@ -125,7 +127,7 @@ impl Lirs {
             _ => self.lir_count -= 1,
         }
         let block = self.block_of(i);
-        self.map.remove(&block);
+        self.map.remove(block, &self.arena.nodes);
         self.arena.free(i);
     }
 
@@ -208,7 +210,7 @@ impl Lirs {
 
     fn add(&mut self, block: u64) -> u32 {
         let i = self.arena.alloc(Node { block, s: Link::NONE, q: Link::NONE, state: HIR, in_s: false });
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.arena.nodes);
         self.stack_top(i);
         if self.lir_count < self.lir_cap {
             self.node(i).state = LIR;
@@ -236,7 +238,7 @@ impl Policy for Lirs {
     super::dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        let found = self.map.get(&a.block).copied();
+        let found = self.map.get(a.block, &self.arena.nodes);
         if let Some(i) = found {
             match self.arena.nodes[i as usize].state {
                 LIR => {
@@ -268,7 +270,7 @@ impl Policy for Lirs {
             None
         };
         // Eviction may have dropped the ghost of this very block from the stack.
-        match self.map.get(&a.block).copied() {
+        match self.map.get(a.block, &self.arena.nodes) {
             Some(g) => self.make_lir(g),
             None => {
                 self.add(a.block);
@@ -296,7 +298,7 @@ impl Policy for Lirs {
         if self.cached() >= self.capacity {
             return Err(InsertError::Full(self.capacity));
         }
-        if let Some(&g) = self.map.get(&block) {
+        if let Some(g) = self.map.get(block, &self.arena.nodes) {
             self.forget(g);
             self.prune();
         }
@@ -329,11 +331,11 @@ impl Policy for Lirs {
             if self.cached() >= self.capacity {
                 break;
             }
-            if self.map.contains_key(&block) {
+            if self.map.contains_key(block, &self.arena.nodes) {
                 continue;
             }
             let i = self.arena.alloc(Node { block, s: Link::NONE, q: Link::NONE, state: HIR, in_s: false });
-            self.map.insert(block, i);
+            self.map.insert(block, i, &self.arena.nodes);
             if tag == LIR && self.lir_count < self.lir_cap {
                 self.node(i).state = LIR;
                 self.lir_count += 1;

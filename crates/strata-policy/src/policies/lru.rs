@@ -3,9 +3,9 @@
 //! makes them the baseline every other policy's promotion count is read against.
 //!
 //! These are the policies the simulator's speed is judged by, so the entry is split in two
-//! arrays: the queue links (8 bytes an entry, what a hit touches) and the block numbers
-//! (only read on eviction). The links of a cache of a hundred thousand blocks then fit in a
-//! core's L2 cache, and a hit costs one map probe plus L2 accesses.
+//! arrays: the queue links (8 bytes an entry) and the block numbers (the keys the map reads).
+//! The links of a cache of a hundred thousand blocks then fit in a core's L2 cache, and a
+//! hit costs one map probe, one block number and L2 accesses.
 
 use super::dirty_methods;
 use crate::dirty::Dirty;
@@ -49,7 +49,7 @@ impl<const MOVE_ON_HIT: bool> Queue<MOVE_ON_HIT> {
 
     #[inline]
     fn resident(&self, block: u64) -> Option<u32> {
-        self.map.get(&block).copied()
+        self.map.get(block, &self.blocks)
     }
 
     #[inline]
@@ -72,7 +72,7 @@ impl<const MOVE_ON_HIT: bool> Queue<MOVE_ON_HIT> {
     fn drop_entry(&mut self, i: u32) -> u64 {
         let block = self.block_of(i);
         self.queue.remove(&mut self.links, i);
-        self.map.remove(&block);
+        self.map.remove(block, &self.blocks);
         self.dirty.set_clean(i);
         self.free.push(i);
         block
@@ -91,7 +91,7 @@ impl<const MOVE_ON_HIT: bool> Queue<MOVE_ON_HIT> {
             }
         };
         self.queue.push_back(&mut self.links, i);
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.blocks);
         i
     }
 }
@@ -122,7 +122,7 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
         if let Some(f) = self.queue.front() {
             self.map.prefetch(self.blocks[f as usize]);
         }
-        if let Some(&i) = self.map.get(&a.block) {
+        if let Some(i) = self.map.get(a.block, &self.blocks) {
             if MOVE_ON_HIT {
                 self.queue.move_to_back(&mut self.links, i);
             }
@@ -138,10 +138,12 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
         let Some(v) = victim else {
             return Outcome::Miss;
         };
-        let old = std::mem::replace(&mut self.blocks[v as usize], a.block);
-        self.map.remove(&old);
+        // The map finds the victim by the block number in `blocks`: out of the map first.
+        let old = self.blocks[v as usize];
+        self.map.remove(old, &self.blocks);
+        self.blocks[v as usize] = a.block;
         self.queue.move_to_back(&mut self.links, v);
-        self.map.insert(a.block, v);
+        self.map.insert(a.block, v, &self.blocks);
         if let Some(f) = self.queue.front() {
             prefetch(&self.blocks[f as usize]);
         }
@@ -159,7 +161,7 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
     }
 
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-        if self.map.contains_key(&block) {
+        if self.map.contains_key(block, &self.blocks) {
             return Err(InsertError::AlreadyCached(block));
         }
         if self.map.len() >= self.capacity {
@@ -185,7 +187,7 @@ impl<const MOVE_ON_HIT: bool> Policy for Queue<MOVE_ON_HIT> {
         // Keep the hottest end when the saved cache was larger.
         let skip = entries.len().saturating_sub(self.capacity);
         for (block, _) in entries.into_iter().skip(skip) {
-            if !self.map.contains_key(&block) {
+            if !self.map.contains_key(block, &self.blocks) {
                 self.add(block);
             }
         }

@@ -1,5 +1,6 @@
 //! One module per policy. Each keeps its entries in a flat arena threaded onto index-linked
-//! lists (see `list.rs`) and finds them through a `BlockMap` (see `hash.rs`).
+//! lists (see `list.rs`) and finds them through a `BlockMap` (see `hash.rs`), which keeps only
+//! entry indices and reads the block numbers in the arena.
 
 pub mod adaptive;
 pub mod arc;
@@ -67,6 +68,20 @@ macro_rules! dirty_methods {
     };
 }
 pub(crate) use dirty_methods;
+
+/// Lets a [`BlockMap`](crate::hash::BlockMap) read an arena entry's block number from its
+/// `block` field.
+macro_rules! keyed_by_block {
+    ($node:ty) => {
+        impl $crate::hash::Keyed for $node {
+            #[inline]
+            fn key(&self) -> u64 {
+                self.block
+            }
+        }
+    };
+}
+pub(crate) use keyed_by_block;
 
 /// A free-list arena: indices stay stable while an entry lives, and freed slots are reused,
 /// so the arena never grows past the most entries ever live at once.

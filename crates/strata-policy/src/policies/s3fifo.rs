@@ -27,6 +27,8 @@ struct Node {
     freq: u8,
 }
 
+super::keyed_by_block!(Node);
+
 impl Linked<0> for Node {
     fn link(&self) -> &Link {
         &self.link
@@ -71,7 +73,7 @@ impl S3Fifo {
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
-        let &i = self.map.get(&block)?;
+        let i = self.map.get(block, &self.arena.nodes)?;
         (self.arena.nodes[i as usize].at != Where::Ghost).then_some(i)
     }
 
@@ -94,7 +96,7 @@ impl S3Fifo {
         if self.ghost.len() > self.ghost_cap {
             let g = self.ghost.pop_front(&mut self.arena.nodes).expect("ghost is not empty");
             let block = self.block_of(g);
-            self.map.remove(&block);
+            self.map.remove(block, &self.arena.nodes);
             self.arena.free(g);
         }
     }
@@ -134,7 +136,7 @@ impl S3Fifo {
             } else {
                 let block = node.block;
                 self.main.remove(&mut self.arena.nodes, t);
-                self.map.remove(&block);
+                self.map.remove(block, &self.arena.nodes);
                 self.arena.free(t);
                 return Some(block);
             }
@@ -159,7 +161,7 @@ impl S3Fifo {
             Where::Main => self.main.push_back(&mut self.arena.nodes, i),
             _ => self.small.push_back(&mut self.arena.nodes, i),
         }
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.arena.nodes);
         i
     }
 }
@@ -180,7 +182,7 @@ impl Policy for S3Fifo {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        let found = self.map.get(&a.block).copied();
+        let found = self.map.get(a.block, &self.arena.nodes);
         if let Some(i) = found {
             let node = &mut self.arena.nodes[i as usize];
             if node.at != Where::Ghost {
@@ -198,7 +200,7 @@ impl Policy for S3Fifo {
             None
         };
         // The eviction may have pushed this block's own ghost out of G.
-        match self.map.get(&a.block).copied() {
+        match self.map.get(a.block, &self.arena.nodes) {
             Some(g) => {
                 self.ghost.remove(&mut self.arena.nodes, g);
                 self.arena.nodes[g as usize].freq = 0;
@@ -220,7 +222,7 @@ impl Policy for S3Fifo {
             Where::Small => self.small.remove(&mut self.arena.nodes, i),
             _ => self.main.remove(&mut self.arena.nodes, i),
         }
-        self.map.remove(&block);
+        self.map.remove(block, &self.arena.nodes);
         self.arena.free(i);
         true
     }
@@ -232,7 +234,7 @@ impl Policy for S3Fifo {
         if self.cached() >= self.capacity {
             return Err(InsertError::Full(self.capacity));
         }
-        if let Some(g) = self.map.remove(&block) {
+        if let Some(g) = self.map.remove(block, &self.arena.nodes) {
             self.ghost.remove(&mut self.arena.nodes, g);
             self.arena.free(g);
         }
@@ -262,7 +264,7 @@ impl Policy for S3Fifo {
             if self.cached() >= self.capacity {
                 break;
             }
-            if !self.map.contains_key(&block) {
+            if !self.map.contains_key(block, &self.arena.nodes) {
                 let i = self.add(block, if tag & 4 != 0 { Where::Main } else { Where::Small });
                 self.arena.nodes[i as usize].freq = (tag & 3).min(MAX_FREQ);
             }

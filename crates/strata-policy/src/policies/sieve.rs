@@ -16,6 +16,8 @@ struct Node {
     visited: bool,
 }
 
+super::keyed_by_block!(Node);
+
 impl Linked<0> for Node {
     fn link(&self) -> &Link {
         &self.link
@@ -50,7 +52,7 @@ impl Sieve {
 
     #[inline]
     fn resident(&self, block: u64) -> Option<u32> {
-        self.map.get(&block).copied()
+        self.map.get(block, &self.arena.nodes)
     }
 
     #[inline]
@@ -84,7 +86,7 @@ impl Sieve {
         }
         let block = self.block_of(i);
         self.queue.remove(&mut self.arena.nodes, i);
-        self.map.remove(&block);
+        self.map.remove(block, &self.arena.nodes);
         self.dirty.set_clean(i);
         self.arena.free(i);
         block
@@ -93,7 +95,7 @@ impl Sieve {
     fn add(&mut self, block: u64, visited: bool) -> u32 {
         let i = self.arena.alloc(Node { block, link: Link::NONE, visited });
         self.queue.push_back(&mut self.arena.nodes, i);
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.arena.nodes);
         i
     }
 }
@@ -114,7 +116,7 @@ impl Policy for Sieve {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        if let Some(&i) = self.map.get(&a.block) {
+        if let Some(i) = self.map.get(a.block, &self.arena.nodes) {
             self.arena.nodes[i as usize].visited = true;
             return Outcome::Hit;
         }
@@ -141,7 +143,7 @@ impl Policy for Sieve {
     }
 
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-        if self.map.contains_key(&block) {
+        if self.map.contains_key(block, &self.arena.nodes) {
             return Err(InsertError::AlreadyCached(block));
         }
         if self.map.len() >= self.capacity {
@@ -168,7 +170,7 @@ impl Policy for Sieve {
         }
         let skip = entries.len().saturating_sub(self.capacity);
         for (block, visited) in entries.into_iter().skip(skip) {
-            if !self.map.contains_key(&block) {
+            if !self.map.contains_key(block, &self.arena.nodes) {
                 self.add(block, visited != 0);
             }
         }

@@ -216,6 +216,8 @@ struct Entry {
     hit_gen: u32,
 }
 
+super::keyed_by_block!(Entry);
+
 impl Linked<0> for Entry {
     fn link(&self) -> &Link {
         &self.link
@@ -308,7 +310,7 @@ impl Smq {
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
-        self.map.get(&block).copied()
+        self.map.get(block, &self.entries)
     }
 
     fn has_free(&self) -> bool {
@@ -409,7 +411,7 @@ impl Smq {
     /// Record a miss in the hotspot queue and return the hotspot level of `block`'s region.
     fn update_hotspot_queue(&mut self, block: u64) -> usize {
         let hb = block / self.cache_blocks_per_hotspot_block;
-        if let Some(&i) = self.hotspot_map.get(&hb) {
+        if let Some(i) = self.hotspot_map.get(hb, &self.hotspot) {
             let e = &mut self.hotspot[i as usize];
             self.hotspot_stats.level_accessed(e.level as usize);
             let jump = if e.hit_gen == self.hotspot_gen { 0 } else { self.hotspot_level_jump };
@@ -431,14 +433,14 @@ impl Smq {
         } else {
             let i = self.hotspot_queue.pop(&mut self.hotspot).expect("a full hotspot queue");
             let old = self.hotspot[i as usize].block;
-            self.hotspot_map.remove(&old);
+            self.hotspot_map.remove(old, &self.hotspot);
             let e = &mut self.hotspot[i as usize];
             e.block = hb;
             e.hit_gen = 0;
             i
         };
         self.hotspot_queue.push(&mut self.hotspot, i);
-        self.hotspot_map.insert(hb, i);
+        self.hotspot_map.insert(hb, i, &self.hotspot);
         self.hotspot[i as usize].level as usize
     }
 
@@ -454,7 +456,7 @@ impl Smq {
                 (self.entries.len() - 1) as u32
             }
         };
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.entries);
         if dirty {
             self.nr_dirty += 1;
         }
@@ -463,7 +465,7 @@ impl Smq {
 
     fn free_entry(&mut self, i: u32) {
         let e = self.entries[i as usize];
-        self.map.remove(&e.block);
+        self.map.remove(e.block, &self.entries);
         if e.dirty {
             self.nr_dirty -= 1;
         }
@@ -495,12 +497,12 @@ impl Policy for Smq {
     }
 
     fn contains(&self, block: u64) -> bool {
-        self.map.contains_key(&block)
+        self.map.contains_key(block, &self.entries)
     }
 
     fn access(&mut self, a: Access) -> Outcome {
         self.advance_clock(a.now_ns);
-        if let Some(&i) = self.map.get(&a.block) {
+        if let Some(i) = self.map.get(a.block, &self.entries) {
             let e = self.entries[i as usize];
             self.cache_stats.level_accessed(e.level as usize);
             if !e.pending && e.hit_gen != self.cache_gen {
@@ -551,7 +553,7 @@ impl Policy for Smq {
     }
 
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-        if self.map.contains_key(&block) {
+        if self.map.contains_key(block, &self.entries) {
             return Err(InsertError::AlreadyCached(block));
         }
         if !self.has_free() {
@@ -621,9 +623,13 @@ impl Policy for Smq {
     }
 
     fn save_hints(&self) -> Vec<u8> {
-        // Like dm-cache, the hint is the level. Pending entries are saved at their level.
+        // Like dm-cache, the hint is the level. Pending entries (on no queue) are saved at
+        // their level, in arena order; an entry freed while pending is no longer in the map.
         let entries = &self.entries;
-        let pending = self.map.values().copied().filter(|&i| entries[i as usize].pending);
+        let pending = (0..entries.len() as u32).filter(|&i| {
+            let e = &entries[i as usize];
+            e.pending && self.map.get(e.block, entries) == Some(i)
+        });
         let order: Vec<(u64, u8)> = self
             .clean
             .iter(entries)
@@ -643,7 +649,7 @@ impl Policy for Smq {
             if !self.has_free() {
                 break;
             }
-            if self.map.contains_key(&block) {
+            if self.map.contains_key(block, &self.entries) {
                 continue;
             }
             let i = self.alloc(block, (level as usize).min(NR_LEVELS - 1), false);

@@ -60,6 +60,8 @@ struct Node {
     freq: u8,
 }
 
+super::keyed_by_block!(Node);
+
 impl Linked<0> for Node {
     fn link(&self) -> &Link {
         &self.link
@@ -112,7 +114,7 @@ impl Strata {
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
-        let &i = self.map.get(&block)?;
+        let i = self.map.get(block, &self.arena.nodes)?;
         (self.arena.nodes[i as usize].at != Where::Ghost).then_some(i)
     }
 
@@ -130,7 +132,7 @@ impl Strata {
         if self.ghost.len() > self.ghost_cap {
             let g = self.ghost.pop_front(&mut self.arena.nodes).expect("ghost is not empty");
             let block = self.block_of(g);
-            self.map.remove(&block);
+            self.map.remove(block, &self.arena.nodes);
             self.arena.free(g);
         }
     }
@@ -189,7 +191,7 @@ impl Strata {
                 self.move_to_main(t);
             } else {
                 let block = self.block_of(t);
-                self.map.remove(&block);
+                self.map.remove(block, &self.arena.nodes);
                 self.arena.free(t);
                 return Some(block);
             }
@@ -216,7 +218,7 @@ impl Strata {
         let mut queue = *self.queue(at);
         queue.push_back(&mut self.arena.nodes, i);
         *self.queue(at) = queue;
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.arena.nodes);
         i
     }
 
@@ -256,7 +258,7 @@ impl Policy for Strata {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        let found = self.map.get(&a.block).copied();
+        let found = self.map.get(a.block, &self.arena.nodes);
         if let Some(i) = found {
             let node = &mut self.arena.nodes[i as usize];
             match node.at {
@@ -277,7 +279,7 @@ impl Policy for Strata {
             // A second reference within the ghost window is admitted. Otherwise there is no
             // evidence of reuse yet: serve from the origin, remember the block.
             let i = self.arena.alloc(Node { block: a.block, link: Link::NONE, at: Where::Ghost, freq: 0 });
-            self.map.insert(a.block, i);
+            self.map.insert(a.block, i, &self.arena.nodes);
             self.move_to_ghost(i);
             return Outcome::Miss;
         }
@@ -290,7 +292,7 @@ impl Policy for Strata {
             None
         };
         // The eviction may have pushed this block's own ghost out of the history.
-        match self.map.get(&a.block).copied() {
+        match self.map.get(a.block, &self.arena.nodes) {
             Some(g) => {
                 self.ghost.remove(&mut self.arena.nodes, g);
                 self.arena.nodes[g as usize].freq = 0;
@@ -312,7 +314,7 @@ impl Policy for Strata {
         let mut queue = *self.queue(at);
         queue.remove(&mut self.arena.nodes, i);
         *self.queue(at) = queue;
-        self.map.remove(&block);
+        self.map.remove(block, &self.arena.nodes);
         self.arena.free(i);
         true
     }
@@ -324,7 +326,7 @@ impl Policy for Strata {
         if self.cached() >= self.capacity {
             return Err(InsertError::Full(self.capacity));
         }
-        if let Some(g) = self.map.remove(&block) {
+        if let Some(g) = self.map.remove(block, &self.arena.nodes) {
             self.ghost.remove(&mut self.arena.nodes, g);
             self.arena.free(g);
         }
@@ -362,7 +364,7 @@ impl Policy for Strata {
         }
         let skip = entries.len().saturating_sub(self.capacity);
         for (block, _) in entries.into_iter().skip(skip) {
-            if !self.map.contains_key(&block) {
+            if !self.map.contains_key(block, &self.arena.nodes) {
                 self.add(block, Where::Restored);
             }
         }

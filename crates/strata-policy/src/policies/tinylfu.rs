@@ -207,6 +207,8 @@ struct Node {
     at: Region,
 }
 
+super::keyed_by_block!(Node);
+
 impl Linked<0> for Node {
     #[inline]
     fn link(&self) -> &Link {
@@ -342,7 +344,7 @@ impl TinyLfu {
 
     #[inline]
     fn resident(&self, block: u64) -> Option<u32> {
-        self.map.get(&block).copied()
+        self.map.get(block, &self.arena.nodes)
     }
 
     #[inline]
@@ -388,7 +390,7 @@ impl TinyLfu {
     fn drop_entry(&mut self, i: u32) -> u64 {
         let block = self.block_of(i);
         self.unlink(i);
-        self.map.remove(&block);
+        self.map.remove(block, &self.arena.nodes);
         self.dirty.set_clean(i);
         self.arena.free(i);
         block
@@ -397,7 +399,7 @@ impl TinyLfu {
     fn add(&mut self, block: u64, at: Region) -> u32 {
         let i = self.arena.alloc(Node { block, link: Link::NONE, at });
         self.push(i, at);
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.arena.nodes);
         i
     }
 
@@ -524,7 +526,7 @@ impl Policy for TinyLfu {
     #[inline]
     fn access(&mut self, a: Access) -> Outcome {
         self.sketch.increment(a.block);
-        let out = match self.map.get(&a.block).copied() {
+        let out = match self.map.get(a.block, &self.arena.nodes) {
             Some(i) => {
                 self.on_hit(i);
                 Outcome::Hit
@@ -550,7 +552,7 @@ impl Policy for TinyLfu {
     }
 
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-        if self.map.contains_key(&block) {
+        if self.map.contains_key(block, &self.arena.nodes) {
             return Err(InsertError::AlreadyCached(block));
         }
         if self.len() >= self.capacity {
@@ -590,7 +592,7 @@ impl Policy for TinyLfu {
         // Keep the hottest end when the saved cache was larger.
         let skip = entries.len().saturating_sub(self.capacity);
         for (block, tag) in entries.into_iter().skip(skip) {
-            if self.map.contains_key(&block) {
+            if self.map.contains_key(block, &self.arena.nodes) {
                 continue;
             }
             let at = match Region::from_tag(tag) {
@@ -711,7 +713,7 @@ mod tests {
             for i in list.iter(&p.arena.nodes) {
                 let n = p.arena.nodes[i as usize];
                 assert_eq!(n.at, at);
-                assert_eq!(p.map.get(&n.block), Some(&i));
+                assert_eq!(p.map.get(n.block, &p.arena.nodes), Some(i));
             }
         }
     }

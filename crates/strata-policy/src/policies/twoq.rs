@@ -24,6 +24,8 @@ struct Node {
     at: Where,
 }
 
+super::keyed_by_block!(Node);
+
 impl Linked<0> for Node {
     fn link(&self) -> &Link {
         &self.link
@@ -63,7 +65,7 @@ impl TwoQ {
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
-        let &i = self.map.get(&block)?;
+        let i = self.map.get(block, &self.arena.nodes)?;
         (self.arena.nodes[i as usize].at != Where::A1out).then_some(i)
     }
 
@@ -121,7 +123,7 @@ impl TwoQ {
     fn forget(&mut self, i: u32) {
         self.unlink(i);
         let block = self.block_of(i);
-        self.map.remove(&block);
+        self.map.remove(block, &self.arena.nodes);
         self.arena.free(i);
     }
 
@@ -145,7 +147,7 @@ impl TwoQ {
     fn add(&mut self, block: u64, at: Where) -> u32 {
         let i = self.arena.alloc(Node { block, link: Link::NONE, at });
         self.place(i, at);
-        self.map.insert(block, i);
+        self.map.insert(block, i, &self.arena.nodes);
         i
     }
 }
@@ -166,8 +168,8 @@ impl Policy for TwoQ {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
-        let ghost = match self.map.get(&a.block) {
-            Some(&i) => match self.arena.nodes[i as usize].at {
+        let ghost = match self.map.get(a.block, &self.arena.nodes) {
+            Some(i) => match self.arena.nodes[i as usize].at {
                 Where::Am => {
                     self.am.move_to_back(&mut self.arena.nodes, i);
                     return Outcome::Hit;
@@ -187,7 +189,7 @@ impl Policy for TwoQ {
         };
         // The ghost may have been pushed out of A1out by the eviction just now.
         match ghost {
-            Some(g) if self.map.get(&a.block) == Some(&g) => {
+            Some(g) if self.map.get(a.block, &self.arena.nodes) == Some(g) => {
                 self.unlink(g);
                 self.place(g, Where::Am);
             }
@@ -219,7 +221,7 @@ impl Policy for TwoQ {
         if self.cached() >= self.capacity {
             return Err(InsertError::Full(self.capacity));
         }
-        if let Some(&g) = self.map.get(&block) {
+        if let Some(g) = self.map.get(block, &self.arena.nodes) {
             self.forget(g);
         }
         let i = self.add(block, Where::Am);
@@ -247,7 +249,7 @@ impl Policy for TwoQ {
         }
         let skip = entries.len().saturating_sub(self.capacity);
         for (block, tag) in entries.into_iter().skip(skip) {
-            if !self.map.contains_key(&block) {
+            if !self.map.contains_key(block, &self.arena.nodes) {
                 self.add(block, if tag == 1 { Where::Am } else { Where::A1in });
             }
         }
