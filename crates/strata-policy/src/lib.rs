@@ -347,6 +347,14 @@ pub trait Policy {
     /// Make `block` cached without an access, e.g. when loading the mapping at start-up.
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError>;
 
+    /// Take `block` over from another policy that was serving the same workload until now,
+    /// coldest blocks first (`adaptive` switching candidates). Unlike [`Policy::insert`]
+    /// after a restart, the blocks are the workload's current ones in a known order, so a
+    /// policy that treats inserted blocks as stale (strata's restored queue) should not here.
+    fn adopt(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
+        self.insert(block, dirty)
+    }
+
     /// Mark a cached block dirty. Returns false if it is not cached.
     fn set_dirty(&mut self, block: u64) -> bool;
 

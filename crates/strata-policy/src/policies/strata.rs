@@ -222,6 +222,25 @@ impl Strata {
         i
     }
 
+    /// Caches `block` without an access, on queue `at` (insert and adopt).
+    fn place(&mut self, block: u64, dirty: bool, at: Where) -> Result<(), InsertError> {
+        if self.resident(block).is_some() {
+            return Err(InsertError::AlreadyCached(block));
+        }
+        if self.cached() >= self.capacity {
+            return Err(InsertError::Full(self.capacity));
+        }
+        if let Some(g) = self.map.remove(block, &self.arena.nodes) {
+            self.ghost.remove(&mut self.arena.nodes, g);
+            self.arena.free(g);
+        }
+        let i = self.add(block, at);
+        if dirty {
+            self.dirty.set_dirty(i);
+        }
+        Ok(())
+    }
+
     /// The list an entry at `at` is on.
     fn queue(&mut self, at: Where) -> &mut List<0> {
         match at {
@@ -319,23 +338,16 @@ impl Policy for Strata {
         true
     }
 
+    /// Known only from the mapping: no credit, first to make room (see the module doc).
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-        if self.resident(block).is_some() {
-            return Err(InsertError::AlreadyCached(block));
-        }
-        if self.cached() >= self.capacity {
-            return Err(InsertError::Full(self.capacity));
-        }
-        if let Some(g) = self.map.remove(block, &self.arena.nodes) {
-            self.ghost.remove(&mut self.arena.nodes, g);
-            self.arena.free(g);
-        }
-        // Known only from the mapping: no credit, first to make room (see the module doc).
-        let i = self.add(block, Where::Restored);
-        if dirty {
-            self.dirty.set_dirty(i);
-        }
-        Ok(())
+        self.place(block, dirty, Where::Restored)
+    }
+
+    /// A block taken over from the policy that served before (see [`Policy::adopt`]): it
+    /// joins main without credit, in the order given, so the coldest go first and nothing
+    /// is admitted on their account.
+    fn adopt(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
+        self.place(block, dirty, Where::Main)
     }
 
     /// Least valuable first: untouched restored blocks, probation, then main by rising
