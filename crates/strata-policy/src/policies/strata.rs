@@ -44,23 +44,73 @@ use crate::list::{Link, Linked, List};
 use crate::{hints, Access, HintError, InsertError, Outcome, Params, Policy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum Where {
-    Small,
-    Main,
-    Ghost,
+    Small = 0,
+    Main = 1,
+    Ghost = 2,
     /// Restored at start-up and not accessed since.
-    Restored,
+    Restored = 3,
 }
 
+/// An entry: 16 bytes, the block number sharing its word with the queue and the frequency
+/// (a cache's block numbers are byte offsets over a block size of at least 512 bytes, far
+/// below 2^60), so a cached block's whole state, ghosts and map included, stays under 40
+/// bytes.
 #[derive(Clone, Copy, Debug)]
 struct Node {
-    block: u64,
+    /// Bits 0–59 the block number, 60–61 the queue ([`Where`]), 62–63 the frequency.
+    word: u64,
     link: Link,
-    at: Where,
-    freq: u8,
 }
 
-super::keyed_by_block!(Node);
+const BLOCK_BITS: u32 = 60;
+const BLOCK_MASK: u64 = (1 << BLOCK_BITS) - 1;
+
+impl Node {
+    fn new(block: u64, at: Where) -> Node {
+        assert!(block <= BLOCK_MASK, "block number {block} is past the policy's 2^60");
+        Node { word: block | (at as u64) << BLOCK_BITS, link: Link::NONE }
+    }
+
+    #[inline]
+    fn block(&self) -> u64 {
+        self.word & BLOCK_MASK
+    }
+
+    #[inline]
+    fn at(&self) -> Where {
+        match (self.word >> BLOCK_BITS) & 3 {
+            0 => Where::Small,
+            1 => Where::Main,
+            2 => Where::Ghost,
+            _ => Where::Restored,
+        }
+    }
+
+    #[inline]
+    fn set_at(&mut self, at: Where) {
+        self.word = (self.word & !(3 << BLOCK_BITS)) | (at as u64) << BLOCK_BITS;
+    }
+
+    #[inline]
+    fn freq(&self) -> u8 {
+        (self.word >> (BLOCK_BITS + 2)) as u8
+    }
+
+    #[inline]
+    fn set_freq(&mut self, freq: u8) {
+        debug_assert!(freq <= MAX_FREQ);
+        self.word = (self.word & !(3 << (BLOCK_BITS + 2))) | (freq as u64) << (BLOCK_BITS + 2);
+    }
+}
+
+impl crate::hash::Keyed for Node {
+    #[inline]
+    fn key(&self) -> u64 {
+        self.block()
+    }
+}
 
 impl Linked<0> for Node {
     fn link(&self) -> &Link {
@@ -115,11 +165,11 @@ impl Strata {
 
     fn resident(&self, block: u64) -> Option<u32> {
         let i = self.map.get(block, &self.arena.nodes)?;
-        (self.arena.nodes[i as usize].at != Where::Ghost).then_some(i)
+        (self.arena.nodes[i as usize].at() != Where::Ghost).then_some(i)
     }
 
     fn block_of(&self, i: u32) -> u64 {
-        self.arena.nodes[i as usize].block
+        self.arena.nodes[i as usize].block()
     }
 
     fn cached(&self) -> usize {
@@ -127,7 +177,7 @@ impl Strata {
     }
 
     fn move_to_ghost(&mut self, i: u32) {
-        self.arena.nodes[i as usize].at = Where::Ghost;
+        self.arena.nodes[i as usize].set_at(Where::Ghost);
         self.ghost.push_back(&mut self.arena.nodes, i);
         if self.ghost.len() > self.ghost_cap {
             let g = self.ghost.pop_front(&mut self.arena.nodes).expect("ghost is not empty");
@@ -138,7 +188,7 @@ impl Strata {
     }
 
     fn move_to_main(&mut self, i: u32) {
-        self.arena.nodes[i as usize].at = Where::Main;
+        self.arena.nodes[i as usize].set_at(Where::Main);
         self.main.push_back(&mut self.arena.nodes, i);
     }
 
@@ -146,12 +196,12 @@ impl Strata {
     fn evict_small(&mut self) -> Option<u64> {
         while let Some(t) = self.small.pop_front(&mut self.arena.nodes) {
             let node = self.arena.nodes[t as usize];
-            if node.freq >= MOVE_TO_MAIN_HITS || self.dirty.is_dirty(t) {
-                self.arena.nodes[t as usize].freq = 0;
+            if node.freq() >= MOVE_TO_MAIN_HITS || self.dirty.is_dirty(t) {
+                self.arena.nodes[t as usize].set_freq(0);
                 self.move_to_main(t);
             } else {
                 self.move_to_ghost(t);
-                return Some(node.block);
+                return Some(node.block());
             }
         }
         None
@@ -168,13 +218,13 @@ impl Strata {
             steps -= 1;
             let dirty = self.dirty.is_dirty(t);
             let node = &mut self.arena.nodes[t as usize];
-            if node.freq > 0 || dirty {
+            if node.freq() > 0 || dirty {
                 if !dirty {
-                    node.freq -= 1;
+                    node.set_freq(node.freq() - 1);
                 }
                 self.main.move_to_back(&mut self.arena.nodes, t);
             } else {
-                let block = node.block;
+                let block = node.block();
                 self.main.remove(&mut self.arena.nodes, t);
                 self.move_to_ghost(t);
                 return Some(block);
@@ -214,7 +264,7 @@ impl Strata {
     }
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
-        let i = self.arena.alloc(Node { block, link: Link::NONE, at, freq: 0 });
+        let i = self.arena.alloc(Node::new(block, at));
         let mut queue = *self.queue(at);
         queue.push_back(&mut self.arena.nodes, i);
         *self.queue(at) = queue;
@@ -255,8 +305,8 @@ impl Strata {
     fn touch_restored(&mut self, i: u32) {
         self.restored.remove(&mut self.arena.nodes, i);
         let node = &mut self.arena.nodes[i as usize];
-        node.at = Where::Small;
-        node.freq = 1;
+        node.set_at(Where::Small);
+        node.set_freq(1);
         self.small.push_back(&mut self.arena.nodes, i);
     }
 }
@@ -280,14 +330,14 @@ impl Policy for Strata {
         let found = self.map.get(a.block, &self.arena.nodes);
         if let Some(i) = found {
             let node = &mut self.arena.nodes[i as usize];
-            match node.at {
+            match node.at() {
                 Where::Ghost => {}
                 Where::Restored => {
                     self.touch_restored(i);
                     return Outcome::Hit;
                 }
                 _ => {
-                    node.freq = (node.freq + 1).min(MAX_FREQ);
+                    node.set_freq((node.freq() + 1).min(MAX_FREQ));
                     return Outcome::Hit;
                 }
             }
@@ -297,7 +347,7 @@ impl Policy for Strata {
         if full && a.full_block && self.restored.is_empty() && found.is_none() {
             // A second reference within the ghost window is admitted. Otherwise there is no
             // evidence of reuse yet: serve from the origin, remember the block.
-            let i = self.arena.alloc(Node { block: a.block, link: Link::NONE, at: Where::Ghost, freq: 0 });
+            let i = self.arena.alloc(Node::new(a.block, Where::Ghost));
             self.map.insert(a.block, i, &self.arena.nodes);
             self.move_to_ghost(i);
             return Outcome::Miss;
@@ -314,7 +364,7 @@ impl Policy for Strata {
         match self.map.get(a.block, &self.arena.nodes) {
             Some(g) => {
                 self.ghost.remove(&mut self.arena.nodes, g);
-                self.arena.nodes[g as usize].freq = 0;
+                self.arena.nodes[g as usize].set_freq(0);
                 self.move_to_main(g);
             }
             None => {
@@ -329,7 +379,7 @@ impl Policy for Strata {
             return false;
         };
         self.dirty.set_clean(i);
-        let at = self.arena.nodes[i as usize].at;
+        let at = self.arena.nodes[i as usize].at();
         let mut queue = *self.queue(at);
         queue.remove(&mut self.arena.nodes, i);
         *self.queue(at) = queue;
@@ -357,7 +407,7 @@ impl Policy for Strata {
         let nodes = &self.arena.nodes;
         let tag = |i: u32| {
             let n = nodes[i as usize];
-            (n.block, (((n.at == Where::Main) as u8) << 2) | n.freq)
+            (n.block(), (((n.at() == Where::Main) as u8) << 2) | n.freq())
         };
         let mut main: Vec<(u64, u8)> = self.main.iter(nodes).map(tag).collect();
         main.sort_by_key(|&(_, t)| t & 3);
@@ -395,6 +445,30 @@ mod tests {
     use super::*;
 
     const CAP: usize = 100;
+
+    /// The bound for the default policy's state: at most 40 bytes per cached block,
+    /// ghosts, map and dirty bookkeeping included, at any size.
+    #[test]
+    fn a_cached_block_costs_at_most_40_bytes() {
+        assert_eq!(std::mem::size_of::<Node>(), 16);
+        for capacity in [1_000, 100_000, 1 << 20, 3 << 20] {
+            let p = Strata::new(capacity, &Params::default());
+            assert!(p.bytes_per_entry() <= 40.0, "{capacity} blocks: {} B each", p.bytes_per_entry());
+        }
+    }
+
+    #[test]
+    fn a_node_keeps_its_fields_apart() {
+        let mut n = Node::new(BLOCK_MASK, Where::Restored);
+        for at in [Where::Small, Where::Main, Where::Ghost, Where::Restored] {
+            for freq in 0..=MAX_FREQ {
+                n.set_at(at);
+                n.set_freq(freq);
+                assert_eq!((n.block(), n.at(), n.freq()), (BLOCK_MASK, at, freq));
+            }
+        }
+        assert_eq!(Node::new(7, Where::Main).block(), 7);
+    }
 
     /// A cache of `CAP` blocks `0..CAP`, each hit a few times so they earn credit, whose
     /// hints are then loaded into a fresh policy.
