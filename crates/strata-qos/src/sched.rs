@@ -12,8 +12,10 @@
 //! On a seeky device (`slice > 0`) the chosen stream keeps the device for a time slice, and
 //! when it runs out of requests the device waits up to `idle` for its next one (BFQ's and
 //! CFQ's slice idling: a synchronous reader thinking between requests keeps its slot, and a
-//! sequential reader stays sequential). A slice is charged the wall time it held the device,
-//! or its requests' cost if that is more. Without slices every request is chosen afresh.
+//! sequential reader stays sequential). So does a group furthest behind whose slice ran out
+//! between two of its requests, before another group is chosen (CFQ's group idling). A slice
+//! is charged the wall time it held the device, or its requests' cost if that is more.
+//! Without slices every request is chosen afresh.
 //!
 //! A seeky stream (more than 4 of its last 32 requests started over `SEEK_BYTES` from where
 //! its previous one ended, BFQ's and CFQ's rule) gains nothing from keeping the disk to
@@ -160,10 +162,10 @@ struct Stream {
 }
 
 /// A seeky slice goes on past its time until each of its streams that was waiting when it
-/// began has had a turn, but for at most this many slices (300 ms by default, CFQ's target
-/// latency): a set of more streams than that serves is served over several of its slices,
-/// each going on from where the last stopped, and the other groups wait at most this long.
-const ROUND_SLICES: u64 = 3;
+/// began has had a turn, but for at most this many slices: a set of more streams than that
+/// serves is served over several of its slices, each going on from where the last stopped,
+/// and the other groups wait at most twice as long for it as for any other slice.
+const ROUND_SLICES: u64 = 2;
 
 /// A request that starts further than this from where its stream's previous one ended is a
 /// seek (BFQ's and CFQ's threshold: 800 sectors).
@@ -233,6 +235,8 @@ struct Group {
     queued: usize,
     inflight: usize,
     latency_ewma_ns: f64,
+    /// When a request of the group last completed.
+    last_done: Nanos,
     counters: GroupCounters,
 }
 
@@ -317,7 +321,9 @@ struct Slice {
     /// The slice belongs to all of `stream`'s group's seeky streams; these were served in it.
     seeky: Option<Vec<StreamId>>,
     /// The seeky streams that had a request queued when the slice began: it goes on past its
-    /// time until each of them has had a turn.
+    /// time until each of them has had a turn. Not those with no history yet: they count as
+    /// seeky only until they show what they are, and a crowd of new sequential readers would
+    /// hold the device for the longest such slice once.
     owed: Vec<StreamId>,
     started: Nanos,
     charged: Nanos,
@@ -384,6 +390,7 @@ impl Scheduler {
             queued: 0,
             inflight: 0,
             latency_ewma_ns: 0.0,
+            last_done: 0,
             counters: GroupCounters { latency_buckets: vec![0; LATENCY_BUCKETS_US.len() + 1], ..Default::default() },
         };
         g.set_buckets();
@@ -525,6 +532,7 @@ impl Scheduler {
         let gid = st.group;
         let g = &mut self.groups[gid.0];
         g.inflight -= 1;
+        g.last_done = now;
         let latency = now.saturating_sub(r.submitted);
         let c = &mut g.counters;
         c.requests += 1;
@@ -554,17 +562,9 @@ impl Scheduler {
                     let done_single = sl.single && sl.taken > 0;
                     let elapsed = now.saturating_sub(started);
                     let over = elapsed >= self.tuning.slice;
-                    let owed = if seeky && over && elapsed < ROUND_SLICES * self.tuning.slice {
-                        self.still_owed()
-                    } else {
-                        Vec::new()
-                    };
-                    let expired = (over && owed.is_empty()) || done_single || self.preempted_by_cap(holder, now);
-                    let w = if seeky {
-                        self.seeky_work(holder, over.then_some(&owed[..]))
-                    } else {
-                        self.stream_work(holder)
-                    };
+                    let owes = seeky && over && elapsed < ROUND_SLICES * self.tuning.slice && self.owes_turns();
+                    let expired = (over && !owes) || done_single || self.preempted_by_cap(holder, now);
+                    let w = if seeky { self.seeky_work(holder) } else { self.stream_work(holder) };
                     if !expired {
                         match w {
                             Work::Queued(s) => match self.held(s, now) {
@@ -595,7 +595,10 @@ impl Scheduler {
                                 .streams
                                 .iter()
                                 .copied()
-                                .filter(|&x| self.stream(x).seeky() && !self.stream(x).queue.is_empty())
+                                .filter(|&x| {
+                                    let st = self.stream(x);
+                                    st.samples > 0 && st.seeky() && !st.queue.is_empty()
+                                })
                                 .collect(),
                             None => Vec::new(),
                         };
@@ -650,38 +653,22 @@ impl Scheduler {
         }
     }
 
-    /// The streams the seeky slice in progress still owes a turn: those of `owed` it has not
-    /// served that are still seeky and have a request queued, and while there are any, the
-    /// stream whose turn is going on.
-    fn still_owed(&self) -> Vec<StreamId> {
-        let Some(sl) = &self.slice else { return Vec::new() };
+    /// Whether the seeky slice in progress still owes a turn to one of `owed`: one it has not
+    /// served that is still seeky and has a request queued. Its turns go on in their order
+    /// meanwhile, to whichever stream is next, so none is passed over.
+    fn owes_turns(&self) -> bool {
+        let Some(sl) = &self.slice else { return false };
         let served = sl.seeky.as_deref().unwrap_or(&[]);
-        let mut owed: Vec<StreamId> = sl
-            .owed
-            .iter()
-            .copied()
-            .filter(|s| {
-                !served.contains(s) && self.streams[s.0].as_ref().is_some_and(|st| st.seeky() && !st.queue.is_empty())
-            })
-            .collect();
-        // The turn going on, if any, goes on: a backlogged stream keeps its few requests together.
-        if !owed.is_empty() {
-            if let Some((t, _)) = self.groups[self.stream(sl.stream).group.0].seeky_turn {
-                owed.push(t);
-            }
-        }
-        owed
+        sl.owed.iter().any(|s| {
+            !served.contains(s) && self.streams[s.0].as_ref().is_some_and(|st| st.seeky() && !st.queue.is_empty())
+        })
     }
 
-    /// What the seeky streams of `holder`'s group can do next: the one whose turn it is, of
-    /// those in `only` if given (the slice's time is up and it owes them a turn).
-    fn seeky_work(&self, holder: StreamId, only: Option<&[StreamId]>) -> Work {
+    /// What the seeky streams of `holder`'s group can do next: the one whose turn it is.
+    fn seeky_work(&self, holder: StreamId) -> Work {
         let gid = self.stream(holder).group;
-        if let Some(s) = self.seeky_turn(gid, only) {
+        if let Some(s) = self.seeky_turn(gid) {
             return Work::Queued(s);
-        }
-        if only.is_some() {
-            return Work::Gone;
         }
         let (mut running, mut thinking) = (false, None::<Nanos>);
         for &s in &self.groups[gid.0].streams {
@@ -703,13 +690,13 @@ impl Scheduler {
     }
 
     /// The seeky stream of group `gid` whose turn is next: the first with a request queued
-    /// from the group's cursor on (of those in `only` if given).
-    fn seeky_turn(&self, gid: GroupId, only: Option<&[StreamId]>) -> Option<StreamId> {
+    /// from the group's cursor on.
+    fn seeky_turn(&self, gid: GroupId) -> Option<StreamId> {
         let g = &self.groups[gid.0];
         let n = g.streams.len();
         (0..n).map(|i| g.streams[(g.seeky_next + i) % n]).find(|&s| {
             let st = self.stream(s);
-            st.seeky() && !st.queue.is_empty() && only.is_none_or(|o| o.contains(&s))
+            st.seeky() && !st.queue.is_empty()
         })
     }
 
@@ -775,6 +762,11 @@ impl Scheduler {
                     best = Some(key);
                 }
             }
+            if starving.is_none() {
+                if let Some(until) = self.thinking_ahead_of(best.map(|(l, v, _)| (l, v)), now) {
+                    return Err(Some(until));
+                }
+            }
             let (s, starved) = match (starving, best) {
                 (Some((_, s)), _) => (s, true),
                 (None, Some((_, _, gid))) => {
@@ -789,7 +781,7 @@ impl Scheduler {
                     // A seeky stream's slice is its group's seeky set's: it starts with the
                     // stream whose turn is next.
                     let s = if self.tuning.slice > 0 && self.stream(s).seeky() {
-                        self.seeky_turn(gid, None).unwrap_or(s)
+                        self.seeky_turn(gid).unwrap_or(s)
                     } else {
                         s
                     };
@@ -818,6 +810,25 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// On a seeky device, a group with nothing queued whose last request completed within the
+    /// idle window, and that goes before `best` (the first of the backlogged groups): the
+    /// device waits for its next request until the window ends, the time returned. Its slice
+    /// may have run out between two of its requests; without the wait the other groups would
+    /// take the device while it thinks, and a group of synchronous readers would get one
+    /// slice for each of theirs, however long those are, not its share.
+    fn thinking_ahead_of(&self, best: Option<(u8, f64)>, now: Nanos) -> Option<Nanos> {
+        if self.tuning.slice == 0 {
+            return None;
+        }
+        self.groups
+            .iter()
+            .filter(|g| !g.backlogged() && g.inflight == 0 && g.counters.requests > 0)
+            .filter(|g| now < g.last_done + self.tuning.idle)
+            .filter(|g| best.is_none_or(|b| (u8::from(!g.latency_missed()), g.vtime) < b))
+            .map(|g| g.last_done + self.tuning.idle)
+            .min()
     }
 
     /// When the caps allow the first request of stream `s`: `None` now.

@@ -310,6 +310,24 @@ fn seeky_streams_share_their_groups_slices() {
     assert!(min as f64 >= 0.8 * max as f64, "requests per random reader: {served:?}");
 }
 
+/// Seed 001's second experiment: a random reader thinking 50 µs between requests against 16
+/// random writers at iodepth 4 in another group. The writers' slices run past their time to
+/// give each of them a turn; the reader's slices end between two of its requests. It still
+/// gets half the device time: its group, furthest behind, keeps the device through its
+/// think time rather than handing it to the writers each time.
+#[test]
+fn a_thinking_group_keeps_its_share_against_a_crowd_of_seeky_streams() {
+    let mut sim = Sim::hdd();
+    let lone = sim.weighted("lone", 100);
+    let busy = sim.weighted("busy", 100);
+    sim.client(lone, 1, 50_000, Pattern::Random, 0);
+    for _ in 0..16 {
+        sim.client(busy, 4, 0, Pattern::Local, 0);
+    }
+    sim.run_until(60 * SEC);
+    assert_ratio(sim.device_ns[lone], sim.device_ns[busy], 100, 100, "groups");
+}
+
 /// Seed 001's second experiment, alone: 16 random writers at iodepth 4, each in its own
 /// region. They are seeky, but each keeps requests queued, so each goes on for a few requests
 /// while it is not ahead of the others, and the seeks between its own requests are short: the
