@@ -12,20 +12,34 @@
 //! On a seeky device (`slice > 0`) the chosen stream keeps the device for a time slice, and
 //! when it runs out of requests the device waits up to `idle` for its next one (BFQ's and
 //! CFQ's slice idling: a synchronous reader thinking between requests keeps its slot, and a
-//! sequential reader stays sequential). A slice is charged the wall time it held the device,
-//! or its requests' cost if that is more. Without slices every request is chosen afresh.
+//! sequential reader stays sequential). So does a group furthest behind whose slice ran out
+//! between two of its requests, before another group is chosen (CFQ's group idling). A slice
+//! is charged the wall time it held the device, or its requests' cost if that is more.
+//! Without slices every request is chosen afresh.
 //!
 //! A seeky stream (more than 4 of its last 32 requests started over `SEEK_BYTES` from where
 //! its previous one ended, BFQ's and CFQ's rule) gains nothing from keeping the disk to
 //! itself, and a group of many seeky streams taking a slice each would make every one of them
 //! wait for all the others' slices. So when a seeky stream is chosen, the slice goes to all
-//! of its group's seeky streams together (CFQ's sync-noidle service tree): the one furthest
-//! behind first, except that the stream served last goes on if it keeps several requests
-//! queued and is at most a quarter slice of device time ahead of the others (a seeky stream's
-//! requests often lie near each other, in its own file or region: BFQ serves a backlogged
-//! queue's budget in a row), with one idle window when none of them has a request. The
-//! time such a slice held the device beyond its requests' cost is shared among the streams it
-//! served.
+//! of its group's seeky streams together (CFQ's sync-noidle service tree), with one idle
+//! window when none of them has a request. The time such a slice held the device beyond its
+//! requests' cost is shared among the streams it served.
+//!
+//! The seeky streams take turns round-robin, in a fixed order, each slice of theirs going on
+//! from where the previous one stopped; and a slice of theirs goes on past its time until
+//! every one of them that was waiting when it began has had its turn (for at most
+//! `ROUND_SLICES` slices). So each waits for one round of its set's requests and one stretch
+//! of the other groups' slices. Served by least service instead, a stream served early in one
+//! slice could be passed over in the next while the others caught up, and wait through two
+//! or three of the other groups' slices: 16 random readers at iodepth 1 against a busy group
+//! waited three times as long as one did, where a round of them takes about as long as a
+//! slice. The time a slice runs over is charged to the group like the rest, so the other
+//! groups get it back by the usual accounting. A turn is one request, or a few while the
+//! stream keeps requests queued and they cost under a quarter slice beyond the first (a seeky
+//! stream's requests often lie near each other, in its own file or region: BFQ serves a
+//! backlogged queue's budget in a row). The seek to a turn's first request is not counted:
+//! it depends on where the stream before it in the order left the head, and counting it would
+//! give the streams that follow a far one fewer requests, turn after turn.
 //!
 //! Caps (`riops`, `wiops`, `rbps`, `wbps`) are token buckets per group: after idling a group
 //! may take `burst_ms` worth at once; while it has requests queued its buckets fill only up
@@ -147,6 +161,12 @@ struct Stream {
     open: bool,
 }
 
+/// A seeky slice goes on past its time until each of its streams that was waiting when it
+/// began has had a turn, but for at most this many slices: a set of more streams than that
+/// serves is served over several of its slices, each going on from where the last stopped,
+/// and the other groups wait at most twice as long for it as for any other slice.
+const ROUND_SLICES: u64 = 2;
+
 /// A request that starts further than this from where its stream's previous one ended is a
 /// seek (BFQ's and CFQ's threshold: 800 sectors).
 pub const SEEK_BYTES: u64 = 800 * 512;
@@ -204,6 +224,10 @@ struct Group {
     /// The virtual time of the stream last chosen in this group.
     stream_vnow: f64,
     streams: Vec<StreamId>,
+    /// Where in `streams` the seeky set's next turn is looked for, carried from one of the
+    /// set's slices to the next; and the stream whose turn is going on, with its cost so far.
+    seeky_next: usize,
+    seeky_turn: Option<(StreamId, Nanos)>,
     own: StreamId,
     /// riops, wiops, rbps, wbps.
     buckets: [Option<Bucket>; 4],
@@ -211,6 +235,8 @@ struct Group {
     queued: usize,
     inflight: usize,
     latency_ewma_ns: f64,
+    /// When a request of the group last completed.
+    last_done: Nanos,
     counters: GroupCounters,
 }
 
@@ -294,9 +320,11 @@ struct Slice {
     stream: StreamId,
     /// The slice belongs to all of `stream`'s group's seeky streams; these were served in it.
     seeky: Option<Vec<StreamId>>,
-    /// The stream served last in the slice, and whether it had more requests queued then.
-    last: StreamId,
-    last_backlogged: bool,
+    /// The seeky streams that had a request queued when the slice began: it goes on past its
+    /// time until each of them has had a turn. Not those with no history yet: they count as
+    /// seeky only until they show what they are, and a crowd of new sequential readers would
+    /// hold the device for the longest such slice once.
+    owed: Vec<StreamId>,
     started: Nanos,
     charged: Nanos,
     /// Ends after one request (a stream served because it waited too long).
@@ -354,12 +382,15 @@ impl Scheduler {
             vtime: self.vnow,
             stream_vnow: 0.0,
             streams: Vec::new(),
+            seeky_next: 0,
+            seeky_turn: None,
             own: StreamId(usize::MAX),
             buckets: Default::default(),
             throttled_since: None,
             queued: 0,
             inflight: 0,
             latency_ewma_ns: 0.0,
+            last_done: 0,
             counters: GroupCounters { latency_buckets: vec![0; LATENCY_BUCKETS_US.len() + 1], ..Default::default() },
         };
         g.set_buckets();
@@ -430,8 +461,14 @@ impl Scheduler {
         if st.open || !st.queue.is_empty() || st.inflight > 0 {
             return;
         }
-        let g = st.group;
-        self.groups[g.0].streams.retain(|x| *x != s);
+        let gid = st.group;
+        let g = &mut self.groups[gid.0];
+        if let Some(i) = g.streams.iter().position(|x| *x == s) {
+            g.streams.remove(i);
+            if i < g.seeky_next {
+                g.seeky_next -= 1;
+            }
+        }
         self.streams[s.0] = None;
         self.free_streams.push(s.0);
         if self.slice.as_ref().is_some_and(|sl| sl.stream == s) {
@@ -495,6 +532,7 @@ impl Scheduler {
         let gid = st.group;
         let g = &mut self.groups[gid.0];
         g.inflight -= 1;
+        g.last_done = now;
         let latency = now.saturating_sub(r.submitted);
         let c = &mut g.counters;
         c.requests += 1;
@@ -520,11 +558,13 @@ impl Scheduler {
                     if sl.seeky.is_none() && !sl.single && holder_seeky {
                         sl.seeky = Some(vec![sl.stream]);
                     }
-                    let (holder, seeky, last) = (sl.stream, sl.seeky.is_some(), (sl.last, sl.last_backlogged));
-                    let expired = now.saturating_sub(sl.started) >= self.tuning.slice
-                        || (sl.single && sl.taken > 0)
-                        || self.preempted_by_cap(holder, now);
-                    let w = if seeky { self.seeky_work(holder, last) } else { self.stream_work(holder) };
+                    let (holder, seeky, started) = (sl.stream, sl.seeky.is_some(), sl.started);
+                    let done_single = sl.single && sl.taken > 0;
+                    let elapsed = now.saturating_sub(started);
+                    let over = elapsed >= self.tuning.slice;
+                    let owes = seeky && over && elapsed < ROUND_SLICES * self.tuning.slice && self.owes_turns();
+                    let expired = (over && !owes) || done_single || self.preempted_by_cap(holder, now);
+                    let w = if seeky { self.seeky_work(holder) } else { self.stream_work(holder) };
                     if !expired {
                         match w {
                             Work::Queued(s) => match self.held(s, now) {
@@ -550,16 +590,20 @@ impl Scheduler {
                     if self.tuning.slice > 0 {
                         // A stream served because it waited too long gets one request, not a slice.
                         let seeky = (!starved && self.stream(s).seeky()).then(Vec::new);
-                        self.slice = Some(Slice {
-                            stream: s,
-                            seeky,
-                            last: s,
-                            last_backlogged: false,
-                            started: now,
-                            charged: 0,
-                            single: starved,
-                            taken: 0,
-                        });
+                        let owed = match seeky {
+                            Some(_) => self.groups[self.stream(s).group.0]
+                                .streams
+                                .iter()
+                                .copied()
+                                .filter(|&x| {
+                                    let st = self.stream(x);
+                                    st.samples > 0 && st.seeky() && !st.queue.is_empty()
+                                })
+                                .collect(),
+                            None => Vec::new(),
+                        };
+                        self.slice =
+                            Some(Slice { stream: s, seeky, owed, started: now, charged: 0, single: starved, taken: 0 });
                     }
                     out.push(self.send(s, now));
                 }
@@ -609,40 +653,51 @@ impl Scheduler {
         }
     }
 
-    /// What the seeky streams of `holder`'s group can do next: the stream served last if it
-    /// keeps several requests queued (`backlogged`: it had more when its last one went) and is
-    /// at most a quarter slice ahead of the others (a few requests in a row: a seeky stream's
-    /// requests often lie near each other, in its own file or region), else the one furthest
-    /// behind with a request queued.
-    fn seeky_work(&self, holder: StreamId, (last, backlogged): (StreamId, bool)) -> Work {
-        let g = &self.groups[self.stream(holder).group.0];
-        let (mut behind, mut running, mut thinking) = (None::<(f64, StreamId)>, false, None::<Nanos>);
-        for &s in &g.streams {
+    /// Whether the seeky slice in progress still owes a turn to one of `owed`: one it has not
+    /// served that is still seeky and has a request queued. Its turns go on in their order
+    /// meanwhile, to whichever stream is next, so none is passed over.
+    fn owes_turns(&self) -> bool {
+        let Some(sl) = &self.slice else { return false };
+        let served = sl.seeky.as_deref().unwrap_or(&[]);
+        sl.owed.iter().any(|s| {
+            !served.contains(s) && self.streams[s.0].as_ref().is_some_and(|st| st.seeky() && !st.queue.is_empty())
+        })
+    }
+
+    /// What the seeky streams of `holder`'s group can do next: the one whose turn it is.
+    fn seeky_work(&self, holder: StreamId) -> Work {
+        let gid = self.stream(holder).group;
+        if let Some(s) = self.seeky_turn(gid) {
+            return Work::Queued(s);
+        }
+        let (mut running, mut thinking) = (false, None::<Nanos>);
+        for &s in &self.groups[gid.0].streams {
             let st = self.stream(s);
             if !st.seeky() {
                 continue;
             }
-            if !st.queue.is_empty() {
-                if behind.is_none_or(|(v, _)| st.vtime < v) {
-                    behind = Some((st.vtime, s));
-                }
-            } else if st.inflight > 0 {
+            if st.inflight > 0 {
                 running = true;
             } else if st.open {
                 thinking = Some(thinking.unwrap_or(0).max(st.last_done));
             }
         }
-        if let (Some((vmin, _)), Some(st)) = (behind, self.streams[last.0].as_ref()) {
-            if backlogged && st.seeky() && !st.queue.is_empty() && st.vtime <= vmin + (self.tuning.slice / 4) as f64 {
-                return Work::Queued(last);
-            }
+        match (running, thinking) {
+            (true, _) => Work::Running,
+            (false, Some(t)) => Work::Thinking(t),
+            (false, None) => Work::Gone,
         }
-        match (behind, running, thinking) {
-            (Some((_, s)), _, _) => Work::Queued(s),
-            (None, true, _) => Work::Running,
-            (None, false, Some(t)) => Work::Thinking(t),
-            (None, false, None) => Work::Gone,
-        }
+    }
+
+    /// The seeky stream of group `gid` whose turn is next: the first with a request queued
+    /// from the group's cursor on.
+    fn seeky_turn(&self, gid: GroupId) -> Option<StreamId> {
+        let g = &self.groups[gid.0];
+        let n = g.streams.len();
+        (0..n).map(|i| g.streams[(g.seeky_next + i) % n]).find(|&s| {
+            let st = self.stream(s);
+            st.seeky() && !st.queue.is_empty()
+        })
     }
 
     /// Charges the slice's holders the wall time it held the device, if more than their
@@ -707,6 +762,11 @@ impl Scheduler {
                     best = Some(key);
                 }
             }
+            if starving.is_none() {
+                if let Some(until) = self.thinking_ahead_of(best.map(|(l, v, _)| (l, v)), now) {
+                    return Err(Some(until));
+                }
+            }
             let (s, starved) = match (starving, best) {
                 (Some((_, s)), _) => (s, true),
                 (None, Some((_, _, gid))) => {
@@ -718,6 +778,13 @@ impl Scheduler {
                         .filter(|&s| !self.stream(s).queue.is_empty())
                         .min_by(|a, b| self.stream(*a).vtime.total_cmp(&self.stream(*b).vtime))
                         .expect("a backlogged group has a stream with requests");
+                    // A seeky stream's slice is its group's seeky set's: it starts with the
+                    // stream whose turn is next.
+                    let s = if self.tuning.slice > 0 && self.stream(s).seeky() {
+                        self.seeky_turn(gid).unwrap_or(s)
+                    } else {
+                        s
+                    };
                     (s, false)
                 }
                 (None, None) => return Err(held),
@@ -743,6 +810,25 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// On a seeky device, a group with nothing queued whose last request completed within the
+    /// idle window, and that goes before `best` (the first of the backlogged groups): the
+    /// device waits for its next request until the window ends, the time returned. Its slice
+    /// may have run out between two of its requests; without the wait the other groups would
+    /// take the device while it thinks, and a group of synchronous readers would get one
+    /// slice for each of theirs, however long those are, not its share.
+    fn thinking_ahead_of(&self, best: Option<(u8, f64)>, now: Nanos) -> Option<Nanos> {
+        if self.tuning.slice == 0 {
+            return None;
+        }
+        self.groups
+            .iter()
+            .filter(|g| !g.backlogged() && g.inflight == 0 && g.counters.requests > 0)
+            .filter(|g| now < g.last_done + self.tuning.idle)
+            .filter(|g| best.is_none_or(|b| (u8::from(!g.latency_missed()), g.vtime) < b))
+            .map(|g| g.last_done + self.tuning.idle)
+            .min()
     }
 
     /// When the caps allow the first request of stream `s`: `None` now.
@@ -783,11 +869,26 @@ impl Scheduler {
         if let Some(sl) = &mut self.slice {
             sl.charged += cost;
             sl.taken += 1;
-            sl.last = s;
-            sl.last_backlogged = self.streams[s.0].as_ref().is_some_and(|st| !st.queue.is_empty());
             if let Some(served) = &mut sl.seeky {
                 if !served.contains(&s) {
                     served.push(s);
+                }
+                // The turn goes on while the stream keeps requests queued and they have cost
+                // under a quarter slice beyond the first, into the set's next slice if this one
+                // ends first.
+                let backlogged = self.streams[s.0].as_ref().is_some_and(|st| !st.queue.is_empty());
+                let g = &mut self.groups[gid.0];
+                let turn = match g.seeky_turn {
+                    Some((t, ns)) if t == s => ns + cost,
+                    _ => 0,
+                };
+                let i = g.streams.iter().position(|x| *x == s).unwrap_or(0);
+                if backlogged && turn < self.tuning.slice / 4 {
+                    g.seeky_turn = Some((s, turn));
+                    g.seeky_next = i;
+                } else {
+                    g.seeky_turn = None;
+                    g.seeky_next = i + 1;
                 }
             }
         }
