@@ -6,11 +6,11 @@
 //! In a test binary of its own: the reaping runtime is process-wide.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use strata_io::file::{FileDev, FileOptions};
-use strata_io::{BlockDev, BoxFut, Buf, Extent, Result as IoResult, ZeroFlags};
+use strata_io::testing::recording::Event;
+use strata_io::testing::Recording;
 use strata_nbd::proto::*;
 use strata_nbd::{Export, Limits, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,49 +19,9 @@ use tokio::net::UnixStream;
 const BLOCK: u64 = 4096;
 const N: u64 = 48;
 
-/// The file device, with the order in which writes completed and flushes started.
-struct Recorder {
-    dev: FileDev,
-    clock: AtomicU64,
-    /// Offset of each completed write and when it completed.
-    writes: Mutex<Vec<(u64, u64)>>,
-    flushes: Mutex<Vec<u64>>,
-}
-
-impl BlockDev for Recorder {
-    fn size(&self) -> u64 {
-        self.dev.size()
-    }
-    fn describe(&self) -> String {
-        "recorder".into()
-    }
-    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, IoResult<Buf>> {
-        self.dev.read(offset, buf)
-    }
-    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, IoResult<Buf>> {
-        Box::pin(async move {
-            let r = self.dev.write(offset, buf, fua).await;
-            self.writes.lock().unwrap().push((offset, self.clock.fetch_add(1, Ordering::SeqCst)));
-            r
-        })
-    }
-    fn flush(&self) -> BoxFut<'_, IoResult<()>> {
-        self.flushes.lock().unwrap().push(self.clock.fetch_add(1, Ordering::SeqCst));
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, IoResult<()>> {
-        self.dev.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, IoResult<()>> {
-        self.dev.write_zeroes(offset, len, flags)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, IoResult<Vec<Extent>>> {
-        self.dev.block_status(offset, len)
-    }
-}
-
-fn pattern(block: u64) -> Vec<u8> {
-    (0..BLOCK).map(|i| (block * 31 + i / 512) as u8 ^ 0xA5).collect()
+/// Block `block`'s contents, distinct for every block.
+fn pattern(block: u64) -> strata_io::Buf {
+    strata_io::testing::pattern(block, 0, BLOCK as usize)
 }
 
 fn request(b: &mut Vec<u8>, kind: u16, flags: u16, cookie: u64, offset: u64, length: u32) {
@@ -125,7 +85,7 @@ async fn pipelined_requests_all_get_their_replies_in_order_with_flushes() {
     let opts = FileOptions { create_size: Some(2 * N * BLOCK), ..Default::default() };
     let dev = FileDev::open(&dir.path().join("f"), &opts).unwrap();
     assert!(dev.is_direct(), "the test needs a file system that takes O_DIRECT");
-    let rec = Arc::new(Recorder { dev, clock: AtomicU64::new(0), writes: Mutex::default(), flushes: Mutex::default() });
+    let rec = Arc::new(Recording::new(dev));
     let export = Export { name: "f".into(), description: String::new(), dev: rec.clone(), read_only: false };
     let s = Server::new(vec![export], Limits::default()).unwrap();
     let mut c = negotiate(&s).await;
@@ -143,7 +103,7 @@ async fn pipelined_requests_all_get_their_replies_in_order_with_flushes() {
     let got = replies(&mut c, N as usize + 1, &[]).await;
     assert_eq!(got[&900].0, EINVAL, "a FLUSH with a READ's flag is refused");
     assert!((1..=N).all(|k| got[&k] == (0, None)), "every write succeeds: {got:?}");
-    let acked = rec.writes.lock().unwrap().len();
+    let acked = rec.events().iter().filter(|e| matches!(e, Event::WriteDone(_))).count();
     assert_eq!(acked, N as usize);
 
     // 2. A flush, N more writes and reads of the first N blocks in one socket write: the
@@ -159,9 +119,10 @@ async fn pipelined_requests_all_get_their_replies_in_order_with_flushes() {
     let reads: Vec<u64> = (2001..2001 + N).collect();
     let got = replies(&mut c, 1 + 2 * N as usize, &reads).await;
     assert_eq!(got[&1000], (0, None));
-    let flush_at = *rec.flushes.lock().unwrap().first().expect("the flush reached the device");
-    let writes = rec.writes.lock().unwrap().clone();
-    assert!(writes[..acked].iter().all(|&(_, t)| t < flush_at), "the flush started before an acknowledged write");
+    let events = rec.events();
+    let flush_at = events.iter().position(|&e| e == Event::Flush).expect("the flush reached the device");
+    let done_before = events[..flush_at].iter().filter(|e| matches!(e, Event::WriteDone(_))).count();
+    assert!(done_before >= acked, "the flush started before an acknowledged write");
     for i in 0..N {
         assert_eq!(got[&(1001 + i)], (0, None));
         assert_eq!(got[&(2001 + i)].1.as_deref(), Some(&pattern(i)[..]), "read of block {i}");

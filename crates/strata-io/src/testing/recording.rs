@@ -1,6 +1,8 @@
 //! A device that records the offset and length of every read and write it passes on, in
 //! order: tests of the order and size of the IO a target sends its origin. Writes can be
 //! held (recorded when issued, passed on when released), to catch a target between two.
+//! Writes done and flushes started are also kept in one order ([`Event`]), for tests of what
+//! a flush may overtake.
 
 use crate::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
 use parking_lot::Mutex;
@@ -8,17 +10,31 @@ use parking_lot::Mutex;
 /// (offset, length) of each IO, in order.
 pub type Log = Vec<(u64, u64)>;
 
+/// A write that completed (its offset) or a flush that started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    WriteDone(u64),
+    Flush,
+}
+
 pub struct Recording<D> {
     pub inner: D,
     reads: Mutex<Log>,
     writes: Mutex<Log>,
+    events: Mutex<Vec<Event>>,
     held: tokio::sync::watch::Sender<bool>,
 }
 
 impl<D: BlockDev> Recording<D> {
     pub fn new(inner: D) -> Recording<D> {
         let (held, _) = tokio::sync::watch::channel(false);
-        Recording { inner, reads: Mutex::new(Vec::new()), writes: Mutex::new(Vec::new()), held }
+        Recording {
+            inner,
+            reads: Mutex::new(Vec::new()),
+            writes: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
+            held,
+        }
     }
 
     /// While held, writes are recorded when issued but wait before they go on.
@@ -29,6 +45,11 @@ impl<D: BlockDev> Recording<D> {
     /// The writes recorded since the last `take`, without taking them.
     pub fn writes(&self) -> Log {
         self.writes.lock().clone()
+    }
+
+    /// Every write completed and flush started so far, in order.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().clone()
     }
 
     /// The reads and writes recorded since the last call.
@@ -56,11 +77,14 @@ impl<D: BlockDev> BlockDev for Recording<D> {
         let mut held = self.held.subscribe();
         Box::pin(async move {
             let _ = held.wait_for(|h| !h).await;
-            self.inner.write(offset, buf, fua).await
+            let done = self.inner.write(offset, buf, fua).await;
+            self.events.lock().push(Event::WriteDone(offset));
+            done
         })
     }
 
     fn flush(&self) -> BoxFut<'_, Result<()>> {
+        self.events.lock().push(Event::Flush);
         self.inner.flush()
     }
 
