@@ -462,6 +462,7 @@ impl Scheduler {
             return;
         }
         let gid = st.group;
+        self.leave_slice(s, gid);
         let g = &mut self.groups[gid.0];
         if let Some(i) = g.streams.iter().position(|x| *x == s) {
             g.streams.remove(i);
@@ -471,8 +472,29 @@ impl Scheduler {
         }
         self.streams[s.0] = None;
         self.free_streams.push(s.0);
-        if self.slice.as_ref().is_some_and(|sl| sl.stream == s) {
-            self.slice = None;
+    }
+
+    /// Stream `s` of group `gid` goes: the slice in progress forgets it. A seeky slice is its
+    /// group's, not its holder's: it goes on under another of the group's streams, or the
+    /// streams still waiting for their turn in it would lose that turn and wait through the
+    /// other groups' slices once more. Any other slice of `s` ends here.
+    fn leave_slice(&mut self, s: StreamId, gid: GroupId) {
+        let Some(sl) = &mut self.slice else { return };
+        sl.owed.retain(|&x| x != s);
+        if let Some(served) = &mut sl.seeky {
+            served.retain(|&x| x != s);
+        }
+        if sl.stream != s {
+            return;
+        }
+        let others = self.groups[gid.0].streams.iter().copied().filter(|&x| x != s);
+        let heir = match sl.seeky {
+            Some(_) => others.min_by_key(|&x| !self.streams[x.0].as_ref().is_some_and(Stream::seeky)),
+            None => None,
+        };
+        match (heir, &mut self.slice) {
+            (Some(h), Some(sl)) => sl.stream = h,
+            _ => self.slice = None,
         }
     }
 

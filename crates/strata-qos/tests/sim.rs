@@ -32,6 +32,9 @@ struct Client {
     /// Where its random and sequential requests fall: `len` bytes from `base`.
     base: u64,
     len: u64,
+    /// Submits nothing from this time on, and closes its stream once its requests are done
+    /// (a fio job whose runtime is over).
+    leaves: Nanos,
 }
 
 struct Sim {
@@ -97,7 +100,16 @@ impl Sim {
     fn client(&mut self, group: usize, depth: usize, think: Nanos, pattern: Pattern, start: Nanos) -> usize {
         let stream = self.sched.open_stream(self.groups[group]);
         let next_offset = self.rng.gen_range(0..DISK / 4096) * 4096;
-        self.clients.push(Client { stream, group, think, pattern, next_offset, base: 0, len: DISK });
+        self.clients.push(Client {
+            stream,
+            group,
+            think,
+            pattern,
+            next_offset,
+            base: 0,
+            len: DISK,
+            leaves: Nanos::MAX,
+        });
         self.waits.push(Vec::new());
         let c = self.clients.len() - 1;
         for _ in 0..depth {
@@ -180,7 +192,12 @@ impl Sim {
                     self.on_device = None;
                     self.sched.complete(t, self.now);
                     let (c, _, _) = self.tickets.remove(&t).unwrap();
-                    self.due.push((self.now + self.clients[c].think, c));
+                    let cl = &self.clients[c];
+                    if self.now + cl.think < cl.leaves {
+                        self.due.push((self.now + cl.think, c));
+                    } else if !self.tickets.values().any(|&(o, _, _)| o == c) {
+                        self.sched.close_stream(cl.stream);
+                    }
                 }
             }
         }
@@ -414,6 +431,13 @@ fn no_stream_starves() {
 /// in another. Returns the random readers' worst wait from submission to dispatch and the
 /// bytes each group was served.
 fn experiment4(random: usize, shuffled: bool) -> (Nanos, u64, u64) {
+    experiment4_until(random, shuffled, 60 * SEC, None)
+}
+
+/// `experiment4` until `end`; with `leaving`, the random readers stop one after another from
+/// that time on, `LEAVE_GAP` apart (fio's jobs, which end each its own runtime after it
+/// connected).
+fn experiment4_until(random: usize, shuffled: bool, end: Nanos, leaving: Option<Nanos>) -> (Nanos, u64, u64) {
     const HALF: u64 = 4 << 30;
     let mut sim = Sim::hdd_of(2 * HALF);
     let seq = sim.weighted("seq", 100);
@@ -428,10 +452,38 @@ fn experiment4(random: usize, shuffled: bool) -> (Nanos, u64, u64) {
     }
     let readers: Vec<usize> =
         order.into_iter().map(|i| sim.client_in(rand, 50_000, Pattern::Random, HALF + i * part, part)).collect();
-    sim.run_until(60 * SEC);
+    if let Some(from) = leaving {
+        for (i, &c) in readers.iter().enumerate() {
+            sim.clients[c].leaves = from + i as Nanos * LEAVE_GAP;
+        }
+    }
+    sim.run_until(end);
     let worst = readers.iter().flat_map(|&c| sim.waits[c].iter().copied()).max().unwrap_or(0);
     let bytes = |g: usize| sim.dispatched[g].len() as u64 * 4096;
     (worst, bytes(rand), bytes(seq))
+}
+
+const LEAVE_GAP: Nanos = 3 * MS;
+
+/// Experiment 4's end: the random readers leave one after another. The seeky slice in
+/// progress is the group's, so the readers still waiting for their turn in it keep that turn
+/// when the stream that began it goes; none waits longer than if all had stayed, and within
+/// twice what one reader waits.
+#[test]
+fn readers_that_leave_do_not_cost_the_others_their_turn() {
+    let (worst1, _, _) = experiment4_until(1, false, 12 * SEC, Some(10 * SEC));
+    for shuffled in [false, true] {
+        let (leaving, _, _) = experiment4_until(16, shuffled, 12 * SEC, Some(10 * SEC));
+        let (staying, _, _) = experiment4_until(16, shuffled, 12 * SEC, None);
+        eprintln!(
+            "shuffled {shuffled}: worst wait {} ms as 16 readers leave, {} ms if they stay, {} ms for one reader",
+            leaving / MS,
+            staying / MS,
+            worst1 / MS
+        );
+        assert!(leaving <= staying, "shuffled {shuffled}: {} ms leaving, {} ms staying", leaving / MS, staying / MS);
+        assert!(leaving <= 2 * worst1, "shuffled {shuffled}: {} ms, one reader {} ms", leaving / MS, worst1 / MS);
+    }
 }
 
 /// Seed 001's fourth experiment against the targets: with 16 random readers rather
