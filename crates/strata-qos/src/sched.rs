@@ -14,7 +14,10 @@
 //! CFQ's slice idling: a synchronous reader thinking between requests keeps its slot, and a
 //! sequential reader stays sequential). So does a group furthest behind whose slice ran out
 //! between two of its requests, before another group is chosen (CFQ's group idling). A slice
-//! is charged the wall time it held the device, or its requests' cost if that is more.
+//! is charged the wall time it held the device, or its requests' cost if that is more. A
+//! sequential stream's slice starts once the head is back where the stream left off: the
+//! seek there is the price of switching, not the stream's service, and charged to its slice
+//! it cost a lone sequential reader a sixth of its half against one random reader.
 //! Without slices every request is chosen afresh.
 //!
 //! A seeky stream (more than 4 of its last 32 requests started over `SEEK_BYTES` from where
@@ -624,8 +627,11 @@ impl Scheduler {
                                 .collect(),
                             None => Vec::new(),
                         };
+                        // A sequential stream's slice starts once the head is back where it
+                        // left off: the seek there is the price of switching, not its service.
+                        let started = if seeky.is_none() && !starved { now + self.switch_seek(s) } else { now };
                         self.slice =
-                            Some(Slice { stream: s, seeky, owed, started: now, charged: 0, single: starved, taken: 0 });
+                            Some(Slice { stream: s, seeky, owed, started, charged: 0, single: starved, taken: 0 });
                     }
                     out.push(self.send(s, now));
                 }
@@ -659,6 +665,18 @@ impl Scheduler {
             }
         }
         false
+    }
+
+    /// The cost of stream `s`'s first request from where the head is, beyond its cost from
+    /// where the stream's previous request ended.
+    fn switch_seek(&self, s: StreamId) -> Nanos {
+        let st = self.stream(s);
+        let Some(p) = st.queue.front() else { return 0 };
+        if st.last_end == u64::MAX || !matches!(p.req.op, Op::Read | Op::Write) {
+            return 0;
+        }
+        let (op, offset, len) = (p.req.op, p.req.offset, p.req.len);
+        self.cost.cost(op, offset, len, self.head).saturating_sub(self.cost.cost(op, offset, len, st.last_end))
     }
 
     /// What the holder of a stream's slice can do next.
