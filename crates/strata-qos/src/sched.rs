@@ -14,10 +14,11 @@
 //! CFQ's slice idling: a synchronous reader thinking between requests keeps its slot, and a
 //! sequential reader stays sequential). So does a group furthest behind whose slice ran out
 //! between two of its requests, before another group is chosen (CFQ's group idling). A slice
-//! is charged the wall time it held the device, or its requests' cost if that is more. A
-//! sequential stream's slice starts once the head is back where the stream left off: the
-//! seek there is the price of switching, not the stream's service, and charged to its slice
-//! it cost a lone sequential reader a sixth of its half against one random reader.
+//! is charged the wall time it held the device (up to its allowance, its last request and the
+//! idle window: more is a stall of the host or the device), or its requests' cost if that is
+//! more. A sequential stream's slice starts once the head is back where the stream left off:
+//! the seek there is the price of switching, not the stream's service, and charged to its
+//! slice it cost a lone sequential reader a sixth of its half against one random reader.
 //! Without slices every request is chosen afresh.
 //!
 //! A seeky stream (more than 4 of its last 32 requests started over `SEEK_BYTES` from where
@@ -330,6 +331,8 @@ struct Slice {
     owed: Vec<StreamId>,
     started: Nanos,
     charged: Nanos,
+    /// The modelled cost of the last request sent in it.
+    last_cost: Nanos,
     /// Ends after one request (a stream served because it waited too long).
     single: bool,
     taken: u32,
@@ -630,8 +633,16 @@ impl Scheduler {
                         // A sequential stream's slice starts once the head is back where it
                         // left off: the seek there is the price of switching, not its service.
                         let started = if seeky.is_none() && !starved { now + self.switch_seek(s) } else { now };
-                        self.slice =
-                            Some(Slice { stream: s, seeky, owed, started, charged: 0, single: starved, taken: 0 });
+                        self.slice = Some(Slice {
+                            stream: s,
+                            seeky,
+                            owed,
+                            started,
+                            charged: 0,
+                            last_cost: 0,
+                            single: starved,
+                            taken: 0,
+                        });
                     }
                     out.push(self.send(s, now));
                 }
@@ -742,9 +753,14 @@ impl Scheduler {
 
     /// Charges the slice's holders the wall time it held the device, if more than their
     /// requests' cost: the stream that held it, or in equal parts the seeky streams it served.
+    /// Wall time is counted up to what the slice was allowed, its last request's cost and the
+    /// idle window: a slice that outlasts that was held up by the host or the device, not by
+    /// its streams, and charging a stall of S to one of N equal streams would keep it waiting
+    /// about 2·N·S while the others caught up.
     fn end_slice(&mut self, now: Nanos) {
         let Some(sl) = self.slice.take() else { return };
-        let wall = now.saturating_sub(sl.started);
+        let allowed = if sl.seeky.is_some() { ROUND_SLICES } else { 1 } * self.tuning.slice;
+        let wall = now.saturating_sub(sl.started).min(allowed + sl.last_cost + self.tuning.idle);
         if wall <= sl.charged {
             return;
         }
@@ -908,6 +924,7 @@ impl Scheduler {
         self.charge(s, cost);
         if let Some(sl) = &mut self.slice {
             sl.charged += cost;
+            sl.last_cost = cost;
             sl.taken += 1;
             if let Some(served) = &mut sl.seeky {
                 if !served.contains(&s) {
