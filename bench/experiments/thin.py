@@ -12,10 +12,14 @@ served by qemu-nbd (O_DIRECT, as strata's file); writes to blocks shared with on
 and with 100 snapshots against the same writes to unshared blocks; the time of `strata thin
 snapshot` on the mapped volume.
 
-The raw file and the mapped volume alternate row by row over 3 rounds (the median is
-kept), as the disk's rate swings from minute to minute.
+The disk's rate swings from minute to minute, so every ratio is taken from runs made next
+to each other, over 5 rounds, and the median ratio is kept: the raw file and the mapped
+volume run row by row, in turn (which goes first alternates from round to round); each
+round of copy-on-write writes every block of volume 1 once unshared, once after one
+snapshot and once after 100 (the snapshots deleted after each), in an order that rotates.
+The table's IOPS are the medians of the rounds.
 
-Scale 1: a 2 GiB data file, 512 MiB volumes, 10 s runs (about 8 minutes).
+Scale 1: a 2 GiB data file, 512 MiB volumes, 10 s runs (about 15 minutes).
 """
 
 import json
@@ -30,7 +34,7 @@ TABLE = ["randwrite", "randwrite sync", "randrw", "randrw sync", "randread"]
 SERIES = ["raw file", "thin mapped", "thin unmapped"]
 BLOCK = 64 * b.KIB
 SNAPSHOTS = 100
-ROUNDS = 3
+ROUNDS = 5
 
 
 def params(scale):
@@ -42,7 +46,7 @@ def params(scale):
 def expected_seconds(scale):
     data_mib, vol_mib, runtime = params(scale)
     rounds = ROUNDS if scale >= 0.25 else 1
-    return (14 + 10 * rounds) * (runtime + 1) + data_mib / 150 + vol_mib / 300 + SNAPSHOTS * 0.05
+    return (14 + 10 * rounds) * (runtime + 1) + data_mib / 150 + vol_mib / 300 + rounds * SNAPSHOTS * 0.1
 
 
 def run(ctx):
@@ -112,6 +116,8 @@ def run(ctx):
         return b.Strata(ctx, sock, f"vol={spec(1, extra)}", f"e={spec(i, extra)}", admin=False)
 
     servers = []
+    n_rounds = ROUNDS if ctx.scale >= 0.25 else 1
+    rounds = {}  # (series, row): one result per round
 
     def fresh():
         if servers:
@@ -124,20 +130,18 @@ def run(ctx):
         p.set(step="mapping every block of volume 1")
         b.fio(["--name=fill", "--ioengine=nbd", f"--uri={s.uri('vol')}", "--rw=write", "--bs=1M", "--iodepth=4",
                f"--size={vol}"])
-        results[("thin mapped", "unshared overwrites")] = load("vol", "randwrite", stride=BLOCK)
         results[("thin zeroing", "first writes")] = load("e", "randwrite", stride=BLOCK)
         servers.pop().stop()
-        # The raw file and the mapped volume row by row, in alternating rounds (the disk's
-        # rate swings from minute to minute): the median of each.
-        rounds = {}
-        for rnd in range(ROUNDS if ctx.scale >= 0.25 else 1):
+        # The raw file and the mapped volume row by row, next to each other, in rounds.
+        for rnd in range(n_rounds):
             for row in TABLE:
-                with b.Strata(ctx, sock, f"raw={data}", admin=False) as raw:
-                    rounds.setdefault(("raw file", row), []).append(table_row(row, raw, "raw"))
-                with b.Strata(ctx, sock, f"vol={spec(1)}", admin=False) as t:
-                    rounds.setdefault(("thin mapped", row), []).append(table_row(row, t, "vol"))
-        for k, rs in rounds.items():
-            results[k] = {m: b.median([r[m] for r in rs]) for m in ("read_iops", "write_iops")}
+                pair = {}
+                for series in (("raw file", "thin mapped") if rnd % 2 == 0 else ("thin mapped", "raw file")):
+                    spec_, export = (str(data), "raw") if series == "raw file" else (spec(1), "vol")
+                    with b.Strata(ctx, sock, f"{export}={spec_}", admin=False) as srv:
+                        pair[series] = table_row(row, srv, export)
+                for series, r in pair.items():
+                    rounds.setdefault((series, row), []).append(r)
         # Empty volumes: a fresh one for each row.
         for row in TABLE:
             s, e = fresh()
@@ -150,41 +154,58 @@ def run(ctx):
             s.stop()
     thin("delete", meta, next_id[0] - 1)
 
-    # Copy-on-write: each block of volume 1 written once after one snapshot, then after 100.
+    # Copy-on-write: each round writes every block of volume 1 once unshared, once after one
+    # snapshot and once after 100, the snapshots deleted after each pass (so every block of
+    # volume 1 is its own again), in an order that rotates from round to round.
     p.set(step="snapshots")
     t0 = time.time()
     thin("snapshot", meta, 1, 2)
     snapshot_s = time.time() - t0
-    with b.Strata(ctx, sock, f"vol={spec(1)}", admin=False):
-        results[("thin 1 snapshot", "shared overwrites")] = load("vol", "randwrite", stride=BLOCK)
-    for i in range(3, SNAPSHOTS + 2):
-        thin("snapshot", meta, 1, i)
-    with b.Strata(ctx, sock, f"vol={spec(1)}", admin=False):
-        results[(f"thin {SNAPSHOTS} snapshots", "shared overwrites")] = load("vol", "randwrite", stride=BLOCK)
+    thin("delete", meta, 2)
+    passes = [("thin mapped", 0), ("thin 1 snapshot", 1), (f"thin {SNAPSHOTS} snapshots", SNAPSHOTS)]
+    for rnd in range(n_rounds):
+        for series, n in passes[rnd % 3:] + passes[:rnd % 3]:
+            p.set(step=f"copy-on-write round {rnd + 1}: {series}")
+            for i in range(2, n + 2):
+                thin("snapshot", meta, 1, i)
+            with b.Strata(ctx, sock, f"vol={spec(1)}", admin=False):
+                rounds.setdefault((series, "overwrites"), []).append(load("vol", "randwrite", stride=BLOCK))
+            for i in range(2, n + 2):
+                thin("delete", meta, i)
+    thin("snapshot", meta, 1, 2)  # the pool checked and listed below holds a snapshot
     listing = thin("list", meta)
     check = b.run([ctx.strata, "thin", "check", meta], check=False)
 
+    def total(r):
+        return r["read_iops"] + r["write_iops"]
+
+    for k, rs in rounds.items():
+        results[k] = {m: b.median([r[m] for r in rs]) for m in ("read_iops", "write_iops")}
+
     def iops(series, row):
         r = results.get((series, row))
-        return None if r is None else r["read_iops"] + r["write_iops"]
+        return None if r is None else total(r)
 
     def ratio(a, c):
         return None if not a or not c else a / c
 
+    def paired(series, base, row):
+        """The median over the rounds of `series` against `base` in the same round."""
+        xs, ys = rounds.get((series, row)), rounds.get((base, row))
+        return b.median([total(x) / total(y) for x, y in zip(xs, ys) if total(y)]) if xs and ys else None
+
     fw = "first writes"
     ratios = {
-        "mapped randwrite / raw": ratio(iops("thin mapped", "randwrite"), iops("raw file", "randwrite")),
-        "mapped randwrite FUA / raw FUA": ratio(iops("thin mapped", "randwrite sync"), iops("raw file", "randwrite sync")),
-        "mapped randread / raw": ratio(iops("thin mapped", "randread"), iops("raw file", "randread")),
-        "mapped randrw / raw": ratio(iops("thin mapped", "randrw"), iops("raw file", "randrw")),
-        "mapped randrw FUA / raw FUA": ratio(iops("thin mapped", "randrw sync"), iops("raw file", "randrw sync")),
+        "mapped randwrite / raw": paired("thin mapped", "raw file", "randwrite"),
+        "mapped randwrite FUA / raw FUA": paired("thin mapped", "raw file", "randwrite sync"),
+        "mapped randread / raw": paired("thin mapped", "raw file", "randread"),
+        "mapped randrw / raw": paired("thin mapped", "raw file", "randrw"),
+        "mapped randrw FUA / raw FUA": paired("thin mapped", "raw file", "randrw sync"),
         "first writes zeroing / raw": ratio(iops("thin zeroing", fw), iops("raw file", fw)),
         "first writes zeroing / qcow2": ratio(iops("thin zeroing", fw), iops("qcow2 (qemu-nbd)", fw)),
         "first writes no zeroing / raw": ratio(iops("thin no zeroing", fw), iops("raw file", fw)),
-        "shared (1 snapshot) / unshared overwrites": ratio(iops("thin 1 snapshot", "shared overwrites"),
-                                                           iops("thin mapped", "unshared overwrites")),
-        "100 snapshots / 1 snapshot": ratio(iops(f"thin {SNAPSHOTS} snapshots", "shared overwrites"),
-                                            iops("thin 1 snapshot", "shared overwrites")),
+        "shared (1 snapshot) / unshared overwrites": paired("thin 1 snapshot", "thin mapped", "overwrites"),
+        "100 snapshots / 1 snapshot": paired(f"thin {SNAPSHOTS} snapshots", "thin 1 snapshot", "overwrites"),
     }
 
     rows = [{"series": s, "row": r, "read_iops": v["read_iops"], "write_iops": v["write_iops"]}
@@ -201,6 +222,7 @@ def run(ctx):
                   "snapshots": SNAPSHOTS},
         "results": {f"{s}: {r}": v for (s, r), v in results.items()},
         "ratios": ratios,
+        "rounds": {f"{s}: {r}": [total(x) for x in v] for (s, r), v in rounds.items()},
         "snapshot_seconds": snapshot_s,
         "thin_list": listing,
         "thin_check_ok": check.returncode == 0,
