@@ -8,9 +8,10 @@ against nbdkit exports with and without strata in front, in one run:
   read by fio directly;
 - the client device's own cost: strata serving the delayed export with no cache, against
   fio reading it directly at the same iodepth;
-- TLS: 4 KiB randread on a `mem:` volume, --tls require with a PSK against --tls off, with
-  the server's CPU per request (strata is the TLS client: fio's libnbd takes no key file
-  from a URI);
+- TLS: 4 KiB randread on a `mem:` volume over TCP, fio (libnbd, GnuTLS) as the TLS client
+  with X.509 against the same server without TLS, 3 alternating rounds, with the server's
+  CPU per request; and, as a second figure, strata as the TLS client in between (fio ->
+  strata -> strata's `mem:` volume, TLS-PSK between the two strata against none);
 - sequential 1 MiB reads of an nbdkit export through strata against reading it directly;
 - nbdcopy of a whole export 10% allocated against a dense one, through strata (BLOCK_STATUS
   passed through lets nbdcopy skip the holes);
@@ -20,6 +21,8 @@ against nbdkit exports with and without strata in front, in one run:
 Scale 1: a 1 GiB origin, 8 GiB sparse/dense exports, 10 s runs (about 6 minutes).
 """
 
+import json
+import os
 import subprocess
 import threading
 import time
@@ -110,6 +113,33 @@ def run(ctx):
                 b.fio(fill + [f"--uri={s.uri('r')}"])
                 fio(f"strata mem ({label})", s.uri("r"), mem, a)
 
+    # TLS on a mem: volume with fio as the TLS client (libnbd and GnuTLS, as users connect),
+    # against the same server without TLS. libnbd takes X.509 credentials from its default
+    # directory only ($HOME/.pki/libnbd, or /etc/pki/libnbd for root), so fio runs with a
+    # HOME of the benchmark's own, as an unprivileged user when this runs as root.
+    pki, home = work / "pki", work / "home"
+    _x509(pki, home / ".pki" / "libnbd")
+    port = b.free_port()
+    as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    tls_on = ("--tcp", f"127.0.0.1:{port}", "--tls", "on", "--tls-certificates", str(pki))
+    with b.Strata(ctx, work / "t.sock", f"m=mem:{size_mib}MiB", admin=False, extra=tls_on) as t:
+        b.fio(fill + [f"--uri={t.uri('m')}"])
+        for rnd in range(3 if ctx.scale >= 0.25 else 1):
+            for label, scheme in [("no TLS", "nbd"), ("TLS X.509", "nbds")]:
+                p.set(step=f"fio as the TLS client: {label}, round {rnd + 1}")
+                before = t.cpu()
+                rep = _fio_env(as_user, {"HOME": str(home)},
+                               ["--name=job", "--ioengine=nbd", f"--uri={scheme}://localhost:{port}/m",
+                                f"--runtime={int(runtime * 1000)}ms", "--time_based", f"--size={size_mib}M", *mem])
+                side = rep["jobs"][0]["read"]
+                r = results.setdefault(f"fio to strata mem over TCP ({label})",
+                                       {"rounds": [], "server_us_rounds": []})
+                r["rounds"].append(side["iops"])
+                r["server_us_rounds"].append((t.cpu() - before) / max(1, side["total_ios"]) * 1e6)
+    for label in ("no TLS", "TLS X.509"):
+        r = results[f"fio to strata mem over TCP ({label})"]
+        r["iops"], r["server_us_per_req"] = b.median(r["rounds"]), b.median(r["server_us_rounds"])
+
     # Sequential 1 MiB reads, direct and through strata (no delay).
     seq = ["--bs=1M", "--iodepth=8", "--rw=read"]
     with b.nbdkit(work / "k.sock", "file", str(origin), log=log) as k:
@@ -148,7 +178,10 @@ def run(ctx):
                                                  "strata serving the local file"),
         "strata remote without cache / fio on the export (IOPS)": _ratio(
             results, "strata remote (no cache) over the 2 ms export", "nbdkit file with 2 ms delay read directly"),
-        "TLS / no TLS on mem: (IOPS)": _ratio(results, "strata mem (TLS-PSK)", "strata mem (no TLS)"),
+        "TLS / no TLS on mem:, fio as the TLS client (IOPS)": _ratio(
+            results, "fio to strata mem over TCP (TLS X.509)", "fio to strata mem over TCP (no TLS)"),
+        "TLS / no TLS on mem:, strata as the TLS client in between (IOPS)": _ratio(
+            results, "strata mem (TLS-PSK)", "strata mem (no TLS)"),
         "sequential 1 MiB through strata / direct (MiB/s)": (
             results["sequential 1 MiB through strata"]["mib_s"]
             / results["sequential 1 MiB nbdkit read directly"]["mib_s"]),
@@ -210,3 +243,36 @@ def _recovery(ctx, work, s, k, origin, runtime, log):
             break
     return {"iops_before": before, "killed_at_s": killed, "restarted_at_s": restarted,
             "seconds_to_90pct_after_restart": back}, k2
+
+
+def _x509(pki, client_dir):
+    """A certificate authority and a server certificate for `localhost` in `pki` (the layout
+    `--tls-certificates` reads), the authority's certificate in `client_dir` too; all
+    readable by the unprivileged user fio may run as."""
+    pki.mkdir(parents=True, exist_ok=True)
+    client_dir.mkdir(parents=True, exist_ok=True)
+
+    def ossl(*args):
+        b.run(["openssl", *args], cwd=pki)
+
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca-cert.pem",
+         "-subj", "/CN=strata bench CA", "-days", "2")
+    (pki / "ext.cnf").write_text("subjectAltName=DNS:localhost\n")
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server-key.pem", "-out", "server.csr",
+         "-subj", "/CN=localhost")
+    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca-cert.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
+         "-out", "server-cert.pem", "-days", "2", "-extfile", "ext.cnf")
+    (client_dir / "ca-cert.pem").write_bytes((pki / "ca-cert.pem").read_bytes())
+    for d in [client_dir, *client_dir.parents]:
+        d.chmod(d.stat().st_mode | 0o755)
+        if d == pki.parent.parent:
+            break
+
+
+def _fio_env(prefix, env, args):
+    """fio with `env` added to the environment, behind `prefix` (a user switch); its report."""
+    out = b.run([*prefix, "fio", "--output-format=json", *args], env=b.ENV | env, cwd="/", check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"fio failed: {' '.join(args)}\n{out.stderr[-3000:]}")
+    text = out.stdout
+    return json.loads(text[text.index("{"):])

@@ -288,7 +288,7 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     // remote: every ratio of the figures, each a positive number.
     let r = &exps["remote"];
     assert_eq!(r["status"], "ok", "remote: {r}");
-    assert_eq!(names(&r["ratios"]).len(), 5, "remote: {r}");
+    assert_eq!(names(&r["ratios"]).len(), 6, "remote: {r}");
     for (k, v) in r["ratios"].as_object().unwrap() {
         assert!(v.as_f64().is_some_and(|x| x > 0.0), "remote: {k} = {v}");
     }
