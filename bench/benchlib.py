@@ -315,9 +315,11 @@ def nbdkit(sock, plugin, *args, filters=(), log=None, env=None):
 
 # --------------------------------------------------------------------------------- fio
 
-def fio(args, timeout=None):
-    """Runs fio with --output-format=json; returns the parsed report."""
-    out = run(["fio", "--output-format=json", *args], timeout=timeout, check=False)
+def fio(args, timeout=None, prefix=(), env=None):
+    """Runs fio with --output-format=json; returns the parsed report. `prefix` goes before
+    fio's name (a user switch), `env` is added to the environment."""
+    out = run([*prefix, "fio", "--output-format=json", *args], timeout=timeout, check=False,
+              env=ENV | env if env else None, cwd="/" if prefix else None)
     if out.returncode != 0:
         raise RuntimeError(f"fio failed: {' '.join(args)}\n{out.stderr[-3000:]}")
     text = out.stdout

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(fio qemu-utils nbdkit libnbd-bin gnutls-bin libssl-dev pkg-config fuse3 e2fsprogs util-linux fonts-dejavu-core thin-provisioning-tools)
+packages=(fio qemu-utils nbdkit libnbd-bin gnutls-bin openssl libssl-dev pkg-config fuse3 e2fsprogs util-linux fonts-dejavu-core thin-provisioning-tools)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

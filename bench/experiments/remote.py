@@ -21,7 +21,6 @@ against nbdkit exports with and without strata in front, in one run:
 Scale 1: a 1 GiB origin, 8 GiB sparse/dense exports, 10 s runs (about 6 minutes).
 """
 
-import json
 import os
 import subprocess
 import threading
@@ -128,9 +127,9 @@ def run(ctx):
             for label, scheme in [("no TLS", "nbd"), ("TLS X.509", "nbds")]:
                 p.set(step=f"fio as the TLS client: {label}, round {rnd + 1}")
                 before = t.cpu()
-                rep = _fio_env(as_user, {"HOME": str(home)},
-                               ["--name=job", "--ioengine=nbd", f"--uri={scheme}://localhost:{port}/m",
-                                f"--runtime={int(runtime * 1000)}ms", "--time_based", f"--size={size_mib}M", *mem])
+                rep = b.fio(["--name=job", "--ioengine=nbd", f"--uri={scheme}://localhost:{port}/m",
+                             f"--runtime={int(runtime * 1000)}ms", "--time_based", f"--size={size_mib}M", *mem],
+                            prefix=as_user, env={"HOME": str(home)})
                 side = rep["jobs"][0]["read"]
                 r = results.setdefault(f"fio to strata mem over TCP ({label})",
                                        {"rounds": [], "server_us_rounds": []})
@@ -178,9 +177,9 @@ def run(ctx):
                                                  "strata serving the local file"),
         "strata remote without cache / fio on the export (IOPS)": _ratio(
             results, "strata remote (no cache) over the 2 ms export", "nbdkit file with 2 ms delay read directly"),
-        "TLS / no TLS on mem:, fio as the TLS client (IOPS)": _ratio(
+        "TLS / no TLS on mem: with fio as the TLS client (IOPS)": _ratio(
             results, "fio to strata mem over TCP (TLS X.509)", "fio to strata mem over TCP (no TLS)"),
-        "TLS / no TLS on mem:, strata as the TLS client in between (IOPS)": _ratio(
+        "TLS / no TLS on mem: with strata as the TLS client in between (IOPS)": _ratio(
             results, "strata mem (TLS-PSK)", "strata mem (no TLS)"),
         "sequential 1 MiB through strata / direct (MiB/s)": (
             results["sequential 1 MiB through strata"]["mib_s"]
@@ -268,11 +267,3 @@ def _x509(pki, client_dir):
         if d == pki.parent.parent:
             break
 
-
-def _fio_env(prefix, env, args):
-    """fio with `env` added to the environment, behind `prefix` (a user switch); its report."""
-    out = b.run([*prefix, "fio", "--output-format=json", *args], env=b.ENV | env, cwd="/", check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"fio failed: {' '.join(args)}\n{out.stderr[-3000:]}")
-    text = out.stdout
-    return json.loads(text[text.index("{"):])
