@@ -13,6 +13,9 @@ use strata_qos::{CostModel, GroupSettings, Linear, Scheduler, Tuning};
 const SEC: Nanos = 1_000_000_000;
 const MS: Nanos = 1_000_000;
 const DISK: u64 = 100 << 30;
+/// One group's slice in the benchmark's layout of seed 001's experiments: an 8 GiB disk cut
+/// in two.
+const HALF: u64 = 4 << 30;
 
 #[derive(Clone, Copy)]
 enum Pattern {
@@ -211,6 +214,17 @@ impl Sim {
         }
     }
 
+    /// The longest any of `clients`' requests waited from submission to dispatch.
+    fn worst_wait(&self, clients: &[usize]) -> Nanos {
+        clients.iter().flat_map(|&c| self.waits[c].iter().copied()).max().unwrap_or(0)
+    }
+
+    /// The fewest and the most requests any of `clients` had dispatched.
+    fn served(&self, clients: &[usize]) -> (usize, usize) {
+        let n = clients.iter().map(|&c| self.waits[c].len());
+        (n.clone().min().unwrap_or(0), n.max().unwrap_or(0))
+    }
+
     /// Restarts each group's device time count.
     fn reset(&mut self) {
         self.device_ns.iter_mut().for_each(|d| *d = 0);
@@ -328,11 +342,10 @@ fn seeky_streams_share_their_groups_slices() {
     // sequential group's slices between them.
     let slice = sim.sched.tuning().slice;
     let bound = 2 * (slice + 16 * 25 * MS);
-    let worst = readers.iter().flat_map(|&c| sim.waits[c].iter().copied()).max().unwrap();
+    let worst = sim.worst_wait(&readers);
     assert!(worst <= bound, "a random read waited {} ms (bound {} ms)", worst / MS, bound / MS);
-    let served: Vec<usize> = readers.iter().map(|&c| sim.waits[c].len()).collect();
-    let (min, max) = (*served.iter().min().unwrap(), *served.iter().max().unwrap());
-    assert!(min as f64 >= 0.8 * max as f64, "requests per random reader: {served:?}");
+    let (min, max) = sim.served(&readers);
+    assert!(min as f64 >= 0.8 * max as f64, "requests per random reader: {min}..{max}");
 }
 
 /// Seed 001's second experiment: a random reader thinking 50 µs between requests against 16
@@ -446,7 +459,6 @@ fn experiment4(random: usize, shuffled: bool) -> (Nanos, u64, u64) {
 /// that time on, `LEAVE_GAP` apart (fio's jobs, which end each its own runtime after it
 /// connected).
 fn experiment4_until(random: usize, shuffled: bool, end: Nanos, leaving: Option<Nanos>) -> (Nanos, u64, u64) {
-    const HALF: u64 = 4 << 30;
     let mut sim = Sim::hdd_of(2 * HALF);
     let seq = sim.weighted("seq", 100);
     let rand = sim.weighted("rand", 100);
@@ -466,7 +478,7 @@ fn experiment4_until(random: usize, shuffled: bool, end: Nanos, leaving: Option<
         }
     }
     sim.run_until(end);
-    let worst = readers.iter().flat_map(|&c| sim.waits[c].iter().copied()).max().unwrap_or(0);
+    let worst = sim.worst_wait(&readers);
     let bytes = |g: usize| sim.dispatched[g].len() as u64 * 4096;
     (worst, bytes(rand), bytes(seq))
 }
@@ -546,7 +558,6 @@ fn many_random_readers_wait_about_one_round() {
 /// for the seek), and the random reader still gets at least 0.85 of half the device time.
 #[test]
 fn a_sequential_reader_is_not_charged_the_seek_back() {
-    const HALF: u64 = 4 << 30;
     let run = |with_random: bool| {
         let mut sim = Sim::hdd_of(2 * HALF);
         let seq = sim.weighted("seq", 100);
@@ -574,7 +585,6 @@ fn a_sequential_reader_is_not_charged_the_seek_back() {
 /// the host stalling once for `stall` ns at `at`. Returns the lone reader's worst wait, the
 /// busy readers' worst wait, and the busy readers' fewest and most requests served.
 fn experiment3_with_stall(at: Nanos, stall: Nanos) -> (Nanos, Nanos, usize, usize) {
-    const HALF: u64 = 4 << 30;
     const N: u64 = 8;
     let mut sim = Sim::hdd_of(2 * HALF);
     let busy = sim.weighted("busy", 100);
@@ -584,9 +594,8 @@ fn experiment3_with_stall(at: Nanos, stall: Nanos) -> (Nanos, Nanos, usize, usiz
     let l = sim.client_in(lone, 50_000, Pattern::Sequential, HALF, HALF);
     sim.stall = (stall > 0).then_some((at, stall));
     sim.run_until(20 * SEC);
-    let worst = |cs: &[usize]| cs.iter().flat_map(|&c| sim.waits[c].iter().copied()).max().unwrap_or(0);
-    let served: Vec<usize> = readers.iter().map(|&c| sim.waits[c].len()).collect();
-    (worst(&[l]), worst(&readers), *served.iter().min().unwrap(), *served.iter().max().unwrap())
+    let (fewest, most) = sim.served(&readers);
+    (sim.worst_wait(&[l]), sim.worst_wait(&readers), fewest, most)
 }
 
 /// A stall of the host in the middle of a sequential stream's slice (seen once in a real
