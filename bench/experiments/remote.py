@@ -58,11 +58,11 @@ def run(ctx):
     b.fill_random(local, size_mib * b.MIB)
     results = {}
 
-    def fio(name, uri, extra, server=None):
+    def fio(name, uri, extra, server=None, **how):
         p.set(step=name)
         before = server.cpu() if server else None
         rep = b.fio(["--name=job", "--ioengine=nbd", f"--uri={uri}", f"--runtime={int(runtime * 1000)}ms",
-                     "--time_based", f"--size={size_mib}M", *extra])
+                     "--time_based", f"--size={size_mib}M", *extra], **how)
         side = rep["jobs"][0]["read"]
         r = {"iops": side["iops"], "mib_s": side["bw"] / 1024}
         if server is not None and side["total_ios"]:
@@ -117,27 +117,24 @@ def run(ctx):
     # directory only ($HOME/.pki/libnbd, or /etc/pki/libnbd for root), so fio runs with a
     # HOME of the benchmark's own, as an unprivileged user when this runs as root.
     pki, home = work / "pki", work / "home"
-    _x509(pki, home / ".pki" / "libnbd")
+    client_dir = home / ".pki" / "libnbd"
+    _x509(pki, client_dir)
+    for d in (client_dir, client_dir.parent, home, work, ctx.scratch):
+        d.chmod(0o755)  # for the unprivileged user fio runs as
     port = b.free_port()
     as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
     tls_on = ("--tcp", f"127.0.0.1:{port}", "--tls", "on", "--tls-certificates", str(pki))
     with b.Strata(ctx, work / "t.sock", f"m=mem:{size_mib}MiB", admin=False, extra=tls_on) as t:
         b.fio(fill + [f"--uri={t.uri('m')}"])
-        for rnd in range(3 if ctx.scale >= 0.25 else 1):
+        rounds = range(1, (3 if ctx.scale >= 0.25 else 1) + 1)
+        for rnd in rounds:
             for label, scheme in [("no TLS", "nbd"), ("TLS X.509", "nbds")]:
-                p.set(step=f"fio as the TLS client: {label}, round {rnd + 1}")
-                before = t.cpu()
-                rep = b.fio(["--name=job", "--ioengine=nbd", f"--uri={scheme}://localhost:{port}/m",
-                             f"--runtime={int(runtime * 1000)}ms", "--time_based", f"--size={size_mib}M", *mem],
-                            prefix=as_user, env={"HOME": str(home)})
-                side = rep["jobs"][0]["read"]
-                r = results.setdefault(f"fio to strata mem over TCP ({label})",
-                                       {"rounds": [], "server_us_rounds": []})
-                r["rounds"].append(side["iops"])
-                r["server_us_rounds"].append((t.cpu() - before) / max(1, side["total_ios"]) * 1e6)
+                fio(f"fio to strata mem over TCP ({label}) round {rnd}", f"{scheme}://localhost:{port}/m", mem, t,
+                    prefix=as_user, env={"HOME": str(home)})
     for label in ("no TLS", "TLS X.509"):
-        r = results[f"fio to strata mem over TCP ({label})"]
-        r["iops"], r["server_us_per_req"] = b.median(r["rounds"]), b.median(r["server_us_rounds"])
+        rs = [results[f"fio to strata mem over TCP ({label}) round {rnd}"] for rnd in rounds]
+        results[f"fio to strata mem over TCP ({label})"] = {
+            m: b.median([r[m] for r in rs if m in r]) for m in ("iops", "mib_s", "server_us_per_req")}
 
     # Sequential 1 MiB reads, direct and through strata (no delay).
     seq = ["--bs=1M", "--iodepth=8", "--rw=read"]
@@ -246,8 +243,7 @@ def _recovery(ctx, work, s, k, origin, runtime, log):
 
 def _x509(pki, client_dir):
     """A certificate authority and a server certificate for `localhost` in `pki` (the layout
-    `--tls-certificates` reads), the authority's certificate in `client_dir` too; all
-    readable by the unprivileged user fio may run as."""
+    `--tls-certificates` reads), the authority's certificate in `client_dir` too."""
     pki.mkdir(parents=True, exist_ok=True)
     client_dir.mkdir(parents=True, exist_ok=True)
 
@@ -262,8 +258,4 @@ def _x509(pki, client_dir):
     ossl("x509", "-req", "-in", "server.csr", "-CA", "ca-cert.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
          "-out", "server-cert.pem", "-days", "2", "-extfile", "ext.cnf")
     (client_dir / "ca-cert.pem").write_bytes((pki / "ca-cert.pem").read_bytes())
-    for d in [client_dir, *client_dir.parents]:
-        d.chmod(d.stat().st_mode | 0o755)
-        if d == pki.parent.parent:
-            break
 
