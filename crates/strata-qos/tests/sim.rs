@@ -598,8 +598,8 @@ fn experiment3_with_stall(at: Nanos, stall: Nanos) -> (Nanos, Nanos, usize, usiz
     (sim.worst_wait(&[l]), sim.worst_wait(&readers), fewest, most)
 }
 
-/// A stall of the host in the middle of a sequential stream's slice (seen once in a real
-/// run of experiment 3: about 0.4 s) is not charged to that stream in full: charged, it
+/// A stall of the host in the middle of a sequential stream's slice (what a real run of
+/// experiment 3 most likely met once: about 0.4 s) is not charged to that stream in full: charged, it
 /// would wait while the other group, or its seven siblings, caught up (7.5 s against 1.7 s
 /// in that run; here, charged in full, 9.3 s against 1.7 s, and the stalled reader got 0.57
 /// of the requests of the others). Stalls at several moments, so that some fall in each
