@@ -22,7 +22,7 @@
 //! cannot be deleted.
 
 use crate::meta::{Commit, DevId, Metadata};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock as SyncRwLock};
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -90,7 +90,8 @@ pub(crate) struct Counters {
 pub struct Pool {
     pub(crate) md: Arc<dyn BlockDev>,
     pub(crate) data: Arc<dyn BlockDev>,
-    pub(crate) state: Mutex<State>,
+    /// Shared by lookups (every request), taken alone to change the metadata.
+    pub(crate) state: SyncRwLock<State>,
     commit_lock: tokio::sync::Mutex<()>,
     stripes: Vec<RwLock<()>>,
     pub(crate) block_bytes: u64,
@@ -200,7 +201,7 @@ impl Pool {
         let pool = Arc::new(Pool {
             md,
             data,
-            state: Mutex::new(State {
+            state: SyncRwLock::new(State {
                 meta,
                 uncommitted: FxHashSet::default(),
                 committing: FxHashSet::default(),
@@ -250,7 +251,7 @@ impl Pool {
         self.low_water_blocks.store(t.low_water_blocks, Relaxed);
         self.commit_period_ms.store(t.commit_period.as_millis() as u64, Relaxed);
         self.kick.notify_one();
-        let st = self.state.lock();
+        let st = self.state.read();
         self.watch_low_water(&st);
     }
 
@@ -293,7 +294,7 @@ impl Pool {
     async fn change<T>(&self, f: impl FnOnce(&mut Metadata) -> Result<T>) -> Result<T> {
         self.check_writable()?;
         let out = {
-            let mut st = self.state.lock();
+            let mut st = self.state.write();
             let out = f(&mut st.meta)?;
             self.watch_low_water(&st);
             out
@@ -336,7 +337,7 @@ impl Pool {
 
     /// The devices being deleted in the background.
     pub fn deleting(&self) -> Vec<DevId> {
-        self.state.lock().meta.deleting().iter().copied().collect()
+        self.state.read().meta.deleting().iter().copied().collect()
     }
 
     /// Pauses or resumes the background deleter (a step in progress finishes).
@@ -361,7 +362,7 @@ impl Pool {
     /// `delete_step`, committed if `commit` or if the deletion ended.
     async fn step(&self, commit: bool) -> Result<Option<(DevId, bool)>> {
         self.check_writable()?;
-        let Some(id) = self.state.lock().meta.deleting().first().copied() else { return Ok(None) };
+        let Some(id) = self.state.read().meta.deleting().first().copied() else { return Ok(None) };
         let budget = self.delete_step_nodes.load(Relaxed) as usize;
         let done = self
             .with_loaded(
@@ -389,7 +390,7 @@ impl Pool {
     pub async fn wait_deletions(&self) -> Result<()> {
         loop {
             self.check_writable()?;
-            if self.state.lock().meta.deleting().is_empty() {
+            if self.state.read().meta.deleting().is_empty() {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -417,7 +418,7 @@ impl Pool {
             Ok(())
         })
         .await?;
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         st.out_of_data = false;
         st.metadata_low = false;
         Ok(())
@@ -486,7 +487,7 @@ impl Pool {
 
     /// Runs `f` on the metadata.
     pub fn with_meta<T>(&self, f: impl FnOnce(&mut Metadata) -> T) -> T {
-        f(&mut self.state.lock().meta)
+        f(&mut self.state.write().meta)
     }
 
     /// Runs `f` on the pool's state once the nodes `need` names are in memory (they are
@@ -498,7 +499,7 @@ impl Pool {
     ) -> Result<T> {
         loop {
             let (missing, limits) = {
-                let mut st = self.state.lock();
+                let mut st = self.state.write();
                 let missing = need(&st.meta)?;
                 if missing.is_empty() {
                     return Ok(f(&mut st));
@@ -515,12 +516,12 @@ impl Pool {
         let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
         let got = futures::future::try_join_all(reads).await?;
         let nodes = missing.into_iter().map(|(b, _)| b).zip(got).collect();
-        self.state.lock().meta.load(nodes);
+        self.state.write().meta.load(nodes);
         Ok(())
     }
 
     pub(crate) fn check_writable(&self) -> Result<()> {
-        self.writable(&self.state.lock())
+        self.writable(&self.state.read())
     }
 
     fn writable(&self, st: &State) -> Result<()> {
@@ -532,7 +533,7 @@ impl Pool {
 
     /// Stops the pool taking writes, for `why`.
     pub(crate) fn fail(&self, why: String) -> Error {
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         st.failed.get_or_insert(why.clone());
         Error::new(ErrorKind::Io, format!("{}: {why}", self.describe))
     }
@@ -542,7 +543,7 @@ impl Pool {
     pub(crate) async fn alloc_data(&self) -> Result<u64> {
         for attempt in 0..2 {
             {
-                let mut st = self.state.lock();
+                let mut st = self.state.write();
                 let reserve = metadata_reserve(&st.meta);
                 st.metadata_low = st.meta.tm.md.allocatable() < reserve;
                 if !st.metadata_low {
@@ -588,7 +589,7 @@ impl Pool {
             return Ok(());
         }
         let prepared: Result<Option<Commit>> = {
-            let mut st = self.state.lock();
+            let mut st = self.state.write();
             let c = st.meta.prepare_commit();
             st.committing = std::mem::take(&mut st.uncommitted);
             c
@@ -612,7 +613,7 @@ impl Pool {
         if let Err(e) = commit.write(&*self.md).await {
             return Err(self.abort(format!("writing the metadata failed: {}", e.context)).await);
         }
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         st.meta.committed();
         st.committing.clear();
         self.counters.commits.fetch_add(1, Relaxed);
@@ -622,7 +623,7 @@ impl Pool {
 
     /// Whether the metadata changed since the last commit was prepared.
     fn dirty(&self) -> bool {
-        self.state.lock().meta.dirty()
+        self.state.read().meta.dirty()
     }
 
     /// Fails the pool for `why` and, as dm-thin aborts the transaction, goes back to the
@@ -631,9 +632,9 @@ impl Pool {
     /// as zeroes where the shared block still holds flushed data).
     async fn abort(&self, why: String) -> Error {
         let e = self.fail(why);
-        self.state.lock().aborting = true;
+        self.state.write().aborting = true;
         let reopened = Metadata::open_lazy(&*self.md).await;
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         if let Ok(meta) = reopened {
             st.meta = meta;
             st.uncommitted.clear();
@@ -653,7 +654,7 @@ impl Pool {
     /// Whether the mapping of this block awaits a commit; an error once the pool has failed
     /// (`check_writable`).
     pub(crate) fn uncommitted(&self, id: DevId, vblock: u64) -> Result<bool> {
-        let st = self.state.lock();
+        let st = self.state.read();
         let uncommitted = st.uncommitted.contains(&(id, vblock)) || st.committing.contains(&(id, vblock));
         self.writable(&st)?;
         Ok(uncommitted)
@@ -661,7 +662,7 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         let t = self.tunables();
-        let st = self.state.lock();
+        let st = self.state.read();
         let m = &st.meta;
         let (mode, reason) = if let Some(why) = &st.failed {
             ("failed", Some(why.clone()))
@@ -725,7 +726,7 @@ async fn periodic_commit(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
             _ = kick.notified() => continue,
         }
         let Some(p) = pool.upgrade() else { return };
-        if period.is_zero() || !p.dirty() || p.state.lock().failed.is_some() {
+        if period.is_zero() || !p.dirty() || p.state.read().failed.is_some() {
             continue;
         }
         if let Err(e) = p.commit().await {
@@ -745,7 +746,7 @@ async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
         let step = {
             let Some(p) = pool.upgrade() else { return };
             let idle = p.deletions_paused.load(Relaxed) || {
-                let st = p.state.lock();
+                let st = p.state.read();
                 st.failed.is_some() || st.meta.deleting().is_empty()
             };
             if idle {
@@ -759,7 +760,7 @@ async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
             None | Some(Ok(None)) => {
                 // Steps left uncommitted by a pause are committed now.
                 if let Some(p) = pool.upgrade() {
-                    if p.dirty() && p.state.lock().failed.is_none() {
+                    if p.dirty() && p.state.read().failed.is_none() {
                         let _ = p.commit().await;
                     }
                 }

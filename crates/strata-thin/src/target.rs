@@ -58,6 +58,14 @@ impl ThinDev {
         &self.pool
     }
 
+    /// The one piece of a request that lies inside one block (most do), without `pieces`'
+    /// allocation.
+    fn single(&self, offset: u64, len: u64) -> Option<Piece> {
+        let bs = self.pool.block_bytes;
+        let at = offset % bs;
+        (len > 0 && at + len <= bs).then_some(Piece { vblock: offset / bs, at, len, pos: 0 })
+    }
+
     fn pieces(&self, offset: u64, len: u64) -> Vec<Piece> {
         let bs = self.pool.block_bytes;
         let mut out = Vec::new();
@@ -77,7 +85,7 @@ impl ThinDev {
         let pool = &self.pool;
         loop {
             let (missing, limits) = {
-                let st = pool.state.lock();
+                let st = pool.state.read();
                 match st.meta.lookup_or_missing(self.id, vblock)? {
                     Ok(_) if st.aborting => {
                         return Err(Error::new(ErrorKind::Io, format!("{}: the pool failed", pool.describe())))
@@ -275,10 +283,10 @@ impl BlockDev for ThinDev {
     fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
         Box::pin(async move {
             check_range("read", offset, buf.len() as u64, self.size)?;
-            let pieces = self.pieces(offset, buf.len() as u64);
-            if pieces.len() == 1 {
-                return self.read_piece(pieces[0], buf).await;
+            if let Some(p) = self.single(offset, buf.len() as u64) {
+                return self.read_piece(p, buf).await;
             }
+            let pieces = self.pieces(offset, buf.len() as u64);
             let reads = pieces.iter().map(|&p| self.read_piece(p, Buf::zeroed(p.len as usize)));
             let got = futures::future::try_join_all(reads).await?;
             let mut buf = buf;
@@ -292,10 +300,10 @@ impl BlockDev for ThinDev {
     fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
         Box::pin(async move {
             check_range("write", offset, buf.len() as u64, self.size)?;
-            let pieces = self.pieces(offset, buf.len() as u64);
-            if pieces.len() == 1 {
-                return self.write_piece(pieces[0], buf, fua).await;
+            if let Some(p) = self.single(offset, buf.len() as u64) {
+                return self.write_piece(p, buf, fua).await;
             }
+            let pieces = self.pieces(offset, buf.len() as u64);
             let writes = pieces.iter().map(|&p| {
                 let part = Buf::from_slice(&buf[p.pos as usize..(p.pos + p.len) as usize]);
                 self.write_piece(p, part, fua)
