@@ -288,10 +288,13 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     // remote: every ratio of the figures, each a positive number.
     let r = &exps["remote"];
     assert_eq!(r["status"], "ok", "remote: {r}");
-    assert_eq!(names(&r["ratios"]).len(), 6, "remote: {r}");
+    assert_eq!(names(&r["ratios"]).len(), 8, "remote: {r}");
     for (k, v) in r["ratios"].as_object().unwrap() {
         assert!(v.as_f64().is_some_and(|x| x > 0.0), "remote: {k} = {v}");
     }
+    // 1 MiB reads reach the export whole, as one request each.
+    let seen = &r["origin_reads_through_strata"];
+    assert_eq!(seen["mean_bytes"].as_f64(), Some(1048576.0), "remote: requests the export saw: {seen}");
 
     // Nothing left behind: the scratch folder is gone.
     let scratch = summary["scratch"].as_str().expect("summary.json names its scratch folder");
