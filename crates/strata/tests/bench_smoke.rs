@@ -128,6 +128,7 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     assert_eq!(
         got,
         [
+            "connections",
             "git",
             "mixed",
             "overhead",
@@ -295,6 +296,13 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     // 1 MiB reads reach the export whole, as one request each.
     let seen = &r["origin_reads_through_strata"];
     assert_eq!(seen["mean_bytes"].as_f64(), Some(1048576.0), "remote: requests the export saw: {seen}");
+
+    // connections: the four shapes' ratios, each a positive number.
+    let c = &exps["connections"];
+    assert_eq!(names(&c["ratios"]).len(), 4, "connections: {c}");
+    for (k, v) in c["ratios"].as_object().unwrap() {
+        assert!(v.as_f64().is_some_and(|x| x > 0.0), "connections: {k} = {v}");
+    }
 
     // Nothing left behind: the scratch folder is gone.
     let scratch = summary["scratch"].as_str().expect("summary.json names its scratch folder");
