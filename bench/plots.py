@@ -72,9 +72,10 @@ def time_series(path, title, series, ylabel, log=False, smooth_s=10.0, ylim=None
 
 
 def grouped_bars(path, title, groups, bars, values, ylabel, xlabel, log=False, hline=None, annotate=True, panels=None,
-                 colors=None):
+                 colors=None, errors=None):
     """Bars grouped on the x axis. `values[(panel, group, bar)] = y` (None = not measured).
-    `panels` splits the figure into side-by-side axes (e.g. one per workload)."""
+    `panels` splits the figure into side-by-side axes (e.g. one per workload); `errors`,
+    keyed as `values`, draws error bars (a standard deviation, say)."""
     panels = panels or [None]
     width_in = min(15, 4.6 * len(panels) + 1.5)
     fig, axes = plt.subplots(1, len(panels), figsize=(width_in, 4.6), squeeze=False, sharey=False)
@@ -82,15 +83,16 @@ def grouped_bars(path, title, groups, bars, values, ylabel, xlabel, log=False, h
     for pi, panel in enumerate(panels):
         ax = axes[0][pi]
         for bi, bar in enumerate(bars):
-            xs, ys = [], []
+            xs, ys, es = [], [], []
             for gi, g in enumerate(groups):
                 v = values.get((panel, g, bar))
                 if v is None:
                     continue
                 xs.append(gi - 0.4 + width * (bi + 0.5))
                 ys.append(v)
+                es.append((errors or {}).get((panel, g, bar)) or 0)
             rects = ax.bar(xs, ys, width=width * 0.95, color=(colors or COLORS)[bi % len(colors or COLORS)],
-                           label=bar if pi == 0 else None)
+                           label=bar if pi == 0 else None, yerr=es if errors else None, capsize=2)
             if annotate and len(groups) * len(bars) <= 24:
                 for r, y in zip(rects, ys):
                     ax.annotate(f"{y:.3g}", (r.get_x() + r.get_width() / 2, r.get_height()), ha="center",

@@ -4,8 +4,8 @@ experiments for strata and its peers on this machine.
 
     bench/run.py EXPERIMENT|all [--scale S] [--out DIR] [--keep-scratch]
 
-Experiments: warmup, small-cache, mixed, writeback, writelog, git, overhead, connections, qos,
-remote, thin, policies (see docs/BENCHMARKS.md).
+Experiments: warmup, small-cache, mixed, writeback, writelog, git, metadata, overhead, connections,
+qos, remote, thin, policies (see docs/BENCHMARKS.md).
 --scale 1 is the seeds' shapes at a size a 2-core machine runs in about an hour for the
 whole suite; --scale 0.01 runs everything in seconds (the test suite does that).
 

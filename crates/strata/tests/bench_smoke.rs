@@ -130,6 +130,7 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
         [
             "connections",
             "git",
+            "metadata",
             "mixed",
             "overhead",
             "policies",
@@ -162,15 +163,24 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
     assert!(before.zip(found).is_some_and(|(b, f)| f >= b - 256.0 && f <= b), "writelog recovery: {w}");
 
     // Every experiment: status, and every file it lists exists and is well formed.
-    let git_skip = git_unavailable();
+    let (git_skip, ext4_skip) = (git_unavailable(), strata::crashtest::ext4::unavailable());
     for (name, e) in exps.as_object().unwrap() {
         let status = e["status"].as_str().unwrap_or("?");
-        if name == "git" {
-            if let Some(why) = &git_skip {
-                eprintln!("SKIP: the git experiment needs what is missing here: {why}");
-                assert_eq!(status, "skipped", "git should report itself skipped: {e}");
-                continue;
-            }
+        let skip = match name.as_str() {
+            "git" => &git_skip,
+            "metadata" => &ext4_skip,
+            _ => &None,
+        };
+        if let Some(why) = skip {
+            eprintln!("SKIP: the {name} experiment needs what is missing here: {why}");
+            assert_eq!(status, "skipped", "{name} should report itself skipped: {e}");
+            continue;
+        }
+        if name == "metadata" {
+            // Every configuration, phase and process count, each a positive rate.
+            let rates = e["rates"].as_object().unwrap_or_else(|| panic!("metadata: no rates: {e}"));
+            assert_eq!(rates.len(), 4 * 3 * 3, "metadata: {e}");
+            assert!(rates.values().all(|r| r["mean"].as_f64().is_some_and(|x| x > 0.0)), "metadata: {e}");
         }
         assert_eq!(status, "ok", "{name}: {}", e["error"]);
         let dir = out.join(name.replace('-', "_"));
