@@ -75,14 +75,23 @@ def expected_seconds(scale):
     return (len(targets()) * len(caches) + 2) * per_run + blobs / 2500
 
 
-def unavailable():
+def skipped(ctx, name, tools=TOOLS):
+    """The summary of an experiment that cannot run here (and a note saying why), or None."""
+    why = unavailable(tools)
+    if why:
+        ctx.progress.note(f"  {name}: SKIPPED: {why}")
+        return {"skipped": why}
+    return None
+
+
+def unavailable(tools=TOOLS):
     if os.geteuid() != 0:
         return "needs root (losetup, mount)"
     if not Path("/dev/fuse").exists():
         return "/dev/fuse is missing"
     if not Path("/dev/loop-control").exists():
         return "/dev/loop-control is missing (no loop devices)"
-    missing = [t for t in TOOLS if b.which(t) is None]
+    missing = [t for t in tools if b.which(t) is None]
     if missing:
         return f"{', '.join(missing)} not installed (see scripts/setup.sh)"
     return None
@@ -287,10 +296,8 @@ def one_run(ctx, label, spec, src, tags, work):
 
 
 def run(ctx):
-    why = unavailable()
-    if why:
-        ctx.progress.note(f"  {NAME}: SKIPPED: {why}")
-        return {"skipped": why}
+    if skip := skipped(ctx, NAME):
+        return skip
     files, commits, vol, caches = params(ctx.scale)
     out = ctx.dir(NAME)
     work = ctx.work(NAME)

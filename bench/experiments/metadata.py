@@ -22,7 +22,7 @@ import time
 
 import benchlib as b
 import plots
-from experiments.git import FuseLoop, unavailable
+from experiments.git import TOOLS, FuseLoop, skipped
 
 NAME = "metadata"
 TITLE = "metarates on ext4: create+close, stat, utime per process, for 1, 2 and 4 processes"
@@ -119,10 +119,8 @@ def one_config(ctx, label, spec, vol, files, runs, work):
 
 
 def run(ctx):
-    why = unavailable()
-    if why:
-        ctx.progress.note(f"  {NAME}: SKIPPED: {why}")
-        return {"skipped": why}
+    if skip := skipped(ctx, NAME, [t for t in TOOLS if t != "git"]):
+        return skip
     vol, files, runs = params(ctx.scale)
     out = ctx.dir(NAME)
     work = ctx.work(NAME)
