@@ -5,7 +5,12 @@ Also the write-heavy variant (zipf 50/50 in writeback mode against the origin al
 
 Scale 1: data 512 MiB (2 jobs x 256 MiB), cache data area = data size, origin 2 GiB,
 warm-up series 300 s, baselines 60 s, the 50/50 pair 60 s and 180 s.
+
+    WARMUP_DATA_MIB=4096 sets the data size alone (seed 000's own: 2 jobs x 2 GiB; the
+    origin is 4 times the data), the times staying the scale's.
 """
+
+import os
 
 import benchlib as b
 import plots
@@ -20,7 +25,7 @@ SERIES = ["HDD origin alone", "fast file alone", "strata warm (all hits)", "stra
 
 
 def params(scale):
-    data = max(8, int(512 * scale) // 2 * 2) * b.MIB
+    data = (int(os.environ.get("WARMUP_DATA_MIB", 0)) // 2 * 2 or max(8, int(512 * scale) // 2 * 2)) * b.MIB
     long_s = max(2.5, round(300 * scale, 1))
     short_s = max(1.0, round(60 * scale, 1))
     mixed_s = max(2.0, round(180 * scale, 1))
