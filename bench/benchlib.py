@@ -602,6 +602,11 @@ def cache_file_bytes(data_bytes, block_bytes):
 
 # ---------------------------------------------------------------------------------- csv
 
+def write_ratios(out, ratios):
+    """An experiment's figures against their peers, `ratios` {name: value}, as out/ratios.csv."""
+    write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+
+
 def write_csv(path, rows, fields=None):
     rows = list(rows)
     if fields is None:

@@ -69,15 +69,14 @@ def run(ctx):
             ratios[f"{label} {rw}: 4 x 8 / 1 x 32"] = b.median(
                 [f["iops"] / o["iops"] for o, f in zip(one, four) if o["iops"]])
     b.write_csv(out / "connections.csv", rows, ["export", "rw", "shape", "iops", "server_us_per_req"])
-    b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    b.write_ratios(out, ratios)
     plots.bar_chart(out / "ratios.png",
                     f"4 connections at iodepth 8 against 1 at iodepth 32, 4 KiB ({size_mib} MiB, {runtime} s runs, "
                     f"median of {rounds} rounds, scale {ctx.scale:g}); target at least 1",
                     list(ratios), list(ratios.values()), "ratio", "figure")
     return {
         "setup": {"size_mib": size_mib, "runtime_s": runtime, "rounds": rounds},
-        "results": {f"{label} {rw} {shape}": r for (export, rw, shape), r in runs.items()
-                    for e, label in EXPORTS if e == export},
+        "results": {f"{dict(EXPORTS)[export]} {rw} {shape}": r for (export, rw, shape), r in runs.items()},
         "ratios": ratios,
         "files": ["connections.csv", "ratios.csv", "ratios.png"],
     }

@@ -199,6 +199,26 @@ class FuseLoop:
                 raise RuntimeError("nbdfuse did not create its file within 20 s")
             time.sleep(0.05)
 
+    def make_ext4(self):
+        """A loop device on the export, ext4 made on it (no discard, its tables written now),
+        mounted."""
+        self.attach()
+        b.run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", self.dev],
+              timeout=1800)
+        self.mount()
+
+    def remount_cold(self, drop_caches=False):
+        """Unmounted, a fresh loop device, mounted again; with `drop_caches`, the page cache
+        (the FUSE file's pages too) dropped in between."""
+        self.umount()
+        self.detach()
+        if drop_caches:
+            b.run(["sync"], timeout=600)
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        self.attach()
+        self.mount()
+
     def attach(self):
         self.dev = b.run(["losetup", "--find", "--show", "--direct-io=off", self.fuse_dir / "nbd"],
                          timeout=30).stdout.strip()
@@ -262,11 +282,8 @@ def one_run(ctx, label, spec, src, tags, work):
     with b.Strata(ctx, sock, f"vol={spec}") as s:
         fl = FuseLoop(ctx, s.uri("vol"), work)
         try:
-            fl.attach()
             p.set(step=f"{label}: mkfs.ext4")
-            b.run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", fl.dev],
-                  timeout=1800)
-            fl.mount()
+            fl.make_ext4()
             c0 = io_counts(s)
             p.set(step=f"{label}: git clone")
             t0 = time.time()
@@ -276,10 +293,7 @@ def one_run(ctx, label, spec, src, tags, work):
             c1 = io_counts(s)
             r["repo_disk_bytes"] = int(b.run(["du", "-sb", fl.mnt / "repo"], timeout=600).stdout.split()[0])
             # Cold caches for the checkout phase: unmount, fresh loop device, mount again.
-            fl.umount()
-            fl.detach()
-            fl.attach()
-            fl.mount()
+            fl.remount_cold()
             c2 = io_counts(s)
             t0 = time.time()
             for i, tag in enumerate(tags):

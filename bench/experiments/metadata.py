@@ -89,11 +89,8 @@ def one_config(ctx, label, spec, vol, files, runs, work):
     with b.Strata(ctx, work / "s.sock", f"vol={spec}", admin=False) as s:
         fl = FuseLoop(ctx, s.uri("vol"), work)
         try:
-            fl.attach()
             p.set(step=f"{label}: mkfs.ext4")
-            b.run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", fl.dev],
-                  timeout=1800)
-            fl.mount()
+            fl.make_ext4()
             for run in range(runs):
                 for procs in PROCS:
                     p.set(step=f"{label}: run {run + 1}/{runs}, {procs} processes")
@@ -102,15 +99,7 @@ def one_config(ctx, label, spec, vol, files, runs, work):
                     b.run(["sync", "-f", fl.mnt], timeout=600)
                     for phase in PHASES:
                         if phase == "stat":
-                            # Cold: unmount, a fresh loop device, the page cache dropped (the
-                            # FUSE file's pages too), mount again.
-                            fl.umount()
-                            fl.detach()
-                            b.run(["sync"], timeout=600)
-                            with open("/proc/sys/vm/drop_caches", "w") as f:
-                                f.write("3\n")
-                            fl.attach()
-                            fl.mount()
+                            fl.remount_cold(drop_caches=True)
                         rates.setdefault((phase, procs), []).append(phase_rate(phase, d, procs, files, fl.mnt))
                     shutil.rmtree(d)  # untimed: every run starts on the same file system
         finally:
@@ -126,23 +115,18 @@ def run(ctx):
     work = ctx.work(NAME)
     p = ctx.progress
     origin, fast, cachef = work / "origin.img", work / "fast.img", work / "cache.img"
+    p.set(step="writing the devices")
+    b.fill_random(origin, vol)
+    b.fill_random(fast, vol)
+    # Written through first, as the fast device alone: a device has no holes.
+    b.fill_random(cachef, b.cache_file_bytes(vol, BLOCK))
     all_rates = {}
     for label in CONFIGS:
-        p.set(step=f"{label}: preparing the devices")
-        if label == FAST:
-            b.fill_random(fast, vol)
-            spec = str(fast)
-        else:
-            b.fill_random(origin, vol)
-            spec = f"hdd:{origin}"
-            if label in (WRITEBACK, WRITETHROUGH):
-                # Written through first, as the fast device alone: a device has no holes.
-                b.fill_random(cachef, b.cache_file_bytes(vol, BLOCK))
-                b.cache_create(ctx, spec, str(cachef), block_size="64KiB",
-                               mode="writeback" if label == WRITEBACK else "writethrough")
-                spec = f"cache:{cachef}"
+        spec = {ORIGIN: f"hdd:{origin}", FAST: str(fast)}.get(label, f"cache:{cachef}")
+        if label in (WRITEBACK, WRITETHROUGH):
+            b.cache_create(ctx, f"hdd:{origin}", str(cachef), block_size="64KiB",
+                           mode="writeback" if label == WRITEBACK else "writethrough")
         all_rates[label] = one_config(ctx, label, spec, vol, files, runs, work)
-        fast.unlink(missing_ok=True)
         p.note(f"  {NAME}: {label}: " + ", ".join(
             f"{ph} {statistics.mean(all_rates[label][(ph, 1)]):,.0f}/s" for ph in PHASES))
 
@@ -167,7 +151,7 @@ def run(ctx):
                     mean_of(cache, phase, procs) / mean_of(ORIGIN, phase, procs))
                 ratios[f"{cache} / fast alone: {phase} NP={procs}"] = (
                     mean_of(cache, phase, procs) / mean_of(FAST, phase, procs))
-    b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    b.write_ratios(out, ratios)
     plots.grouped_bars(out / "rates.png",
                        f"metarates on ext4 over nbdfuse + loop, {vol // b.MIB} MiB volume, {files} files per "
                        f"process, mean and standard deviation of {runs} runs; cache: 64 KiB blocks over the hdd: "

@@ -314,7 +314,7 @@ def run(ctx):
                           f"{ctx.scale:g}); strata's gauge counts its operations at the kernel, the disk's is "
                           f"/sys/block mean in flight per {DEPTH_INTERVAL_S} s (any other IO on the disk included)",
                           series, "requests in flight", smooth_s=0.5, ylim=(0, iodepth * 1.25))
-    b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    b.write_ratios(out, ratios)
     values = {(None, r["rw"], r["series"]): r["iops"] for r in rows}
     plots.grouped_bars(out / "iops.png",
                        f"NBD data path, 4 KiB random IO at iodepth 32 over a Unix socket, {size_mib} MiB file, "

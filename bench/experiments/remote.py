@@ -218,7 +218,7 @@ def run(ctx):
     rows = [{"series": k, **v} for k, v in results.items()]
     fields = ["series", "iops", "mib_s", "server_us_per_req", "hit_ratio"]
     b.write_csv(out / "remote.csv", rows, fields)
-    b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    b.write_ratios(out, ratios)
     plots.bar_chart(out / "ratios.png",
                     f"Remote origins: each figure against its peer in the same run ({size_mib} MiB origin, "
                     f"{runtime} s runs, scale {ctx.scale:g}); targets 0.9, 0.95, 0.85, 0.9 and at most 0.15",

@@ -202,16 +202,14 @@ def run(ctx):
     def ratio(a, c):
         return None if not a or not c else a / c
 
-    def paired(series, base, row):
-        """The median over the rounds of `series` against `base` in the same round."""
-        xs, ys = rounds.get((series, row)), rounds.get((base, row))
+    def paired(series, base, row, base_row=None):
+        """The median over the rounds of `series` against `base` (in `base_row`, if another)
+        in the same round."""
+        xs, ys = rounds.get((series, row)), rounds.get((base, base_row or row))
         return b.median([total(x) / total(y) for x, y in zip(xs, ys) if total(y)]) if xs and ys else None
 
-    def copies_vs_disk():
-        """Copies a second against the disk's 64 KiB read+write pairs a second (a copy is one
-        of each), the median over the rounds."""
-        xs, ys = rounds.get(("thin 1 snapshot", "overwrites")), rounds.get(("disk 64 KiB", "randrw"))
-        return b.median([2 * total(x) / total(y) for x, y in zip(xs, ys) if total(y)]) if xs and ys else None
+    # Copies a second against the disk's 64 KiB read+write pairs a second (a copy is one of each).
+    per_pair = paired("thin 1 snapshot", "disk 64 KiB", "overwrites", base_row="randrw")
 
     fw = "first writes"
     ratios = {
@@ -225,13 +223,13 @@ def run(ctx):
         "first writes no zeroing / raw": ratio(iops("thin no zeroing", fw), iops("raw file", fw)),
         "shared (1 snapshot) / unshared overwrites": paired("thin 1 snapshot", "thin mapped", "overwrites"),
         "100 snapshots / 1 snapshot": paired(f"thin {SNAPSHOTS} snapshots", "thin 1 snapshot", "overwrites"),
-        "shared (1 snapshot) / the disk's 64 KiB read+write pairs": copies_vs_disk(),
+        "shared (1 snapshot) / the disk's 64 KiB read+write pairs": None if per_pair is None else 2 * per_pair,
     }
 
     rows = [{"series": s, "row": r, "read_iops": v["read_iops"], "write_iops": v["write_iops"]}
             for (s, r), v in results.items()]
     b.write_csv(out / "thin.csv", rows, ["series", "row", "read_iops", "write_iops"])
-    b.write_csv(out / "ratios.csv", [{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    b.write_ratios(out, ratios)
     values = {(None, r, s): iops(s, r) for s in SERIES for r in TABLE}
     plots.grouped_bars(out / "table.png",
                        f"4 KiB random IO, iodepth 32, {vol_mib} MiB volumes over a {data_mib} MiB data file, "
