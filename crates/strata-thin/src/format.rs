@@ -205,13 +205,20 @@ pub struct Superblock {
 }
 
 /// What dm-thin does not keep and strata does: the data device's spec and each volume's
-/// size. It lives in the superblock's tail, from byte 1024, behind a tag; the checksum
-/// covers it, neither thin_check nor the kernel reads it, and the kernel's commits keep it
-/// (they rewrite only the fields they know). thin_restore writes a superblock without it.
+/// size, and the devices being deleted in the background (`deleting`).
 ///
-/// After the sizes, the devices being deleted in the background (`deleting`): a count and
-/// their ids, written only when there are some (a record written before it had none, and
-/// zeroes there read as none).
+/// It lives in the superblock's sectors 1 to 7, which dm-thin leaves unused, in two slots;
+/// a pointer in sector 0's unused bytes (from byte 448) names the slot in use, its length
+/// and its crc32c. The superblock's checksum covers everything, neither thin_check nor the
+/// kernel reads these bytes, and the kernel's commits keep them (they rewrite only the
+/// fields they know). thin_restore writes a superblock without them.
+///
+/// A commit that changes the record writes the superblock twice (`Superblock::writes`):
+/// first the new record into the slot not in use, then sector 0 alone. The last 4 bytes
+/// of each of sectors 1 to 7 are chosen so that a sector's change leaves the superblock's
+/// checksum as it was: a power cut during the first write, whatever mix of old and new
+/// sectors it leaves, keeps a superblock dm-thin accepts, naming the old slot, which that
+/// write did not touch. The second write changes only sector 0, which a disk writes whole.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {
     pub data_spec: String,
@@ -219,28 +226,127 @@ pub struct Record {
     pub deleting: std::collections::BTreeSet<u32>,
 }
 
-const RECORD_AT: usize = 1024;
-const RECORD_TAG: &[u8; 8] = b"strata\x01\x00";
+const SECTOR: usize = 512;
+/// The bytes of each of sectors 1 to 7 that a slot uses (the rest keep the checksum).
+const SECTOR_PAYLOAD: usize = SECTOR - 4;
+/// A slot's bytes: half of sectors 1 to 7's payload.
+const SLOT: usize = (BLOCK / SECTOR - 1) * SECTOR_PAYLOAD / 2;
+const POINTER_AT: usize = 448;
+const POINTER_TAG: &[u8; 8] = b"strata\x02\x00";
+/// Before the two slots, the record sat unprotected from byte 1024 behind this tag; such
+/// a superblock is still read, and its next record change writes slot 1, which starts past
+/// any record of that layout short of 1,278 bytes.
+const V1_AT: usize = 1024;
+const V1_TAG: &[u8; 8] = b"strata\x01\x00";
+
+/// The byte of the superblock holding byte `i` of slot `slot`.
+fn slot_byte(slot: usize, i: usize) -> usize {
+    let k = slot * SLOT + i;
+    (1 + k / SECTOR_PAYLOAD) * SECTOR + k % SECTOR_PAYLOAD
+}
+
+/// Which slot sector 0 names, with the record's length and crc32c.
+fn pointer(b: &[u8]) -> Option<(usize, usize, u32)> {
+    (&b[POINTER_AT..POINTER_AT + 8] == POINTER_TAG)
+        .then(|| (le32(b, POINTER_AT + 8) as usize, le32(b, POINTER_AT + 12) as usize, le32(b, POINTER_AT + 16)))
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn take_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= ((byte & 0x7f) as u64) << shift;
+        if byte < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
 
 impl Record {
-    /// The volumes whose sizes fit beside a data spec of `spec_len` bytes.
-    pub fn capacity(spec_len: usize) -> usize {
-        (BLOCK - RECORD_AT - 8 - 2 - spec_len - 4) / 12
-    }
-
-    /// Whether the whole record fits in the superblock's tail.
+    /// Whether the record fits in a slot.
     pub fn fits(&self) -> bool {
-        let deleting = if self.deleting.is_empty() { 0 } else { 4 + 4 * self.deleting.len() };
-        8 + 2 + self.data_spec.len() + 4 + 12 * self.sizes.len() + deleting <= BLOCK - RECORD_AT
+        self.bytes().len() <= SLOT
     }
 
-    fn decode(b: &[u8]) -> Record {
+    /// Whether a slot still holds this record and another volume's size, at its largest.
+    pub fn fits_one_more(&self) -> bool {
+        self.bytes().len() + 15 <= SLOT
+    }
+
+    /// A slot's content: the spec's length and bytes, then the sizes and the devices being
+    /// deleted, each a count followed by its entries, all as LEB128 varints. An empty
+    /// record is no bytes.
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if self.data_spec.is_empty() && self.sizes.is_empty() && self.deleting.is_empty() {
+            return out;
+        }
+        put_varint(&mut out, self.data_spec.len() as u64);
+        out.extend_from_slice(self.data_spec.as_bytes());
+        put_varint(&mut out, self.sizes.len() as u64);
+        for (&id, &bytes) in &self.sizes {
+            put_varint(&mut out, id as u64);
+            put_varint(&mut out, bytes);
+        }
+        put_varint(&mut out, self.deleting.len() as u64);
+        for &id in &self.deleting {
+            put_varint(&mut out, id as u64);
+        }
+        out
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Record> {
         let mut r = Record::default();
-        if &b[RECORD_AT..RECORD_AT + 8] != RECORD_TAG {
+        if b.is_empty() {
+            return Some(r);
+        }
+        let at = &mut 0;
+        let len = take_varint(b, at)? as usize;
+        r.data_spec = String::from_utf8(b.get(*at..*at + len)?.to_vec()).ok()?;
+        *at += len;
+        for _ in 0..take_varint(b, at)? {
+            let id = u32::try_from(take_varint(b, at)?).ok()?;
+            r.sizes.insert(id, take_varint(b, at)?);
+        }
+        for _ in 0..take_varint(b, at)? {
+            r.deleting.insert(u32::try_from(take_varint(b, at)?).ok()?);
+        }
+        (*at == b.len()).then_some(r)
+    }
+
+    /// The record in a (checksummed) superblock: from the slot its pointer names, or from
+    /// the earlier layout, or none.
+    fn decode(b: &[u8]) -> Result<Record, String> {
+        let Some((slot, len, crc)) = pointer(b) else {
+            return Ok(Record::decode_v1(b));
+        };
+        if slot > 1 || len > SLOT {
+            return Err(format!("strata's record: a pointer to slot {slot}, {len} bytes"));
+        }
+        let bytes: Vec<u8> = (0..len).map(|i| b[slot_byte(slot, i)]).collect();
+        if crc32c::crc32c(&bytes) != crc {
+            return Err(format!("strata's record: bad checksum in slot {slot}"));
+        }
+        Record::from_bytes(&bytes).ok_or_else(|| format!("strata's record: slot {slot} does not decode"))
+    }
+
+    fn decode_v1(b: &[u8]) -> Record {
+        let mut r = Record::default();
+        if &b[V1_AT..V1_AT + 8] != V1_TAG {
             return r;
         }
-        let len = u16::from_le_bytes([b[RECORD_AT + 8], b[RECORD_AT + 9]]) as usize;
-        let mut at = RECORD_AT + 10;
+        let len = u16::from_le_bytes([b[V1_AT + 8], b[V1_AT + 9]]) as usize;
+        let mut at = V1_AT + 10;
         if at + len + 4 > BLOCK {
             return r;
         }
@@ -248,7 +354,7 @@ impl Record {
         at += len;
         let n = le32(b, at) as usize;
         at += 4;
-        for _ in 0..n.min(Record::capacity(len)) {
+        for _ in 0..n.min((BLOCK - at) / 12) {
             r.sizes.insert(le32(b, at), le64(b, at + 4));
             at += 12;
         }
@@ -262,35 +368,49 @@ impl Record {
         }
         r
     }
+}
 
-    fn encode(&self, b: &mut [u8]) {
-        if self.data_spec.is_empty() && self.sizes.is_empty() && self.deleting.is_empty() {
-            return;
-        }
-        let spec = self.data_spec.as_bytes();
-        b[RECORD_AT..RECORD_AT + 8].copy_from_slice(RECORD_TAG);
-        b[RECORD_AT + 8..RECORD_AT + 10].copy_from_slice(&(spec.len() as u16).to_le_bytes());
-        let mut at = RECORD_AT + 10;
-        b[at..at + spec.len()].copy_from_slice(spec);
-        at += spec.len();
-        let n = self.sizes.len().min(Record::capacity(spec.len()));
-        put32(b, at, n as u32);
-        at += 4;
-        for (&id, &bytes) in self.sizes.iter().take(n) {
-            put32(b, at, id);
-            put64(b, at + 4, bytes);
-            at += 12;
-        }
-        if !self.deleting.is_empty() && at + 4 <= BLOCK {
-            let m = self.deleting.len().min((BLOCK - at - 4) / 4);
-            put32(b, at, m as u32);
-            at += 4;
-            for &id in self.deleting.iter().take(m) {
-                put32(b, at, id);
-                at += 4;
+/// Changes the last 4 bytes of sector `s` of `new` so that the sector's change from `old`
+/// leaves the block's checksum as it was. The checksum is affine in the block's bits, so a
+/// change keeps it iff the change alone checksums as zeroes do; any 32 consecutive bits can
+/// cancel any residue (crc32c's polynomial has a constant term), found by elimination over
+/// GF(2) from the residues of the 32 single bits.
+fn keep_checksum(old: &[u8], new: &mut [u8], s: usize) {
+    let at = s * SECTOR + SECTOR_PAYLOAD;
+    new[at..at + 4].copy_from_slice(&old[at..at + 4]);
+    let residue = |change: &[u8]| checksum(&change[4..], 0) ^ checksum(&vec![0u8; BLOCK][4..], 0);
+    let mut change = vec![0u8; BLOCK];
+    for i in s * SECTOR..(s + 1) * SECTOR {
+        change[i] = old[i] ^ new[i];
+    }
+    let mut target = residue(&change);
+    // A basis of the residues: pivots[bit] = (residue, the bits of the 4 bytes making it).
+    let mut pivots = [(0u32, 0u32); 32];
+    for bit in 0..32 {
+        let mut one = vec![0u8; BLOCK];
+        put32(&mut one, at, 1 << bit);
+        let (mut v, mut m) = (residue(&one), 1u32 << bit);
+        for p in (0..32).rev() {
+            if v >> p & 1 == 0 {
+                continue;
             }
+            if pivots[p].0 == 0 {
+                pivots[p] = (v, m);
+                break;
+            }
+            v ^= pivots[p].0;
+            m ^= pivots[p].1;
         }
     }
+    let mut fix = 0u32;
+    for p in (0..32).rev() {
+        if target >> p & 1 == 1 {
+            target ^= pivots[p].0;
+            fix ^= pivots[p].1;
+        }
+    }
+    debug_assert_eq!(target, 0, "32 consecutive bits span every crc32c residue");
+    put32(new, at, le32(old, at) ^ fix);
 }
 
 impl Superblock {
@@ -326,7 +446,7 @@ impl Superblock {
             compat_flags: le32(b, 352),
             compat_ro_flags: le32(b, 356),
             incompat_flags: le32(b, 360),
-            record: Record::decode(b),
+            record: Record::decode(b)?,
         };
         if !(1..=2).contains(&sb.version) {
             return Err(format!("unsupported metadata version {}", sb.version));
@@ -344,9 +464,42 @@ impl Superblock {
         Ok(sb)
     }
 
-    /// The sealed 4 KiB block.
+    /// The sealed 4 KiB block, written over nothing (a new pool's, and the tests').
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; BLOCK];
+        self.writes(&[0; BLOCK]).pop().unwrap()
+    }
+
+    /// The writes, in order, that turn the superblock `on_disk` into this one, each to be
+    /// durable before the next: one when strata's record is unchanged, which changes sector
+    /// 0 alone; two when it changed (see `Record`).
+    pub fn writes(&self, on_disk: &[u8]) -> Vec<Vec<u8>> {
+        let mut b = on_disk.to_vec();
+        let mut out = Vec::new();
+        let bytes = self.record.bytes();
+        let active = pointer(on_disk).filter(|&(slot, len, _)| slot <= 1 && len <= SLOT);
+        let holds = |(slot, len, _): (usize, usize, u32)| {
+            len == bytes.len() && (0..len).all(|i| on_disk[slot_byte(slot, i)] == bytes[i])
+        };
+        let slot = match active {
+            Some(p) if holds(p) => Some(p.0),
+            None if bytes.is_empty() && Record::decode_v1(on_disk) == Record::default() => None,
+            _ => {
+                let slot = active.map_or(1, |p| 1 - p.0);
+                for (i, &v) in bytes.iter().enumerate() {
+                    b[slot_byte(slot, i)] = v;
+                }
+                for s in 1..BLOCK / SECTOR {
+                    if b[s * SECTOR..(s + 1) * SECTOR] != on_disk[s * SECTOR..(s + 1) * SECTOR] {
+                        keep_checksum(on_disk, &mut b, s);
+                    }
+                }
+                if b != on_disk {
+                    out.push(b.clone());
+                }
+                Some(slot)
+            }
+        };
+        b[..SECTOR].fill(0);
         put32(&mut b, 4, self.flags);
         put64(&mut b, 8, SUPERBLOCK);
         b[16..32].copy_from_slice(&self.uuid);
@@ -365,9 +518,15 @@ impl Superblock {
         put32(&mut b, 352, self.compat_flags);
         put32(&mut b, 356, self.compat_ro_flags);
         put32(&mut b, 360, self.incompat_flags);
-        self.record.encode(&mut b);
+        if let Some(slot) = slot {
+            b[POINTER_AT..POINTER_AT + 8].copy_from_slice(POINTER_TAG);
+            put32(&mut b, POINTER_AT + 8, slot as u32);
+            put32(&mut b, POINTER_AT + 12, bytes.len() as u32);
+            put32(&mut b, POINTER_AT + 16, crc32c::crc32c(&bytes));
+        }
         seal(&mut b, SUPERBLOCK_XOR);
-        b
+        out.push(b);
+        out
     }
 
     /// Data block size in bytes.
@@ -480,6 +639,111 @@ mod tests {
         b[100] ^= 1;
         assert!(Superblock::decode(&b).unwrap_err().contains("checksum"));
         assert!(Superblock::decode(&vec![0u8; BLOCK]).unwrap_err().contains("not dm-thin"));
+    }
+
+    /// Every mix of old and new sectors a power cut can leave of `writes` over `on_disk`
+    /// reads as the old superblock or (the last write whole) the new one.
+    fn torn_writes_read_old_or_new(on_disk: &[u8], old: &Superblock, new: &Superblock) -> Vec<u8> {
+        let writes = new.writes(on_disk);
+        let mut before = on_disk.to_vec();
+        for (k, w) in writes.iter().enumerate() {
+            let changed: Vec<usize> = (0..BLOCK / SECTOR)
+                .filter(|&s| w[s * SECTOR..(s + 1) * SECTOR] != before[s * SECTOR..(s + 1) * SECTOR])
+                .collect();
+            if k + 1 < writes.len() {
+                assert!(!changed.contains(&0), "the record's write leaves sector 0 alone");
+            } else {
+                assert!(changed.iter().all(|&s| s == 0), "the last write changes sector 0 alone");
+            }
+            for mask in 0u32..1 << changed.len() {
+                let mut mix = before.clone();
+                for (i, &s) in changed.iter().enumerate() {
+                    if mask >> i & 1 == 1 {
+                        mix[s * SECTOR..(s + 1) * SECTOR].copy_from_slice(&w[s * SECTOR..(s + 1) * SECTOR]);
+                    }
+                }
+                let whole = mask == (1 << changed.len()) - 1 && k + 1 == writes.len();
+                assert_eq!(&Superblock::decode(&mix).unwrap(), if whole { new } else { old });
+            }
+            before = w.clone();
+        }
+        before
+    }
+
+    #[test]
+    fn a_torn_superblock_write_reads_as_the_old_superblock() {
+        let mut sb = Superblock {
+            version: VERSION,
+            data_block_size: 128,
+            metadata_block_size: BLOCK_SECTORS,
+            record: Record {
+                data_spec: "/dev/disk/by-id/nvme-a-long-name-for-the-data-device".into(),
+                ..Record::default()
+            },
+            ..Superblock::default()
+        };
+        let mut disk = sb.encode();
+        for step in 0u32..40 {
+            let mut next = sb.clone();
+            next.transaction_id += 1;
+            match step % 4 {
+                0 | 1 => {
+                    next.record.sizes.insert(step * 7919 % 1000, (step as u64 + 1) << 30);
+                }
+                2 => {
+                    let id = *next.record.sizes.keys().next().unwrap();
+                    next.record.sizes.remove(&id);
+                    next.record.deleting.insert(id);
+                }
+                _ => {} // the record unchanged: one write
+            }
+            assert_eq!(next.writes(&disk).len(), if step % 4 == 3 { 1 } else { 2 });
+            disk = torn_writes_read_old_or_new(&disk, &sb, &next);
+            sb = next;
+        }
+    }
+
+    #[test]
+    fn the_record_of_the_earlier_layout_is_read_and_moved_safely() {
+        let mut sb = Superblock {
+            version: VERSION,
+            data_block_size: 128,
+            metadata_block_size: BLOCK_SECTORS,
+            ..Superblock::default()
+        };
+        let mut disk = sb.encode();
+        disk[V1_AT..V1_AT + 8].copy_from_slice(V1_TAG);
+        disk[V1_AT + 8..V1_AT + 10].copy_from_slice(&6u16.to_le_bytes());
+        disk[V1_AT + 10..V1_AT + 16].copy_from_slice(b"/d.img");
+        put32(&mut disk, V1_AT + 16, 1);
+        put32(&mut disk, V1_AT + 20, 5);
+        put64(&mut disk, V1_AT + 24, 1 << 30);
+        seal(&mut disk, SUPERBLOCK_XOR);
+        sb.record = Record { data_spec: "/d.img".into(), sizes: [(5, 1 << 30)].into(), ..Record::default() };
+        assert_eq!(Superblock::decode(&disk).unwrap(), sb);
+        let mut next = sb.clone();
+        next.record.sizes.insert(6, 1 << 20);
+        torn_writes_read_old_or_new(&disk, &sb, &next);
+    }
+
+    #[test]
+    fn a_slot_holds_two_hundred_volume_sizes() {
+        let mut r = Record {
+            data_spec: "/dev/disk/by-id/nvme-Samsung_SSD_980_PRO_2TB_S6B0NL0T000000X".into(),
+            ..Record::default()
+        };
+        for id in 0..200 {
+            r.sizes.insert(id, 1 << 40);
+        }
+        assert!(r.fits_one_more());
+        let mut sb = Superblock {
+            version: VERSION,
+            data_block_size: 128,
+            metadata_block_size: BLOCK_SECTORS,
+            ..Superblock::default()
+        };
+        sb.record = r;
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
     }
 
     #[test]

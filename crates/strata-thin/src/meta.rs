@@ -27,6 +27,10 @@ pub struct Metadata {
     pub tm: Tm,
     /// The superblock as last committed (or read); roots are refreshed at each commit.
     pub sb: Superblock,
+    /// Its bytes on the device, and those of the commit prepared last (the next commit's
+    /// superblock writes are made from them: see `Superblock::writes`).
+    image: Vec<u8>,
+    prepared_image: Vec<u8>,
     /// The current roots of the two-level mapping tree and of the device-details tree.
     root: u64,
     details_root: u64,
@@ -42,10 +46,10 @@ pub struct Metadata {
 }
 
 /// A prepared commit: blocks to write, then (after they and the data are durable) the
-/// superblock.
+/// superblock, in one write or two.
 pub struct Commit {
     pub writes: Blocks,
-    pub superblock: Vec<u8>,
+    pub superblocks: Vec<Vec<u8>>,
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -92,6 +96,8 @@ impl Metadata {
         Ok(Metadata {
             tm,
             sb,
+            image: vec![0; BLOCK],
+            prepared_image: Vec::new(),
             root,
             details_root,
             details: BTreeMap::new(),
@@ -126,6 +132,7 @@ impl Metadata {
             ));
         }
         let mut m = Metadata::create(dev.size(), data_bytes, data_block_bytes)?;
+        m.image = first.to_vec();
         m.set_data_spec(data_spec)?;
         if let Some(c) = m.prepare_commit()? {
             c.write(dev).await?;
@@ -159,7 +166,7 @@ impl Metadata {
     }
 
     async fn open_with(dev: &dyn BlockDev, lazy: bool) -> Result<Metadata> {
-        let Maps { sb, md, data, sm_blocks } = Maps::read(dev).await?;
+        let Maps { sb, image, md, data, sm_blocks } = Maps::read(dev).await?;
         let limits = (md.nr_blocks(), data.nr_blocks());
         // The mapping and details trees, every node read and checked: the blocks the
         // metadata space map counts in use are read first, in device order and in large
@@ -188,6 +195,8 @@ impl Metadata {
             root: sb.data_mapping_root,
             details_root: sb.device_details_root,
             sb,
+            image,
+            prepared_image: Vec::new(),
             tm,
             details,
             changed: BTreeSet::new(),
@@ -295,7 +304,7 @@ impl Metadata {
     /// Records the data device's spec, for opening the pool by its metadata device alone.
     pub fn set_data_spec(&mut self, spec: &str) -> Result<()> {
         let r = Record { data_spec: spec.to_string(), ..self.sb.record.clone() };
-        if Record::capacity(spec.len()) < r.sizes.len().max(1) || !r.fits() {
+        if !r.fits_one_more() {
             return Err(invalid(format!("the data spec {spec:?} is too long to record")));
         }
         self.sb.record.data_spec = spec.to_string();
@@ -902,11 +911,16 @@ impl Metadata {
         self.tm.md.begin_commit();
         self.tm.data.begin_commit();
         self.dirty = false;
-        Ok(Some(Commit { writes, superblock: self.sb.encode() }))
+        let superblocks = self.sb.writes(&self.image);
+        self.prepared_image = superblocks.last().unwrap().clone();
+        Ok(Some(Commit { writes, superblocks }))
     }
 
     /// The commit prepared last is durable: the blocks it freed may be reused.
     pub fn committed(&mut self) {
+        if !self.prepared_image.is_empty() {
+            self.image = std::mem::take(&mut self.prepared_image);
+        }
         self.tm.md.durable();
         self.tm.data.durable();
     }
@@ -931,8 +945,10 @@ impl Commit {
             i = j;
         }
         dev.flush().await?;
-        dev.write(0, Buf::from_slice(&self.superblock), true).await?;
-        dev.flush().await?;
+        for sb in &self.superblocks {
+            dev.write(0, Buf::from_slice(sb), true).await?;
+            dev.flush().await?;
+        }
         Ok(())
     }
 }
@@ -1257,6 +1273,8 @@ async fn load_upper(
 /// every block of them checked.
 pub(crate) struct Maps {
     pub sb: Superblock,
+    /// The superblock's bytes.
+    pub image: Vec<u8>,
     pub md: SpaceMap,
     pub data: SpaceMap,
     /// The blocks of the space maps' indexes and overflow trees (bitmaps are in `md` and
@@ -1266,7 +1284,7 @@ pub(crate) struct Maps {
 
 impl Maps {
     pub async fn read(dev: &dyn BlockDev) -> Result<Maps> {
-        let sb = read_superblock(dev).await?;
+        let (sb, image) = read_superblock_image(dev).await?;
         if sb.held_root != 0 {
             return Err(invalid(
                 "the pool holds a metadata snapshot (release it with dmsetup message ... release_metadata_snap)",
@@ -1324,7 +1342,7 @@ impl Maps {
         data.begin_commit();
         md.durable();
         data.durable();
-        Ok(Maps { sb, md, data, sm_blocks })
+        Ok(Maps { sb, image, md, data, sm_blocks })
     }
 
     /// The metadata and data blocks there are.
@@ -1384,12 +1402,17 @@ pub(crate) fn devices(tm: &Tm, sb: &Superblock) -> Result<BTreeMap<DevId, Device
 
 /// Reads and checks the superblock alone (for strata's record of the data device).
 pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
+    Ok(read_superblock_image(dev).await?.0)
+}
+
+async fn read_superblock_image(dev: &dyn BlockDev) -> Result<(Superblock, Vec<u8>)> {
     if dev.size() < BLOCK as u64 {
         return Err(invalid(format!("{}: too small to hold dm-thin metadata", dev.describe())));
     }
     let b = read_block(dev, SUPERBLOCK).await?;
-    Superblock::decode(&b).map_err(|e| {
+    let sb = Superblock::decode(&b).map_err(|e| {
         let kind = if e.starts_with("not dm-thin") { ErrorKind::Invalid } else { ErrorKind::Checksum };
         Error::new(kind, format!("superblock: {e}"))
-    })
+    })?;
+    Ok((sb, b.to_vec()))
 }
