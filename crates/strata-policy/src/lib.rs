@@ -233,12 +233,26 @@ impl Access {
 
 /// The blocks a promoted read miss of `block` may bring along (readahead, as bcache's): the
 /// others of its aligned window of `per` blocks, below `limit` (the origin's size in blocks),
-/// in address order. The cache target and the simulator both take them, as long as the
-/// policy has room, without evicting anything.
+/// in address order. The cache target and the simulator both take them where
+/// [`readahead_place`] finds room for them.
 pub fn readahead_window(block: u64, per: u64, limit: u64) -> impl Iterator<Item = u64> {
     let per = per.max(1);
     let first = block / per * per;
     (first..(first + per).min(limit)).filter(move |&b| b != block)
+}
+
+/// Makes room for readahead neighbour `block` (not cached) in `policy` and inserts it: into
+/// free room, or else in place of an untouched restored block (`evict_untouched`), never
+/// of a block the workload has used. `Ok(victim)` when placed, the victim to demote if
+/// any; `Err` when there is no such room. The cache target and the simulator both place
+/// neighbours this way: a cache full of another workload's blocks then warms like an
+/// empty one.
+pub fn readahead_place(policy: &mut dyn Policy, block: u64) -> Result<Option<u64>, InsertError> {
+    if policy.len() < policy.capacity() {
+        return policy.insert(block, false).map(|_| None);
+    }
+    let victim = policy.evict_untouched().ok_or(InsertError::Full(policy.capacity()))?;
+    policy.insert(block, false).map(|_| Some(victim))
 }
 
 /// What the policy decided for one access. Its own state already reflects the decision.
@@ -346,6 +360,14 @@ pub trait Policy {
 
     /// Make `block` cached without an access, e.g. when loading the mapping at start-up.
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError>;
+
+    /// Evict a clean block that was `insert`ed at start-up and that nothing has accessed
+    /// since, if the policy keeps such blocks apart (strata's restored queue) and has one
+    /// left; `None` otherwise. Readahead takes their room as it takes free room (see
+    /// [`readahead_place`]).
+    fn evict_untouched(&mut self) -> Option<u64> {
+        None
+    }
 
     /// Take `block` over from another policy that was serving the same workload until now,
     /// coldest blocks first (`adaptive` switching candidates). Unlike [`Policy::insert`]

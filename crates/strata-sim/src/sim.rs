@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata_policy::{readahead_window, Access, Op, Opt, Outcome, Params, Policy};
+use strata_policy::{readahead_place, readahead_window, Access, Op, Opt, Outcome, Params, Policy};
 
 use crate::cost::{CostReport, CostSpec, CostState};
 use crate::trace::{IoKind, Request, TraceError};
@@ -142,7 +142,7 @@ pub fn ratio(a: u64, b: u64) -> f64 {
 
 /// Readahead as the cache target does it: a promoted read miss brings along the other
 /// blocks of its aligned window of `per` blocks (below `limit`, the origin's size in blocks)
-/// that the policy does not hold, while the policy has room (see
+/// that the policy does not hold, while [`readahead_place`] finds room for them (see
 /// [`strata_policy::readahead_window`]). `per` of 0 or 1 is none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Readahead {
@@ -163,8 +163,9 @@ impl Readahead {
             if policy.contains(nb) {
                 continue;
             }
-            // Not cached, so only a full policy refuses it.
-            if policy.insert(nb, false).is_err() {
+            // Not cached, so only a full policy refuses it. A victim is clean: it costs
+            // nothing to drop.
+            if readahead_place(policy, nb).is_err() {
                 break;
             }
             observer.neighbour(nb);

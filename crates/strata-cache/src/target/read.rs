@@ -7,7 +7,7 @@ use crate::meter::{Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use strata_io::{BoxFut, Buf, Error, ErrorKind, Result};
-use strata_policy::{readahead_window, Access, Op, Outcome};
+use strata_policy::{readahead_place, readahead_window, Access, Op, Outcome};
 use tokio::sync::OwnedRwLockWriteGuard;
 
 enum ReadPlan {
@@ -250,15 +250,18 @@ impl Inner {
         Ok(answer)
     }
 
-    /// While the cache has unused blocks, a promoted read miss brings its neighbours along:
-    /// the origin read is rounded out to the aligned `readahead` window around the block (as
+    /// While the cache has room, a promoted read miss brings its neighbours along: the
+    /// origin read is rounded out to the aligned `readahead` window around the block (as
     /// bcache's `readahead` does), and each neighbour that is not cached, not being promoted
     /// and not in use by other IO takes a free slot, within the migration budget. For a disk
     /// one longer read costs little more than the seek it needed anyway, so an empty cache
-    /// fills at the origin's streaming rate rather than its seek rate. Neighbours never evict
-    /// anything and leave the slot reserve alone: a full cache promotes the missed block only.
-    /// A neighbour in a shard already held here (the block's, or an earlier neighbour's) needs
-    /// no lock of its own (`None`).
+    /// fills at the origin's streaming rate rather than its seek rate. Room is unused
+    /// blocks, or blocks restored at start-up that nothing has read since
+    /// (`readahead_place`), so a cache full of another workload's blocks fills as fast.
+    /// Neighbours never evict a block the workload has used, and leave the slot reserve
+    /// alone (taking the place of restored blocks, whose slots come back at the next commit,
+    /// they may use half of it). A neighbour in a shard already held here (the block's, or an
+    /// earlier neighbour's) needs no lock of its own (`None`).
     fn fill_ahead(&self, b: u64) -> Vec<(u64, u32, Option<OwnedRwLockWriteGuard<()>>)> {
         let mut st = self.state.lock();
         let per = st.meta.sb.readahead_bytes as u64 / self.block;
@@ -272,26 +275,35 @@ impl Inner {
             if st.map.contains_key(&nb) || st.policy.contains(nb) {
                 continue;
             }
-            if st.policy.len() >= st.policy.capacity() || st.free.len() <= keep_free {
+            let floor = if st.policy.len() < st.policy.capacity() { keep_free } else { keep_free / 2 };
+            if st.free.len() <= floor {
                 break;
+            }
+            match readahead_place(&mut *st.policy, nb) {
+                Ok(victim) if st.evict(victim, &self.counters) => {}
+                Ok(_) => {
+                    st.policy.remove(nb);
+                    break;
+                }
+                Err(_) => break,
             }
             // Only a neighbour nobody is using: its shard is taken without waiting.
             let shard = self.shard_index(nb);
             let guard = if held.contains(&shard) {
                 None
             } else {
-                let Ok(g) = self.shard(nb).clone().try_write_owned() else { continue };
+                let Ok(g) = self.shard(nb).clone().try_write_owned() else {
+                    st.policy.remove(nb);
+                    continue;
+                };
                 held.push(shard);
                 Some(g)
             };
-            if !self.budget.try_take(self.block) {
+            let slot = if self.budget.try_take(self.block) { st.reserve(&self.refs) } else { None };
+            let Some(s) = slot else {
+                st.policy.remove(nb);
                 break;
-            }
-            let Some(s) = st.reserve(&self.refs) else { break };
-            if st.policy.insert(nb, false).is_err() {
-                st.release(s);
-                break;
-            }
+            };
             got.push((nb, s, guard));
         }
         got

@@ -206,6 +206,9 @@ macro_rules! delegate {
         fn adopt(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
             self.$inner.adopt(block, dirty)
         }
+        fn evict_untouched(&mut self) -> Option<u64> {
+            self.$inner.evict_untouched()
+        }
         fn set_dirty(&mut self, block: u64) -> bool {
             self.$inner.set_dirty(block)
         }

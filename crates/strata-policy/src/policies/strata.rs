@@ -64,6 +64,10 @@ struct Node {
     link: Link,
 }
 
+/// The frequency bits of a restored entry, which carries no credit, mark one inserted
+/// before the first access (restored at start-up) rather than a readahead neighbour.
+const STARTUP: u8 = 1;
+
 const BLOCK_BITS: u32 = 60;
 const BLOCK_MASK: u64 = (1 << BLOCK_BITS) - 1;
 
@@ -143,6 +147,9 @@ pub struct Strata {
     ghost: List<0>,
     restored: List<0>,
     dirty: Dirty,
+    /// An access has been seen: blocks inserted from now on (readahead neighbours) are not
+    /// from the start-up (see `STARTUP`).
+    accessed: bool,
 }
 
 impl Strata {
@@ -160,6 +167,7 @@ impl Strata {
             ghost: List::new(),
             restored: List::new(),
             dirty: Dirty::new(n),
+            accessed: false,
         }
     }
 
@@ -233,11 +241,17 @@ impl Strata {
         None
     }
 
-    /// Evict the oldest untouched restored block; dirty ones cannot leave and join main.
-    /// They were never accessed here, so they leave no ghost behind.
-    fn evict_restored(&mut self) -> Option<u64> {
-        while let Some(t) = self.restored.pop_front(&mut self.arena.nodes) {
+    /// Evict the oldest untouched restored block (with `startup_only`, only if it came
+    /// from the start-up); dirty ones cannot leave and join main. They were never accessed
+    /// here, so they leave no ghost behind.
+    fn evict_restored(&mut self, startup_only: bool) -> Option<u64> {
+        while let Some(t) = self.restored.front() {
+            if startup_only && self.arena.nodes[t as usize].freq() != STARTUP {
+                return None;
+            }
+            self.restored.pop_front(&mut self.arena.nodes);
             if self.dirty.is_dirty(t) {
+                self.arena.nodes[t as usize].set_freq(0);
                 self.move_to_main(t);
             } else {
                 let block = self.block_of(t);
@@ -253,7 +267,7 @@ impl Strata {
         if self.dirty.count() >= self.cached() {
             return None;
         }
-        if let Some(b) = self.evict_restored() {
+        if let Some(b) = self.evict_restored(false) {
             return Some(b);
         }
         if self.small.len() >= self.small_cap || self.main.is_empty() {
@@ -264,7 +278,11 @@ impl Strata {
     }
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
-        let i = self.arena.alloc(Node::new(block, at));
+        let mut node = Node::new(block, at);
+        if at == Where::Restored && !self.accessed {
+            node.set_freq(STARTUP);
+        }
+        let i = self.arena.alloc(node);
         let mut queue = *self.queue(at);
         queue.push_back(&mut self.arena.nodes, i);
         *self.queue(at) = queue;
@@ -327,6 +345,7 @@ impl Policy for Strata {
     dirty_methods!();
 
     fn access(&mut self, a: Access) -> Outcome {
+        self.accessed = true;
         let found = self.map.get(a.block, &self.arena.nodes);
         if let Some(i) = found {
             let node = &mut self.arena.nodes[i as usize];
@@ -391,6 +410,12 @@ impl Policy for Strata {
     /// Known only from the mapping: no credit, first to make room (see the module doc).
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
         self.place(block, dirty, Where::Restored)
+    }
+
+    /// Only blocks from the start-up, still untouched: readahead neighbours inserted since
+    /// stay (they leave through `evict` like any block without credit).
+    fn evict_untouched(&mut self) -> Option<u64> {
+        self.evict_restored(true)
     }
 
     /// A block taken over from the policy that served before (see [`Policy::adopt`]): it
@@ -506,6 +531,40 @@ mod tests {
             assert!(!p.contains(old), "restored block {old} outlived {CAP} admissions");
         }
         assert!(admitted.iter().all(|&n| p.contains(n)));
+    }
+
+    #[test]
+    fn readahead_takes_the_place_of_untouched_start_up_blocks_only() {
+        let mut p = restarted();
+        p.set_dirty(3);
+        assert!(p.access(Access::read(5, 0)).is_hit(), "5 is touched: no longer untouched");
+        // Readahead neighbours go in place of the start-up blocks, oldest first, never the
+        // dirty one (it stays, in main) or the one read since the restart.
+        let mut victims = Vec::new();
+        for nb in 10_000..10_000 + CAP as u64 {
+            match crate::readahead_place(&mut p, nb) {
+                Ok(v) => victims.push(v.expect("the cache is full")),
+                Err(_) => break,
+            }
+        }
+        let expect: Vec<u64> = (0..CAP as u64).filter(|&b| b != 3 && b != 5).collect();
+        assert_eq!(victims, expect);
+        assert!(p.contains(3) && p.is_dirty(3) && p.contains(5));
+        // The neighbours themselves carry no credit but are never displaced by readahead:
+        // only by admissions, through eviction.
+        assert!(crate::readahead_place(&mut p, 20_000).is_err());
+        assert_eq!(p.evict_untouched(), None);
+        assert!(p.access(Access::read(20_001, 0)).evicted().is_some_and(|v| v >= 10_000));
+    }
+
+    #[test]
+    fn blocks_inserted_after_the_first_access_are_not_from_the_start_up() {
+        let mut p = Strata::new(CAP, &Params::default());
+        p.access(Access::read(99_999, 0));
+        for b in 0..CAP as u64 - 1 {
+            p.insert(b, false).unwrap();
+        }
+        assert_eq!(p.evict_untouched(), None);
     }
 
     #[test]
