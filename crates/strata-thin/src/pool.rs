@@ -77,6 +77,15 @@ pub(crate) struct State {
     pub aborting: bool,
 }
 
+impl State {
+    /// Whether the mapping of `vblock` of `id` was made since the last commit (or is in
+    /// the one being written).
+    pub fn awaits_commit(&self, id: DevId, vblock: u64) -> bool {
+        let key = (id, vblock);
+        self.uncommitted.contains(&key) || self.committing.contains(&key)
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Counters {
     pub commits: AtomicU64,
@@ -93,6 +102,11 @@ pub struct Pool {
     /// Shared by lookups (every request), taken alone to change the metadata.
     pub(crate) state: SyncRwLock<State>,
     commit_lock: tokio::sync::Mutex<()>,
+    /// Held alone by a commit while it flushes the data device and, if that fails, until
+    /// the pool is back at its last commit; shared by reads through mappings that await a
+    /// commit (`ThinDev::read_piece`). A failed flush loses the data of those mappings'
+    /// blocks (a copy of a snapshot's block among them), so such a read must not meet one.
+    pub(crate) flush_gate: tokio::sync::RwLock<()>,
     stripes: Vec<RwLock<()>>,
     pub(crate) block_bytes: u64,
     pub(crate) opts: PoolOptions,
@@ -211,6 +225,7 @@ impl Pool {
                 aborting: false,
             }),
             commit_lock: tokio::sync::Mutex::new(()),
+            flush_gate: tokio::sync::RwLock::new(()),
             stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
             block_bytes,
             opts,
@@ -599,17 +614,10 @@ impl Pool {
             // Nothing to commit: the data device alone, still after any commit before. If
             // that flush fails, writes it covered may be gone: no later flush may say
             // otherwise.
-            Ok(None) => {
-                return match self.data.flush().await {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(self.abort(format!("flushing the data device failed: {}", e.context)).await),
-                }
-            }
+            Ok(None) => return self.flush_data().await,
             Err(e) => return Err(self.abort(format!("commit failed: {}", e.context)).await),
         };
-        if let Err(e) = self.data.flush().await {
-            return Err(self.abort(format!("flushing the data device failed: {}", e.context)).await);
-        }
+        self.flush_data().await?;
         if let Err(e) = commit.write(&*self.md).await {
             return Err(self.abort(format!("writing the metadata failed: {}", e.context)).await);
         }
@@ -619,6 +627,16 @@ impl Pool {
         self.counters.commits.fetch_add(1, Relaxed);
         self.last_commit_ms.store(now_ms(), Relaxed);
         Ok(())
+    }
+
+    /// Flushes the data device; if that fails, fails the pool and goes back to its last
+    /// commit before any read through a mapping made since may look (`flush_gate`).
+    async fn flush_data(&self) -> Result<()> {
+        let _alone = self.flush_gate.write().await;
+        match self.data.flush().await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.abort(format!("flushing the data device failed: {}", e.context)).await),
+        }
     }
 
     /// Whether the metadata changed since the last commit was prepared.
@@ -655,7 +673,7 @@ impl Pool {
     /// (`check_writable`).
     pub(crate) fn uncommitted(&self, id: DevId, vblock: u64) -> Result<bool> {
         let st = self.state.read();
-        let uncommitted = st.uncommitted.contains(&(id, vblock)) || st.committing.contains(&(id, vblock));
+        let uncommitted = st.awaits_commit(id, vblock);
         self.writable(&st)?;
         Ok(uncommitted)
     }

@@ -40,6 +40,17 @@ struct Piece {
     pos: u64,
 }
 
+/// A virtual block's mapping, as `ThinDev::lookup` finds it.
+#[derive(Clone, Copy)]
+struct Mapped {
+    /// The data block.
+    block: u64,
+    /// Shared with a snapshot (a write copies it first).
+    shared: bool,
+    /// Made since the last commit (or in the one under way).
+    uncommitted: bool,
+}
+
 impl ThinDev {
     /// Volume `id` of `pool`, `size` bytes (its recorded size when None).
     pub fn new(pool: Arc<Pool>, id: DevId, size: Option<u64>) -> Result<ThinDev> {
@@ -80,8 +91,8 @@ impl ThinDev {
         out
     }
 
-    /// The data block of `vblock` and whether it is shared with a snapshot.
-    async fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
+    /// Where `vblock` is mapped, if it is.
+    async fn lookup(&self, vblock: u64) -> Result<Option<Mapped>> {
         let pool = &self.pool;
         loop {
             let (missing, limits) = {
@@ -90,7 +101,13 @@ impl ThinDev {
                     Ok(_) if st.aborting => {
                         return Err(Error::new(ErrorKind::Io, format!("{}: the pool failed", pool.describe())))
                     }
-                    Ok(Some((b, t))) => return Ok(Some((b, st.meta.shared(self.id, t)?))),
+                    Ok(Some((block, t))) => {
+                        return Ok(Some(Mapped {
+                            block,
+                            shared: st.meta.shared(self.id, t)?,
+                            uncommitted: st.awaits_commit(self.id, vblock),
+                        }))
+                    }
                     Ok(None) => return Ok(None),
                     Err(missing) => (missing, st.meta.limits()),
                 }
@@ -101,8 +118,19 @@ impl ThinDev {
 
     async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {
         let _held = self.pool.stripe(self.id, p.vblock).read().await;
-        match self.lookup(p.vblock).await? {
-            Some((b, _)) => self.pool.data.read(b * self.pool.block_bytes + p.at, buf).await,
+        let mut mapped = self.lookup(p.vblock).await?;
+        // A mapping that awaits a commit: its block's data is lost if the next flush fails,
+        // and the pool then goes back to the mapping before. Read it between flushes.
+        let _between = match mapped {
+            Some(m) if m.uncommitted => {
+                let g = self.pool.flush_gate.read().await;
+                mapped = self.lookup(p.vblock).await?;
+                Some(g)
+            }
+            _ => None,
+        };
+        match mapped {
+            Some(m) => self.pool.data.read(m.block * self.pool.block_bytes + p.at, buf).await,
             None => {
                 let mut buf = buf;
                 buf.fill(0);
@@ -115,14 +143,14 @@ impl ThinDev {
         let bs = self.pool.block_bytes;
         {
             let _held = self.pool.stripe(self.id, p.vblock).read().await;
-            if let Some((b, false)) = self.lookup(p.vblock).await? {
-                return self.write_mapped(p, b, buf, fua).await;
+            if let Some(Mapped { block, shared: false, .. }) = self.lookup(p.vblock).await? {
+                return self.write_mapped(p, block, buf, fua).await;
             }
         }
         let _held = self.pool.stripe(self.id, p.vblock).write().await;
         let old = match self.lookup(p.vblock).await? {
-            Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
-            Some((b, true)) => Some(b),
+            Some(Mapped { block, shared: false, .. }) => return self.write_mapped(p, block, buf, fua).await,
+            Some(Mapped { block, shared: true, .. }) => Some(block),
             None => None,
         };
         self.pool.check_writable()?;

@@ -167,3 +167,44 @@ async fn a_failed_flush_of_overwrites_fails_the_pool() {
     assert!(dev.flush().await.is_err(), "a later flush would call the lost overwrite durable");
     assert!(dev.write(0, pattern(3, 0, 4096), true).await.is_err(), "nor may a FUA write succeed");
 }
+
+/// A failed flush loses the data of a block copied from a snapshot's since the last commit,
+/// and the pool goes back to that commit, where the volume maps the shared block again. A
+/// read through the copy's mapping that meets the failed flush must not return what the
+/// device lost: it reads what was durable (or fails), never zeroes. The read here is
+/// delayed on the data device while the flush fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_meets_a_failed_flush_never_sees_lost_copies() {
+    use strata_io::fault::{FaultDev, Ops, Rule};
+    let md = Arc::new(MemDev::new(1 << 20));
+    let cut = Arc::new(PowerCut::new(MemDev::new(8 * BS)));
+    let (data, faults) = FaultDev::new(cut.clone());
+    let mut m = Metadata::format(&*md, 8 * BS, BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = Pool::open(md.clone(), Arc::new(data), "", PoolOptions::default()).await.unwrap();
+    let dev = Arc::new(ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap());
+    let durable = pattern(7, 0, BS as usize);
+    dev.write(0, durable.clone(), true).await.unwrap();
+    p.with_meta(|m| m.create_snapshot(2, 1)).unwrap();
+    p.commit().await.unwrap();
+    // Copy-on-write: block 0 now maps a new block holding the copy, not yet flushed.
+    dev.write(0, pattern(8, 0, 4096), false).await.unwrap();
+    faults.add(Rule::delay(Ops::READ, std::time::Duration::from_millis(300)).once());
+    let reader = {
+        let dev = dev.clone();
+        tokio::spawn(async move { dev.read(BS / 2, Buf::zeroed(4096)).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    cut.fail_next_flush();
+    assert!(dev.flush().await.is_err(), "the flush fails");
+    match reader.await.unwrap() {
+        Ok(got) => assert!(got[..] == durable[BS as usize / 2..][..4096], "the read saw the lost copy"),
+        Err(e) => assert!(e.context.contains("fail"), "{e}"),
+    }
+    // After the abort the volume reads its last commit: the shared block.
+    let again = dev.read(BS / 2, Buf::zeroed(4096)).await;
+    if let Ok(got) = again {
+        assert!(got[..] == durable[BS as usize / 2..][..4096], "the volume reads its last commit");
+    }
+}
