@@ -201,3 +201,42 @@ async fn a_table_mapping_more_blocks_than_the_policy_holds() {
         }
     }
 }
+
+/// A block promoted since the last cache flush lives only in the device's volatile copy
+/// until the next flush; if that flush fails, the slot holds what it held before. A read
+/// hit in flight across the failure must not return that: here the read is delayed on the
+/// cache device while the flush fails, and it gets the block's data or an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_that_meets_a_failed_cache_flush_never_reads_what_the_flush_lost() {
+    use strata_io::fault::Ops;
+    use strata_io::powercut::PowerCut;
+    let origin = Arc::new(MemDev::new(ORIGIN));
+    let cut = Arc::new(PowerCut::new(MemDev::new(2 << 20)));
+    let (cache, faults) = FaultDev::new(cut.clone());
+    let cache = Arc::new(cache);
+    let o = CreateOptions {
+        block_bytes: BLOCK as u32,
+        mode: "writethrough".parse().unwrap(),
+        migration_budget_bytes_per_s: 0,
+        origin_spec: "mem:faults".into(),
+        ..CreateOptions::default()
+    };
+    let sb = create(&*cache, &*origin, &o).await.unwrap();
+    let (meta, _) = Meta::load(&*cache).await.unwrap();
+    let dev = Arc::new(CacheDev::open(cache.clone(), origin.clone(), meta, OpenOptions::default()).await.unwrap());
+    dev.flush().await.unwrap();
+    dev.write(3 * BLOCK, fill(7), false).await.unwrap(); // promoted into a slot, not flushed
+    assert_eq!(status(&dev).cached_blocks, 1);
+    let data = sb.data_offset..sb.data_offset + sb.slots * BLOCK;
+    faults.add(Rule::delay(Ops::READ, std::time::Duration::from_millis(300)).range(data).once());
+    let reader = {
+        let dev = dev.clone();
+        tokio::spawn(async move { read(&dev, 3).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    cut.fail_next_flush();
+    assert!(dev.flush().await.is_err(), "the flush fails");
+    if let Ok(got) = reader.await.unwrap() {
+        assert!(got == vec![7; BLOCK as usize], "the hit read what the failed flush lost");
+    }
+}

@@ -177,3 +177,34 @@ async fn a_failed_flush_stops_the_volume() {
         assert_eq!(logged_read.is_err(), log_device, "reads from the log stop only when the log lost writes");
     }
 }
+
+/// A write logged since the last commit lives only in the device's volatile copy until
+/// the next flush; if that flush fails, its slot holds what it held before. A read hit in
+/// flight across the failure must not return that: here the read is delayed on the fast
+/// device while the flush fails, and it gets the logged data or an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_that_meets_a_failed_flush_never_reads_what_the_flush_lost() {
+    use strata_io::fault::Ops;
+    use strata_io::powercut::PowerCut;
+    let origin = Arc::new(MemDev::new(ORIGIN));
+    let cut = Arc::new(PowerCut::new(MemDev::new(CACHE)));
+    let (cache, faults) = FaultDev::new(cut.clone());
+    let cache = Arc::new(cache);
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
+        .await
+        .unwrap();
+    let dev = Arc::new(WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap());
+    dev.write(5 * BLOCK, Buf::from_slice(&[7; BLOCK as usize]), false).await.unwrap(); // logged, not flushed
+    let sb = strata_writecache::offline::superblock(&*cache, None).await.unwrap();
+    faults.add(Rule::delay(Ops::READ, std::time::Duration::from_millis(300)).range(sb.data_offset()..CACHE).once());
+    let reader = {
+        let dev = dev.clone();
+        tokio::spawn(async move { dev.read(5 * BLOCK, Buf::zeroed(BLOCK as usize)).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    cut.fail_next_flush();
+    assert!(dev.flush().await.is_err(), "the flush fails");
+    if let Ok(got) = reader.await.unwrap() {
+        assert!(got[..] == [7; BLOCK as usize], "the hit read what the failed flush lost");
+    }
+}

@@ -64,7 +64,7 @@ impl Inner {
                 false => Ok(()),
             }
         };
-        let (o, c) = tokio::join!(origin_flush, self.cache.flush());
+        let (o, c) = tokio::join!(origin_flush, self.flush_cache());
         // On failure: the error, and whether the cache device failed (whatever else did).
         let result: std::result::Result<(), (Error, bool)> = async {
             c.map_err(|e| (during(e, "cache flush"), true))?;
@@ -73,7 +73,7 @@ impl Inner {
                 let writes =
                     batch.pages.iter().map(|(_, off, _, bytes)| self.cache.write(*off, Buf::from_slice(bytes), false));
                 futures_join(writes).await.map_err(|e| (during(e, "metadata write"), true))?;
-                self.cache.flush().await.map_err(|e| (during(e, "metadata flush"), true))?;
+                self.flush_cache().await.map_err(|e| (during(e, "metadata flush"), true))?;
             }
             Ok(())
         }
@@ -103,6 +103,22 @@ impl Inner {
             }
             e
         })
+    }
+
+    /// Flushes the cache device. The slots mapped until now are durable with this flush or
+    /// lost with it: reads of them wait (`read_slot`) until it is known which, and a failure
+    /// is marked (`cache_suspect`) before they go on.
+    async fn flush_cache(&self) -> Result<()> {
+        let _alone = self.flush_gate.write().await;
+        {
+            let mut st = self.state.lock();
+            st.flushing = std::mem::take(&mut st.fresh);
+        }
+        let r = self.cache.flush().await;
+        let mut st = self.state.lock();
+        st.cache_suspect |= r.is_err();
+        st.flushing.clear();
+        r
     }
 
     pub(super) async fn write_superblock(&self) -> Result<()> {

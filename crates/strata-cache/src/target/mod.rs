@@ -83,6 +83,11 @@ struct State {
     /// The failure was the cache device's: a slot written since its last good flush may
     /// hold older data, another block's, so no read is served from the cache any more.
     cache_suspect: bool,
+    /// Slots mapped (filled, or written whole in a new place) since the cache flush now
+    /// under way or the last one started, and those that flush covers: their data is gone
+    /// if it fails (`Inner::read_slot`).
+    fresh: FxHashSet<u32>,
+    flushing: FxHashSet<u32>,
 }
 
 /// The target, shared by the IO paths and the background task.
@@ -96,6 +101,9 @@ struct Inner {
     shards: Vec<Arc<RwLock<()>>>,
     refs: Vec<AtomicU32>,
     commit_lock: tokio::sync::Mutex<()>,
+    /// Held alone by a commit over its first cache flush until a failure is marked
+    /// (`cache_suspect`); shared by reads of fresh slots (`read_slot`).
+    flush_gate: RwLock<()>,
     counters: Counters,
     windows: Windows,
     budget: Budget,
@@ -127,6 +135,28 @@ impl Inner {
 
     fn slot_offset(&self, s: u32) -> u64 {
         self.data_offset + s as u64 * self.block
+    }
+
+    /// Reads `buf.len()` bytes at `within` of slot `s`. A slot mapped since the last good
+    /// cache flush loses its data if the flush under way fails, and then holds what it held
+    /// before (another block's data): such a read waits that flush out and, after a failed
+    /// one, fails rather than return it. The others read at once.
+    async fn read_slot(&self, s: u32, within: u64, buf: Buf) -> Result<Buf> {
+        let fresh = {
+            let st = self.state.lock();
+            st.fresh.contains(&s) || st.flushing.contains(&s)
+        };
+        let _between = match fresh {
+            true => Some(self.flush_gate.read().await),
+            false => None,
+        };
+        if fresh && self.state.lock().cache_suspect {
+            return Err(Error::new(
+                strata_io::ErrorKind::Io,
+                format!("cache slot {s}: its data went with a failed cache flush"),
+            ));
+        }
+        self.cache.read(self.slot_offset(s) + within, buf).await
     }
 
     /// Bytes of origin block `b` (the last block may be short).

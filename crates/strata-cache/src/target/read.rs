@@ -85,7 +85,7 @@ impl Inner {
             };
             match plan {
                 ReadPlan::Hit(s) => {
-                    let r = self.cache.read(self.slot_offset(s) + within, buf).await;
+                    let r = self.read_slot(s, within, buf).await;
                     self.refs[s as usize].fetch_sub(1, Relaxed);
                     match r {
                         Ok(data) => Ok(data),

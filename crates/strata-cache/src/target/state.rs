@@ -65,6 +65,7 @@ impl State {
     pub(super) fn map_to(&mut self, b: u64, s: u32, dirty: bool) {
         self.reserved -= 1;
         self.map.insert(b, s);
+        self.fresh.insert(s);
         if dirty {
             self.meta.set(s, b, true, true);
         } else {

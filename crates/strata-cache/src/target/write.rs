@@ -231,7 +231,7 @@ impl Inner {
         let block_data = if within == 0 && n == len {
             Buf::from_slice(&data)
         } else {
-            let mut full = match self.cache.read(self.slot_offset(old), Buf::zeroed(len as usize)).await {
+            let mut full = match self.read_slot(old, 0, Buf::zeroed(len as usize)).await {
                 Ok(d) => Ok(d),
                 Err(_) => {
                     // A clean block: the origin holds the same data.

@@ -67,7 +67,7 @@ impl Inner {
         }
         let reads = picked.iter().map(|&(b, s, _)| {
             let len = self.block_len(b) as usize;
-            self.cache.read(self.slot_offset(s), Buf::zeroed(len))
+            self.read_slot(s, 0, Buf::zeroed(len))
         });
         let parts = futures_collect(reads).await;
         for &(_, s, _) in &picked {

@@ -77,6 +77,7 @@ impl Inner {
             }
         }
         if result.is_ok() {
+            let _alone = self.flush_gate.write().await;
             result = self.cache.flush().await;
             if let Err(e) = &result {
                 self.state.lock().stop(format!("fast device flush: {e}"), true);

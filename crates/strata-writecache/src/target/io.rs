@@ -87,26 +87,31 @@ impl Inner {
         let slot = {
             let mut st = self.state.lock();
             match st.lookup(b) {
-                Some(_) if st.log_suspect => {
-                    return Err(Error::new(
-                        ErrorKind::Io,
-                        format!("writecache: block {b} is in the log, which lost writes in a failed flush"),
-                    ))
-                }
+                Some(_) if st.log_suspect => return Err(log_lost(b)),
                 Some(s) => {
                     if st.zero(s) {
                         relaxed(&self.counters.read_hits);
                         return Ok(Buf::zeroed(len as usize));
                     }
                     st.pin(s);
-                    Some(s)
+                    Some((s, st.durable(s)))
                 }
                 None => None,
             }
         };
         match slot {
-            Some(s) => {
+            Some((s, durable)) => {
                 relaxed(&self.counters.read_hits);
+                // A slot whose entry is not durable loses its data if the flush under way
+                // fails, and then holds older data, another block's: read it between flushes.
+                let _between = match durable {
+                    true => None,
+                    false => Some(self.flush_gate.read().await),
+                };
+                if !durable && self.state.lock().log_suspect {
+                    self.state.lock().unpin(s);
+                    return Err(log_lost(b));
+                }
                 let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(len as usize)).await;
                 self.state.lock().unpin(s);
                 r.map_err(|e| {
@@ -498,4 +503,9 @@ impl Inner {
         let _ = generation;
         Ok(())
     }
+}
+
+/// A read of block `b`, logged, once the log lost writes in a failed flush.
+fn log_lost(b: u64) -> Error {
+    Error::new(ErrorKind::Io, format!("writecache: block {b} is in the log, which lost writes in a failed flush"))
 }

@@ -69,6 +69,10 @@ pub(crate) struct Inner {
     origin_locks: Vec<tokio::sync::Mutex<()>>,
     /// One commit at a time.
     commit_lock: tokio::sync::Mutex<()>,
+    /// Held alone by a commit over its fast-device flush until a failure is marked
+    /// (`log_suspect`); shared by reads of slots whose entry is not durable yet, whose data
+    /// that flush makes durable or loses (`read_piece`).
+    flush_gate: tokio::sync::RwLock<()>,
     /// Writes that went to the origin directly (completed), and how many of them a completed
     /// origin flush covers.
     origin_writes: AtomicU64,

@@ -59,6 +59,7 @@ impl WritecacheDev {
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             origin_locks: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             commit_lock: tokio::sync::Mutex::new(()),
+            flush_gate: tokio::sync::RwLock::new(()),
             origin_writes: AtomicU64::new(0),
             origin_durable: tokio::sync::Mutex::new(0),
             counters: Counters::default(),

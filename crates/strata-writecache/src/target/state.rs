@@ -206,6 +206,11 @@ impl State {
         }
     }
 
+    /// The slot's entry is durable (and its data with it).
+    pub fn durable(&self, s: u32) -> bool {
+        self.flag(s, COMMITTED)
+    }
+
     pub fn pin(&mut self, s: u32) {
         *self.pins.entry(s).or_default() += 1;
     }
