@@ -1,7 +1,8 @@
 """overhead: the NBD data path against its peers (the foundation issue's figures). fio
 --ioengine=nbd, 4 KiB random reads and writes at iodepth 32, against strata and nbdkit on
-the same backing (file through the page cache, file with O_DIRECT, RAM), plus fio directly
-on the file (io_uring, O_DIRECT and buffered) as the limit. Rounds alternate the servers
+the same backing (file through the page cache, file with O_DIRECT, RAM), qemu-nbd on the
+file with O_DIRECT through io_uring (strata's O_DIRECT volume's peer; skipped without
+qemu-nbd), plus fio directly on the file (io_uring, O_DIRECT and buffered) as the limit. Rounds alternate the servers
 so drift on a shared machine hits all of them; each figure is the median of the rounds;
 server CPU per request comes from /proc.
 
@@ -32,7 +33,7 @@ NAME = "overhead"
 TITLE = "NBD data path: strata vs nbdkit vs fio on the file"
 RWS = ["randread", "randwrite"]
 SERIES = ["strata file (page cache)", "strata file (O_DIRECT)", "strata mem", "nbdkit file", "nbdkit memory",
-          "fio io_uring O_DIRECT on the file", "fio io_uring buffered on the file"]
+          "qemu-nbd file (O_DIRECT)", "fio io_uring O_DIRECT on the file", "fio io_uring buffered on the file"]
 
 
 SYSCALLS = ["io_uring_enter", "read", "write", "writev", "recvfrom", "sendmsg", "epoll_wait", "futex"]
@@ -224,6 +225,11 @@ def run(ctx):
         record(name, rw, rep, None, depth)
 
     log = ctx.scratch / "overhead-servers.log"
+    # qemu-nbd serving the file with O_DIRECT through io_uring: another NBD server on the
+    # same path as strata's O_DIRECT volume, for the client's and the round trip's share.
+    qemu = b.which("qemu-nbd")
+    if not qemu:
+        print("overhead: qemu-nbd is not installed: no qemu-nbd series", flush=True)
     for rnd in range(rounds):
         for rw in RWS:
             # A server claims each file it opens: the buffered volume gets a server of its own.
@@ -242,6 +248,11 @@ def run(ctx):
                 if rw == "randread":
                     b.fill_nbd(k.uri(), size_mib * b.MIB)
                 run_nbd(k, "nbdkit memory", "", rw)
+            if qemu:
+                argv = ["qemu-nbd", "-k", str(work / "q.sock"), "-t", "-f", "raw", "--cache=none", "--aio=io_uring",
+                        "-x", "q", str(img)]
+                with b.Server(argv, work / "q.sock", log=log) as q:
+                    run_nbd(q, "qemu-nbd file (O_DIRECT)", "q", rw)
             p.set(step=f"round {rnd + 1}/{rounds}: fio on the file {rw}")
             run_fio("fio io_uring O_DIRECT on the file", 1, rw)
             run_fio("fio io_uring buffered on the file", 0, rw)
@@ -289,6 +300,12 @@ def run(ctx):
             summary[f"strata file (O_DIRECT) {rw}"]["iops"] / summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"])
         ratios[f"mem {rw}: strata / nbdkit memory"] = (
             summary[f"strata mem {rw}"]["iops"] / summary[f"nbdkit memory {rw}"]["iops"])
+        if qemu:
+            ratios[f"file O_DIRECT {rw}: strata / qemu-nbd"] = (
+                summary[f"strata file (O_DIRECT) {rw}"]["iops"] / summary[f"qemu-nbd file (O_DIRECT) {rw}"]["iops"])
+            ratios[f"file O_DIRECT {rw}: qemu-nbd / fio direct"] = (
+                summary[f"qemu-nbd file (O_DIRECT) {rw}"]["iops"]
+                / summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"])
 
     rows = []
     for k, r in summary.items():
