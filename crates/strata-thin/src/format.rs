@@ -278,7 +278,8 @@ impl Record {
         self.bytes().len() <= SLOT
     }
 
-    /// Whether a slot still holds this record and another volume's size, at its largest.
+    /// Whether a slot still holds this record and another volume's size, at its largest
+    /// (an id of up to 5 varint bytes, a size of up to 10).
     pub fn fits_one_more(&self) -> bool {
         self.bytes().len() + 15 <= SLOT
     }
@@ -311,9 +312,10 @@ impl Record {
             return Some(r);
         }
         let at = &mut 0;
-        let len = take_varint(b, at)? as usize;
-        r.data_spec = String::from_utf8(b.get(*at..*at + len)?.to_vec()).ok()?;
-        *at += len;
+        let len = usize::try_from(take_varint(b, at)?).ok()?;
+        let end = (*at).checked_add(len)?;
+        r.data_spec = String::from_utf8(b.get(*at..end)?.to_vec()).ok()?;
+        *at = end;
         for _ in 0..take_varint(b, at)? {
             let id = u32::try_from(take_varint(b, at)?).ok()?;
             r.sizes.insert(id, take_varint(b, at)?);
@@ -724,6 +726,13 @@ mod tests {
         let mut next = sb.clone();
         next.record.sizes.insert(6, 1 << 20);
         torn_writes_read_old_or_new(&disk, &sb, &next);
+    }
+
+    #[test]
+    fn a_slot_that_does_not_decode_is_refused_not_a_panic() {
+        for bad in [&[0xff; 10][..], &[0x05, b'a'], &[0x01, b'a', 0x01, 0x80], &[0x00, 0x00, 0x00, 0x00]] {
+            assert_eq!(Record::from_bytes(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
