@@ -101,7 +101,7 @@ struct Inner {
     shards: Vec<Arc<RwLock<()>>>,
     refs: Vec<AtomicU32>,
     commit_lock: tokio::sync::Mutex<()>,
-    /// Held alone by a commit over its first cache flush until a failure is marked
+    /// Held alone over each cache flush of a commit until a failure is marked
     /// (`cache_suspect`); shared by reads of fresh slots (`read_slot`).
     flush_gate: RwLock<()>,
     counters: Counters,
