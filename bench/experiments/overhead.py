@@ -2,9 +2,9 @@
 --ioengine=nbd, 4 KiB random reads and writes at iodepth 32, against strata and nbdkit on
 the same backing (file through the page cache, file with O_DIRECT, RAM), qemu-nbd on the
 file with O_DIRECT through io_uring (strata's O_DIRECT volume's peer; skipped without
-qemu-nbd), plus fio directly on the file (io_uring, O_DIRECT and buffered) as the limit. Rounds alternate the servers
-so drift on a shared machine hits all of them; each figure is the median of the rounds;
-server CPU per request comes from /proc.
+qemu-nbd), plus fio directly on the file (io_uring, O_DIRECT and buffered) as the limit.
+Rounds alternate the servers so drift on a shared machine hits all of them; each figure is
+the median of the rounds; server CPU per request comes from /proc.
 
 Queue depth: during every run a thread samples the backing file's block device
 (/sys/block/DEV/stat: the mean number of requests in flight over each 0.1 s, from the weighted

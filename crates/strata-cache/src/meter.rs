@@ -108,6 +108,13 @@ impl Budget {
         self.inner.lock().2
     }
 
+    /// Gives back `bytes` taken for a migration that did not happen.
+    pub fn refund(&self, bytes: u64) {
+        let mut g = self.inner.lock();
+        let (tokens, _, rate) = &mut *g;
+        *tokens = (*tokens + bytes as f64).min((*rate).max(bytes) as f64);
+    }
+
     /// Takes `bytes` if available now (a rate of 0 means unlimited).
     pub fn try_take(&self, bytes: u64) -> bool {
         let mut g = self.inner.lock();

@@ -3,7 +3,7 @@
 //! the block on a first write, copying it on the first write after a snapshot shared it.
 
 use crate::meta::DevId;
-use crate::pool::{Pool, PoolStatus};
+use crate::pool::{Pool, PoolStatus, State};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -38,17 +38,6 @@ struct Piece {
     len: u64,
     /// Offset inside the request.
     pos: u64,
-}
-
-/// A virtual block's mapping, as `ThinDev::lookup` finds it.
-#[derive(Clone, Copy)]
-struct Mapped {
-    /// The data block.
-    block: u64,
-    /// Shared with a snapshot (a write copies it first).
-    shared: bool,
-    /// Made since the last commit (or in the one under way).
-    uncommitted: bool,
 }
 
 impl ThinDev {
@@ -91,8 +80,14 @@ impl ThinDev {
         out
     }
 
-    /// Where `vblock` is mapped, if it is.
-    async fn lookup(&self, vblock: u64) -> Result<Option<Mapped>> {
+    /// The data block of `vblock` and whether it is shared with a snapshot.
+    async fn lookup(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
+        self.lookup_with(vblock, |st, b, t| Ok((b, st.meta.shared(self.id, t)?))).await
+    }
+
+    /// What `what` makes of `vblock`'s mapping (data block and time), with the pool's state
+    /// at hand, if it is mapped.
+    async fn lookup_with<T>(&self, vblock: u64, what: impl Fn(&State, u64, u32) -> Result<T>) -> Result<Option<T>> {
         let pool = &self.pool;
         loop {
             let (missing, limits) = {
@@ -101,13 +96,7 @@ impl ThinDev {
                     Ok(_) if st.aborting => {
                         return Err(Error::new(ErrorKind::Io, format!("{}: the pool failed", pool.describe())))
                     }
-                    Ok(Some((block, t))) => {
-                        return Ok(Some(Mapped {
-                            block,
-                            shared: st.meta.shared(self.id, t)?,
-                            uncommitted: st.awaits_commit(self.id, vblock),
-                        }))
-                    }
+                    Ok(Some((b, t))) => return what(&st, b, t).map(Some),
                     Ok(None) => return Ok(None),
                     Err(missing) => (missing, st.meta.limits()),
                 }
@@ -118,19 +107,19 @@ impl ThinDev {
 
     async fn read_piece(&self, p: Piece, buf: Buf) -> Result<Buf> {
         let _held = self.pool.stripe(self.id, p.vblock).read().await;
-        let mut mapped = self.lookup(p.vblock).await?;
+        let (id, v) = (self.id, p.vblock);
+        let mapped = self.lookup_with(v, |st, b, _| Ok((b, st.awaits_commit(id, v)))).await?;
         // A mapping that awaits a commit: its block's data is lost if the next flush fails,
         // and the pool then goes back to the mapping before. Read it between flushes.
-        let _between = match mapped {
-            Some(m) if m.uncommitted => {
+        let (block, _between) = match mapped {
+            Some((_, true)) => {
                 let g = self.pool.flush_gate.read().await;
-                mapped = self.lookup(p.vblock).await?;
-                Some(g)
+                (self.lookup_with(v, |_, b, _| Ok(b)).await?, Some(g))
             }
-            _ => None,
+            m => (m.map(|(b, _)| b), None),
         };
-        match mapped {
-            Some(m) => self.pool.data.read(m.block * self.pool.block_bytes + p.at, buf).await,
+        match block {
+            Some(b) => self.pool.data.read(b * self.pool.block_bytes + p.at, buf).await,
             None => {
                 let mut buf = buf;
                 buf.fill(0);
@@ -143,14 +132,14 @@ impl ThinDev {
         let bs = self.pool.block_bytes;
         {
             let _held = self.pool.stripe(self.id, p.vblock).read().await;
-            if let Some(Mapped { block, shared: false, .. }) = self.lookup(p.vblock).await? {
-                return self.write_mapped(p, block, buf, fua).await;
+            if let Some((b, false)) = self.lookup(p.vblock).await? {
+                return self.write_mapped(p, b, buf, fua).await;
             }
         }
         let _held = self.pool.stripe(self.id, p.vblock).write().await;
         let old = match self.lookup(p.vblock).await? {
-            Some(Mapped { block, shared: false, .. }) => return self.write_mapped(p, block, buf, fua).await,
-            Some(Mapped { block, shared: true, .. }) => Some(block),
+            Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
+            Some((b, true)) => Some(b),
             None => None,
         };
         self.pool.check_writable()?;

@@ -137,15 +137,12 @@ impl Inner {
         self.data_offset + s as u64 * self.block
     }
 
-    /// Reads `buf.len()` bytes at `within` of slot `s`. A slot mapped since the last good
-    /// cache flush loses its data if the flush under way fails, and then holds what it held
-    /// before (another block's data): such a read waits that flush out and, after a failed
-    /// one, fails rather than return it. The others read at once.
-    async fn read_slot(&self, s: u32, within: u64, buf: Buf) -> Result<Buf> {
-        let fresh = {
-            let st = self.state.lock();
-            st.fresh.contains(&s) || st.flushing.contains(&s)
-        };
+    /// Reads `buf.len()` bytes at `within` of slot `s`, `fresh` as the caller found it under
+    /// the state lock it held anyway (`State::is_fresh`). A fresh slot loses its data if the
+    /// flush under way fails, and then holds what it held before (another block's data):
+    /// such a read waits that flush out and, after a failed one, fails rather than return
+    /// it. The others read at once.
+    async fn read_slot(&self, s: u32, within: u64, buf: Buf, fresh: bool) -> Result<Buf> {
         let _between = match fresh {
             true => Some(self.flush_gate.read().await),
             false => None,

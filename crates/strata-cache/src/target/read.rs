@@ -11,7 +11,8 @@ use strata_policy::{readahead_place, readahead_window, Access, Op, Outcome};
 use tokio::sync::OwnedRwLockWriteGuard;
 
 enum ReadPlan {
-    Hit(u32),
+    /// The slot, and whether it is fresh (`State::is_fresh`).
+    Hit(u32, bool),
     /// The cache device lost writes in a failed flush: its slots are not to be trusted.
     Refused,
     Miss,
@@ -84,8 +85,8 @@ impl Inner {
                 plan => plan,
             };
             match plan {
-                ReadPlan::Hit(s) => {
-                    let r = self.read_slot(s, within, buf).await;
+                ReadPlan::Hit(s, fresh) => {
+                    let r = self.read_slot(s, within, buf, fresh).await;
                     self.refs[s as usize].fetch_sub(1, Relaxed);
                     match r {
                         Ok(data) => Ok(data),
@@ -126,7 +127,7 @@ impl Inner {
             }
             self.refs[s as usize].fetch_add(1, Relaxed);
             Counters::bump(&self.counters.read_hits);
-            return ReadPlan::Hit(s);
+            return ReadPlan::Hit(s, st.is_fresh(s));
         }
         Counters::bump(&self.counters.read_misses);
         if bypass || st.failed.is_some() {
@@ -279,32 +280,33 @@ impl Inner {
             if st.free.len() <= floor {
                 break;
             }
-            match readahead_place(&mut *st.policy, nb) {
-                Ok(victim) if st.evict(victim, &self.counters) => {}
-                Ok(_) => {
-                    st.policy.remove(nb);
-                    break;
-                }
-                Err(_) => break,
-            }
             // Only a neighbour nobody is using: its shard is taken without waiting.
             let shard = self.shard_index(nb);
             let guard = if held.contains(&shard) {
                 None
             } else {
-                let Ok(g) = self.shard(nb).clone().try_write_owned() else {
-                    st.policy.remove(nb);
-                    continue;
-                };
+                let Ok(g) = self.shard(nb).clone().try_write_owned() else { continue };
                 held.push(shard);
                 Some(g)
             };
-            let slot = if self.budget.try_take(self.block) { st.reserve(&self.refs) } else { None };
-            let Some(s) = slot else {
-                st.policy.remove(nb);
+            if !self.budget.try_take(self.block) {
+                break;
+            }
+            let Some(s) = st.reserve(&self.refs) else {
+                self.budget.refund(self.block);
                 break;
             };
-            got.push((nb, s, guard));
+            match readahead_place(&mut *st.policy, nb) {
+                Ok(victim) if st.evict(victim, &self.counters) => got.push((nb, s, guard)),
+                placed => {
+                    if placed.is_ok() {
+                        st.policy.remove(nb);
+                    }
+                    st.release(s);
+                    self.budget.refund(self.block);
+                    break;
+                }
+            }
         }
         got
     }

@@ -60,6 +60,12 @@ impl State {
         Some(s)
     }
 
+    /// Whether slot `s` was mapped since the last good cache flush started (its data is lost
+    /// if the flush under way, or the next, fails).
+    pub(super) fn is_fresh(&self, s: u32) -> bool {
+        self.fresh.contains(&s) || self.flushing.contains(&s)
+    }
+
     /// Maps `b` to `s`, a slot `reserve` gave out: dirty, as one table change; clean, in
     /// memory until the next full commit records it (`unrecorded`).
     pub(super) fn map_to(&mut self, b: u64, s: u32, dirty: bool) {

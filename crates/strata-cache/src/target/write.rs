@@ -202,11 +202,12 @@ impl Inner {
         exclusive: OwnedRwLockWriteGuard<()>,
     ) -> Result<Option<u64>> {
         let release_old = || self.refs[old as usize].fetch_sub(1, Relaxed);
-        let (current, writeback) = {
+        let (current, writeback, fresh) = {
             let st = self.state.lock();
             (
                 st.map.get(&b) == Some(&old) && !st.meta.entries[old as usize].dirty,
                 self.write_mode(&st) == Mode::Writeback,
+                st.is_fresh(old),
             )
         };
         let new = match current {
@@ -231,7 +232,7 @@ impl Inner {
         let block_data = if within == 0 && n == len {
             Buf::from_slice(&data)
         } else {
-            let mut full = match self.read_slot(old, 0, Buf::zeroed(len as usize)).await {
+            let mut full = match self.read_slot(old, 0, Buf::zeroed(len as usize), fresh).await {
                 Ok(d) => Ok(d),
                 Err(_) => {
                     // A clean block: the origin holds the same data.

@@ -46,6 +46,7 @@ impl Inner {
             guards.push(self.shards[i].clone().write_owned().await);
         }
         let mut picked = Vec::with_capacity(run.len());
+        let mut fresh = Vec::with_capacity(run.len());
         let mut used = 0;
         for &b in run {
             used += 1;
@@ -54,6 +55,7 @@ impl Inner {
                 Some(s) if st.meta.entries[s as usize].dirty => {
                     self.refs[s as usize].fetch_add(1, Relaxed);
                     picked.push((b, s, st.write_gen[s as usize]));
+                    fresh.push(st.is_fresh(s));
                 }
                 Some(_) => {
                     st.policy.set_clean(b);
@@ -65,9 +67,9 @@ impl Inner {
         if picked.is_empty() {
             return (used, picked);
         }
-        let reads = picked.iter().map(|&(b, s, _)| {
+        let reads = picked.iter().zip(fresh).map(|(&(b, s, _), fresh)| {
             let len = self.block_len(b) as usize;
-            self.read_slot(s, 0, Buf::zeroed(len))
+            self.read_slot(s, 0, Buf::zeroed(len), fresh)
         });
         let parts = futures_collect(reads).await;
         for &(_, s, _) in &picked {

@@ -108,9 +108,12 @@ impl Inner {
                     true => None,
                     false => Some(self.flush_gate.read().await),
                 };
-                if !durable && self.state.lock().log_suspect {
-                    self.state.lock().unpin(s);
-                    return Err(log_lost(b));
+                if !durable {
+                    let mut st = self.state.lock();
+                    if st.log_suspect {
+                        st.unpin(s);
+                        return Err(log_lost(b));
+                    }
                 }
                 let r = self.cache.read(self.slot_offset(s) + within, Buf::zeroed(len as usize)).await;
                 self.state.lock().unpin(s);
