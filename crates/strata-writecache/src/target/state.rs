@@ -8,7 +8,9 @@
 //!   first, so a torn commit can only leave a newer copy than the one it removed;
 //! - a block's entries are cleared with no live copy left only once the origin durably holds
 //!   data at least as new as the newest (written back, or a write around the log flushed);
-//!   a write around the log is acknowledged only once no copy of its blocks is left on disk.
+//!   a write around the log is acknowledged only once no copy of its blocks is left on disk;
+//! - a clean copy leaves the log only once its entry is on disk, or no older one is
+//!   (`evictable`): the newest entry of a block on disk is always its newest copy's.
 //!
 //! Memory: 37 bytes per slot and about 5 more for the index (`State::heap_bytes`). A slot is
 //! its entry's figures and two links (32 bytes), its state and flags in one byte, and its
@@ -233,9 +235,19 @@ impl State {
         self.walk(self.dirty.head).map(|s| (self.slots[s as usize].seq, s))
     }
 
-    /// The clean slot cleaned longest ago.
-    pub fn clean_oldest(&self) -> Option<u32> {
-        (self.clean.head != NONE).then_some(self.clean.head)
+    /// The clean slots eviction may retire now, cleaned longest ago first. A clean copy whose
+    /// entry is not on disk waits while older copies of its block are: retired, it would leave
+    /// the newest of them to win at recovery over the origin's newer data until commits had
+    /// cleared them all, one per commit, and a flush makes only one. The next commit writes
+    /// its entry; after that it may go.
+    pub fn evictable(&self) -> impl Iterator<Item = u32> + '_ {
+        self.walk(self.clean.head)
+            .filter(|&s| self.on_disk(s) || !self.stale.contains_key(&self.slots[s as usize].block))
+    }
+
+    /// Whether any slot is clean.
+    pub fn has_clean(&self) -> bool {
+        self.clean.len > 0
     }
 
     fn walk(&self, from: u32) -> impl Iterator<Item = u32> + '_ {
@@ -607,7 +619,7 @@ mod tests {
         // Written back: clean, in the order cleaned; an old sequence number is refused.
         assert!(!st.mark_clean(c, 1));
         assert!(st.mark_clean(c, st.slot(c).seq) && st.mark_clean(b, st.slot(b).seq));
-        assert_eq!(st.clean_oldest(), Some(c));
+        assert_eq!(st.evictable().collect::<Vec<_>>(), [c, b]);
         assert_eq!(st.counts(), (6, 0));
         // A committed entry retired becomes stale, then free once cleared.
         st.written_by(c, 1);

@@ -225,21 +225,20 @@ impl Inner {
         }
     }
 
-    /// Evicts the oldest clean blocks until `want` slots are free or being freed.
-    pub(super) fn evict(&self, want: u64) -> usize {
+    /// Evicts the oldest clean blocks until `want` slots are free or being freed. Returns how
+    /// many it evicted, and whether clean blocks it could not evict yet wait for a commit
+    /// (`State::evictable`) while it is short of `want`.
+    pub(super) fn evict(&self, want: u64) -> (usize, bool) {
         let mut st = self.state.lock();
         let (free, _) = st.counts();
         let pending = st.stale.values().map(|v| v.len() as u64).sum::<u64>();
-        let mut n = 0;
-        let mut have = free + pending;
-        while have < want {
-            let Some(s) = st.clean_oldest() else { break };
+        let short = want.saturating_sub(free + pending);
+        let picks: Vec<u32> = st.evictable().take(usize::try_from(short).unwrap_or(usize::MAX)).collect();
+        for &s in &picks {
             st.retire(s);
-            have += 1;
-            n += 1;
         }
-        self.counters.evictions.fetch_add(n as u64, Relaxed);
-        n
+        self.counters.evictions.fetch_add(picks.len() as u64, Relaxed);
+        (picks.len(), (picks.len() as u64) < short && st.has_clean())
     }
 
     /// Origin requests made for clients so far (reads that missed the log, writes around it).
@@ -292,13 +291,13 @@ impl Inner {
             }
         }
         let reserve = (slots * (100 - t.high_watermark as u64)).div_ceil(100).max(1);
-        let evicted = self.evict(reserve);
+        let (evicted, waiting) = self.evict(reserve);
         let (stale, pending) = {
             let st = self.state.lock();
             (!st.stale.is_empty(), st.write_gen - st.durable_gen)
         };
         let due = r.last_commit.elapsed() >= Duration::from_millis(t.autocommit_time_ms);
-        if evicted > 0 || ((stale || pending > 0) && due) || pending >= t.autocommit_blocks {
+        if evicted > 0 || waiting || ((stale || pending > 0) && due) || pending >= t.autocommit_blocks {
             let _ = self.commit_force().await;
             r.last_commit = Instant::now();
         }
@@ -421,6 +420,40 @@ pub(super) async fn background(weak: Weak<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::offline::{create, CreateOptions};
+    use crate::target::{OpenOptions, WritecacheDev};
+    use std::sync::Arc;
+    use strata_io::mem::MemDev;
+    use strata_io::BlockDev;
+
+    /// A block written three times, flushed after the first two: two entries on disk, the
+    /// third copy only in memory. Written back and evicted before any commit writes its
+    /// entry, then flushed: what the disk holds then must recover the third write, not the
+    /// second (the flush's one commit clears only the oldest entry).
+    #[tokio::test]
+    async fn an_eviction_never_leaves_an_older_entry_to_win_after_a_flush() {
+        const BLOCK: usize = 4096;
+        let origin = Arc::new(MemDev::new(1 << 20));
+        let cache = Arc::new(MemDev::new(96 << 10));
+        let opts = || OpenOptions { no_background: true, ..OpenOptions::default() };
+        create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() })
+            .await
+            .unwrap();
+        let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+        for v in [1u8, 2] {
+            dev.write(0, Buf::from_slice(&[v; BLOCK]), false).await.unwrap();
+            dev.flush().await.unwrap();
+        }
+        dev.write(0, Buf::from_slice(&[3; BLOCK]), false).await.unwrap();
+        dev.writeback_all().await.unwrap();
+        dev.inner.evict(u64::MAX);
+        dev.flush().await.unwrap();
+        dev.check_state().unwrap();
+        drop(dev);
+        let dev = WritecacheDev::open(cache, origin, opts()).await.unwrap();
+        let got = dev.read(0, Buf::zeroed(BLOCK)).await.unwrap();
+        assert!(got.iter().all(|&b| b == 3), "the recovered block holds write {}, not 3", got[0]);
+    }
 
     #[test]
     fn blocks_past_max_age_are_the_ones_written_before_the_newest_old_sample() {
