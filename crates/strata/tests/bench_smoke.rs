@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The whole suite at this scale takes well under a minute on 2 cores.
 const SCALE: &str = "0.01";
-const TIMEOUT: Duration = Duration::from_secs(200);
+/// Only a hang guard: the whole suite at this scale takes 2 to 4 minutes on 2 cores beside
+/// the rest of the test suite (nextest gives up on a test after 10).
+const TIMEOUT: Duration = Duration::from_secs(480);
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
