@@ -33,7 +33,18 @@ pub struct Tunables {
     pub pause_writeback_ms: u64,
     /// Write back everything dirty (before a detach).
     pub cleaner: bool,
+    /// Bytes of the aligned window a read that missed the log brings in (`readahead`, as the
+    /// cache target's and bcache's): the window is read from the origin in one request and
+    /// its blocks the log holds no copy of are kept as clean copies in free slots above the
+    /// `high_watermark` reserve (a read never evicts anything). 0: reads are never kept, as
+    /// dm-writecache; one block: only the blocks read.
+    pub readahead_bytes: u64,
 }
+
+/// The default `readahead`: the cache target's.
+pub const DEFAULT_READAHEAD_BYTES: u64 = 1 << 20;
+/// The largest `readahead`.
+pub const MAX_READAHEAD_BYTES: u64 = 16 << 20;
 
 impl Default for Tunables {
     fn default() -> Tunables {
@@ -47,6 +58,7 @@ impl Default for Tunables {
             writeback_running: true,
             pause_writeback_ms: 3000,
             cleaner: false,
+            readahead_bytes: DEFAULT_READAHEAD_BYTES,
         }
     }
 }
@@ -73,6 +85,7 @@ impl Tunables {
             "writeback_running" => t.writeback_running = flag()?,
             "pause_writeback" => t.pause_writeback_ms = num()?,
             "cleaner" => t.cleaner = flag()?,
+            "readahead" => t.readahead_bytes = num()?.min(MAX_READAHEAD_BYTES),
             _ => return Err(bad("unknown setting".into())),
         }
         if !t.valid() {
@@ -133,6 +146,8 @@ pub struct WritecacheStatus {
     pub writeback_held: Option<String>,
     pub writeback_errors: u64,
     pub evictions: u64,
+    /// Blocks read from the origin kept in the log as clean copies (`readahead`).
+    pub reads_kept: u64,
     pub commits: u64,
     pub tunables: Tunables,
     /// RAM the log's books take (slots, their lists and the index).
@@ -147,7 +162,7 @@ impl WritecacheStatus {
     /// The figures as Prometheus samples.
     pub fn samples(&self) -> Vec<Sample> {
         use MetricKind::{Counter, Gauge};
-        let rows: [(&'static str, MetricKind, &'static str, f64); 20] = [
+        let rows: [(&'static str, MetricKind, &'static str, f64); 21] = [
             ("strata_writecache_block_bytes", Gauge, "Size of a log slot.", self.block_bytes as f64),
             ("strata_writecache_blocks", Gauge, "Slots of the log.", self.blocks as f64),
             ("strata_writecache_free_blocks", Gauge, "Slots free for new writes.", self.free_blocks as f64),
@@ -213,6 +228,12 @@ impl WritecacheStatus {
                 Counter,
                 "Clean blocks dropped from the log to free slots.",
                 self.evictions as f64,
+            ),
+            (
+                "strata_writecache_reads_kept_total",
+                Counter,
+                "Blocks read from the origin kept in the log as clean copies.",
+                self.reads_kept as f64,
             ),
             ("strata_writecache_commits_total", Counter, "Commits (one fast-device flush each).", self.commits as f64),
             (

@@ -5,7 +5,8 @@
 //! a request of several blocks as one origin write (`write_around`), and supersedes the
 //! logged copies of the blocks it covers whole (`supersede`). A discard or write-zeroes of a
 //! whole logged block logs a zero entry (no data IO), so the origin never sees it before the
-//! log forgets the block; of an unlogged block it goes to the origin.
+//! log forgets the block; of an unlogged block it goes to the origin. A read that misses
+//! keeps its `readahead` window as clean copies in free slots (`read_missed`).
 
 use super::state::SlotState;
 use super::writeback::Pick;
@@ -65,15 +66,99 @@ impl Inner {
                 continue;
             }
             if let Some((at, len)) = missed.take() {
-                self.read_origin(offset + at, &mut buf[at as usize..(at + len) as usize]).await?;
+                self.read_missed(offset + at, &mut buf[at as usize..(at + len) as usize]).await?;
             }
             let data = self.read_piece(p.block, p.within, p.len).await?;
             buf[p.at as usize..(p.at + p.len) as usize].copy_from_slice(&data);
         }
         if let Some((at, len)) = missed {
-            self.read_origin(offset + at, &mut buf[at as usize..(at + len) as usize]).await?;
+            self.read_missed(offset + at, &mut buf[at as usize..(at + len) as usize]).await?;
         }
         Ok(buf)
+    }
+
+    /// Reads blocks the log does not hold from the origin. A run inside one `readahead`
+    /// window reads the whole window instead, in one request, and keeps those of its blocks
+    /// the log holds no copy of in free slots above the reserve (`keep_read`). Their lock
+    /// ranges are held from the check that no copy is logged to the install, so no write can
+    /// log, write back or send around the log any of them meanwhile and the origin's data read
+    /// is theirs; a range another request holds is not waited for: the run is read alone.
+    async fn read_missed(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let t = *self.tunables.lock();
+        let per = t.readahead_bytes / self.block;
+        let (first, last) = (offset / self.block, (offset + out.len() as u64 - 1) / self.block);
+        let w0 = first / per.max(1) * per.max(1);
+        let w1 = (w0 + per).min(self.size.div_ceil(self.block)).saturating_sub(1);
+        if per == 0 || last > w1 {
+            return self.read_origin(offset, out).await;
+        }
+        let Some(_guards) = self.try_lock_range(w0, w1) else {
+            return self.read_origin(offset, out).await;
+        };
+        let keep = {
+            let mut st = self.state.lock();
+            let room = st.counts().0.saturating_sub(self.reserve(&t));
+            let mut keep: Vec<u64> = (w0..=w1).filter(|&b| !st.logged_anywhere(b)).collect();
+            // The blocks asked for first, then their neighbours; then in address order.
+            keep.sort_by_key(|&b| !(first..=last).contains(&b));
+            keep.truncate(room as usize);
+            keep.sort_unstable();
+            let slots = if st.stopped.is_some() { None } else { st.alloc_n(keep.len()) };
+            match slots {
+                Some(slots) if !slots.is_empty() => keep.into_iter().zip(slots).collect::<Vec<_>>(),
+                _ => Vec::new(),
+            }
+        };
+        if keep.is_empty() {
+            return self.read_origin(offset, out).await;
+        }
+        let at = w0 * self.block;
+        let window =
+            self.origin.read(at, Buf::zeroed(((w1 + 1) * self.block).min(self.size) as usize - at as usize)).await;
+        let window = match window {
+            Ok(w) => w,
+            Err(e) => {
+                let mut st = self.state.lock();
+                for &(_, s) in &keep {
+                    st.unalloc(s);
+                }
+                return Err(e);
+            }
+        };
+        let from = (offset - at) as usize;
+        out.copy_from_slice(&window[from..from + out.len()]);
+        self.keep_read(&window, w0, &keep).await;
+        Ok(())
+    }
+
+    /// Writes the blocks `keep` (block, free slot; in block order) of `window` (the origin's
+    /// data from block `w0`) to their slots, adjacent blocks in adjacent slots as one write,
+    /// and installs them as read copies; the slots of a write that fails are given back (the
+    /// read itself has its data).
+    async fn keep_read(&self, window: &[u8], w0: u64, keep: &[(u64, u32)]) {
+        let bytes = |from: u64, to: u64| {
+            let at = ((from - w0) * self.block) as usize;
+            &window[at..at + ((to - from) * self.block + self.block_len(to)) as usize]
+        };
+        let runs: Vec<&[(u64, u32)]> = keep.chunk_by(|a, b| b.0 == a.0 + 1 && b.1 == a.1 + 1).collect();
+        let writes = runs.iter().map(|r| {
+            let (from, to) = (r[0].0, r[r.len() - 1].0);
+            self.cache.write(self.slot_offset(r[0].1), Buf::from_slice(bytes(from, to)), false)
+        });
+        let results = futures::future::join_all(writes).await;
+        let mut st = self.state.lock();
+        let mut kept = 0;
+        for (run, r) in runs.iter().zip(results) {
+            for &(b, s) in run.iter() {
+                if r.is_ok() && !st.logged_anywhere(b) {
+                    st.install_read(b, s, crc32c::crc32c(bytes(b, b)));
+                    kept += 1;
+                } else {
+                    st.unalloc(s);
+                }
+            }
+        }
+        self.counters.reads_kept.fetch_add(kept, Relaxed);
     }
 
     async fn read_origin(&self, offset: u64, out: &mut [u8]) -> Result<()> {

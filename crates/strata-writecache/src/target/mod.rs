@@ -1,6 +1,7 @@
 //! The writecache target: every write goes to a free slot of the fast device and an
 //! in-memory index maps its origin block to the newest slot; reads of a logged block come
-//! from the fast device, every other read from the origin (reads are never promoted). A
+//! from the fast device, every other read from the origin, which keeps the read's window in
+//! free slots above the writes' reserve when there are some (`io.rs`, `readahead`). A
 //! commit writes the changed entries and flushes the fast device once; FLUSH and FUA wait
 //! for one. When no slot is free, a write goes around the log to the origin instead of
 //! waiting, and the block's logged copies are cleared on disk before it is acknowledged (a
@@ -51,6 +52,7 @@ pub(crate) struct Counters {
     pub writeback_errors: AtomicU64,
     pub commits: AtomicU64,
     pub evictions: AtomicU64,
+    pub reads_kept: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -135,6 +137,18 @@ impl Inner {
     fn stripes_of_range(&self, first: u64, last: u64) -> Vec<usize> {
         let per = self.blocks_per_stripe();
         ascending((first / per..=last / per).map(range_stripe))
+    }
+
+    /// The block locks of `first..=last` if none is held now (ascending, as every path takes
+    /// them), else none.
+    fn try_lock_range(&self, first: u64, last: u64) -> Option<Vec<tokio::sync::MutexGuard<'_, ()>>> {
+        self.stripes_of_range(first, last).into_iter().map(|i| self.stripes[i].try_lock().ok()).collect()
+    }
+
+    /// Slots kept free for writes: `100 - high_watermark` percent (at least one); eviction
+    /// brings clean blocks out to keep them, and reads never take them.
+    fn reserve(&self, t: &Tunables) -> u64 {
+        (self.sb.slots * (100 - t.high_watermark as u64)).div_ceil(100).max(1)
     }
 
     /// The stripes of `blocks`, ascending, each once.

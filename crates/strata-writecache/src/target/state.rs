@@ -73,6 +73,9 @@ const COMMITTED: u8 = 1 << 4;
 const RETIRED_CLEAN: u8 = 1 << 5;
 /// The entry's `FLAG_ZERO`: the block is zeroes, no data in the slot.
 const ZERO: u8 = 1 << 6;
+/// A clean copy of a block read from the origin (`install_read`): no entry is ever written
+/// for it, so it is gone after a restart, as a clean copy may be.
+const READ: u8 = 1 << 7;
 
 /// The lists a slot can be on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,6 +311,18 @@ impl State {
         self.write_gen
     }
 
+    /// Records that slot `s` (from `alloc`) holds a clean copy of `block` just read from the
+    /// origin, which the log holds no copy of, live or on disk. Nothing to commit: a read copy
+    /// keeps no entry (`keeps_entry`), and leaves at the first write to its block or eviction.
+    pub fn install_read(&mut self, block: u64, s: u32, data_crc: u32) {
+        debug_assert!(!self.logged_anywhere(block));
+        self.seq += 1;
+        self.slots[s as usize] = Slot { block, seq: self.seq, commit: 0, data_crc, prev: NONE, next: NONE };
+        self.bits[s as usize] = LIVE | READ;
+        self.push(Which::Clean, s);
+        self.index.insert(&self.slots, block, s);
+    }
+
     /// Recovery: slot `s` holds `e`, the newest committed copy of its block (dirty: the
     /// origin may not have it). Call in ascending `seq` order.
     pub fn recovered_live(&mut self, s: u32, e: Entry) {
@@ -347,6 +362,11 @@ impl State {
         self.unlink(if dirty { Which::Dirty } else { Which::Clean }, s);
         if self.index.get(&self.slots, block) == Some(s) {
             self.index.remove(&self.slots, block);
+        }
+        if self.flag(s, READ) {
+            // No entry, no older copy: nothing for a commit to do.
+            self.make_free(s);
+            return;
         }
         self.set_flag(s, RETIRED_CLEAN, !dirty);
         if self.on_disk(s) {
@@ -417,12 +437,12 @@ impl State {
         out
     }
 
-    /// Whether a commit writes slot `s`'s entry (rather than zeroes): live slots always,
-    /// stale and garbage ones unless this commit clears them (`clearing`).
+    /// Whether a commit writes slot `s`'s entry (rather than zeroes): live slots but read
+    /// copies, stale and garbage ones unless this commit clears them (`clearing`).
     pub fn keeps_entry(&self, s: u32, clearing: impl Fn(u32) -> bool) -> bool {
         match self.state(s) {
             SlotState::Free => false,
-            SlotState::Live { .. } => true,
+            SlotState::Live { .. } => !self.flag(s, READ),
             SlotState::Stale | SlotState::Garbage => !clearing(s),
         }
     }

@@ -33,6 +33,7 @@ impl Inner {
             writeback_rate: Some(f64::from_bits(self.writeback_rate.load(Relaxed))).filter(|r| r.is_finite()),
             writeback_errors: c.writeback_errors.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
+            reads_kept: c.reads_kept.load(Relaxed),
             commits: c.commits.load(Relaxed),
             writeback_held: self.held(&tunables).map(|h| h.to_string()),
             tunables,

@@ -290,8 +290,7 @@ impl Inner {
                 r.pacer.spend(paced.min(n));
             }
         }
-        let reserve = (slots * (100 - t.high_watermark as u64)).div_ceil(100).max(1);
-        let (evicted, waiting) = self.evict(reserve);
+        let (evicted, waiting) = self.evict(self.reserve(&t));
         let (stale, pending) = {
             let st = self.state.lock();
             (!st.stale.is_empty(), st.write_gen - st.durable_gen)

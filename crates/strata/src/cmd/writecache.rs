@@ -25,7 +25,7 @@ pub enum WritecacheCommand {
     Create(CreateArgs),
     /// Change a running log (kept for its next start): high_watermark=, low_watermark=, writeback_jobs=,
     /// autocommit_blocks=, autocommit_time= (ms), max_age= (ms), pause_writeback= (ms), writeback_running=on|off,
-    /// cleaner=on|off.
+    /// cleaner=on|off, readahead= (bytes a read miss keeps in free slots; 0: none).
     #[command(
         after_help = "Example:\n  strata writecache set --admin 127.0.0.1:9810 vol low_watermark=10 writeback_running=off"
     )]
