@@ -243,7 +243,7 @@ impl Inner {
                 }
                 if run > 1 {
                     let end = (p.at + run as u64 * self.block).min(buf.len() as u64);
-                    let g = self.write_run(p.block, &buf[p.at as usize..end as usize]).await?;
+                    let g = self.write_run(p.block, &buf[p.at as usize..end as usize], fua).await?;
                     generation = generation.max(g);
                     continue;
                 }
@@ -263,8 +263,9 @@ impl Inner {
     /// together (ascending, as every path takes them), one slot each, the slot writes of
     /// consecutive slots merged and all issued together, then installed under one state lock.
     /// Returns the generation to commit. Without a slot for each (another writer took them
-    /// since the caller looked) the blocks go one by one (`write_piece`).
-    async fn write_run(&self, b0: u64, data: &[u8]) -> Result<u64> {
+    /// since the caller looked) the blocks go one by one (`write_piece`), those without a slot
+    /// around the log, with the request's FUA.
+    async fn write_run(&self, b0: u64, data: &[u8], fua: bool) -> Result<u64> {
         let n = data.len().div_ceil(self.block as usize) as u64;
         let guards = lock_all(&self.stripes, &self.stripes_of_range(b0, b0 + n - 1)).await;
         let slots = {
@@ -285,7 +286,7 @@ impl Inner {
                 let at = i * self.block as usize;
                 let len = self.block_len(b);
                 let p = Piece { block: b, within: 0, len, at: at as u64 };
-                if let Some(g) = self.write_piece(p, Some(&data[at..at + len as usize]), false).await? {
+                if let Some(g) = self.write_piece(p, Some(&data[at..at + len as usize]), fua).await? {
                     generation = generation.max(g);
                 }
             }
@@ -596,4 +597,44 @@ impl Inner {
 /// A read of block `b`, logged, once the log lost writes in a failed flush.
 fn log_lost(b: u64) -> Error {
     Error::new(ErrorKind::Io, format!("writecache: block {b} is in the log, which lost writes in a failed flush"))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::offline::{create, CreateOptions};
+    use crate::target::{OpenOptions, WritecacheDev};
+    use crate::Tunables;
+    use std::sync::Arc;
+    use strata_io::mem::MemDev;
+    use strata_io::powercut::PowerCut;
+    use strata_io::{BlockDev, Buf};
+
+    /// A run of whole blocks that finds no free slots once it holds their locks (another
+    /// writer took them) goes around the log block by block: with FUA, each block must be
+    /// durable on the origin when the write returns, whatever a power cut then keeps.
+    #[tokio::test]
+    async fn a_fua_run_that_finds_the_log_full_is_durable_on_the_origin() {
+        const BLOCK: usize = 4096;
+        let origin = Arc::new(PowerCut::new(MemDev::new(1 << 20)));
+        let cache = Arc::new(MemDev::new(64 << 10));
+        create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() })
+            .await
+            .unwrap();
+        let t = Tunables { writeback_running: false, readahead_bytes: 0, ..Tunables::default() };
+        let dev = WritecacheDev::open(cache, origin.clone(), OpenOptions { no_background: true, tunables: Some(t) })
+            .await
+            .unwrap();
+        let slots = dev.inner.sb.slots;
+        for b in 0..slots {
+            dev.write(b * BLOCK as u64, Buf::from_slice(&[1; BLOCK]), false).await.unwrap();
+        }
+        assert_eq!(dev.inner.state.lock().counts().0, 0, "the log is full");
+        let at = 100;
+        dev.inner.write_run(at, &[7; 4 * BLOCK], true).await.unwrap();
+        for seed in 0..16 {
+            let image = origin.crash_at(origin.now(), seed).unwrap();
+            let got = image.read(at * BLOCK as u64, Buf::zeroed(4 * BLOCK)).await.unwrap();
+            assert!(got.iter().all(|&x| x == 7), "seed {seed}: the FUA run is not durable on the origin");
+        }
+    }
 }
