@@ -1,8 +1,8 @@
 //! Reads kept in the log (`readahead`): a read that misses keeps its aligned window as clean
 //! copies in free slots above the reserve, never in the reserve and never by evicting; later
 //! reads of the window are hits; a write to a kept block replaces it; kept copies leave no
-//! entry, so a reopen starts without them and reads the same data; `readahead 0` keeps
-//! nothing, as dm-writecache.
+//! entry, so a reopen starts without them and reads the same data; an origin error outside
+//! the blocks read fails nothing; `readahead 0` keeps nothing, as dm-writecache.
 
 use std::sync::Arc;
 use strata_io::mem::MemDev;
@@ -101,4 +101,23 @@ async fn readahead_0_keeps_nothing() {
     }
     let s = status(&dev);
     assert_eq!((s.reads_kept, s.read_hits, s.read_misses, s.free_blocks), (0, 0, 3, s.blocks), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_error_elsewhere_in_the_window_fails_no_read() {
+    use strata_io::fault::{FaultDev, Rule};
+    let (origin, faults) = FaultDev::new(MemDev::new(1 << 20));
+    let origin = Arc::new(origin);
+    origin.write(9 * BLOCK as u64, Buf::from_slice(&[9; BLOCK]), false).await.unwrap();
+    let cache = Arc::new(MemDev::new(512 << 10));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    let dev = WritecacheDev::open(cache, origin, opts()).await.unwrap();
+    dev.message(&format!("readahead {}", WINDOW as usize * BLOCK)).await.unwrap();
+    faults.add(Rule::read_error(12 * BLOCK as u64..13 * BLOCK as u64).always());
+    assert_eq!(read_block(&dev, 9).await, 9);
+    let err = dev.read(12 * BLOCK as u64, Buf::zeroed(BLOCK)).await.unwrap_err();
+    assert_eq!(err.kind, strata_io::ErrorKind::Io, "{err}");
+    let s = status(&dev);
+    assert_eq!((s.reads_kept, s.free_blocks), (0, s.blocks), "{s:?}");
+    dev.check_state().unwrap();
 }

@@ -82,7 +82,8 @@ impl Inner {
     /// the log holds no copy of in free slots above the reserve (`keep_read`). Their lock
     /// ranges are held from the check that no copy is logged to the install, so no write can
     /// log, write back or send around the log any of them meanwhile and the origin's data read
-    /// is theirs; a range another request holds is not waited for: the run is read alone.
+    /// is theirs; a range another request holds is not waited for, and a window the origin
+    /// fails to read is not kept: the run is then read alone.
     async fn read_missed(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let t = *self.tunables.lock();
         let per = t.readahead_bytes / self.block;
@@ -115,15 +116,15 @@ impl Inner {
         let at = w0 * self.block;
         let window =
             self.origin.read(at, Buf::zeroed(((w1 + 1) * self.block).min(self.size) as usize - at as usize)).await;
-        let window = match window {
-            Ok(w) => w,
-            Err(e) => {
+        let Ok(window) = window else {
+            // The window may reach a block the run does not: the run alone decides the error.
+            {
                 let mut st = self.state.lock();
                 for &(_, s) in &keep {
                     st.unalloc(s);
                 }
-                return Err(e);
             }
+            return self.read_origin(offset, out).await;
         };
         let from = (offset - at) as usize;
         out.copy_from_slice(&window[from..from + out.len()]);
