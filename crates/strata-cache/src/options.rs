@@ -20,9 +20,8 @@ pub const DEFAULT_MIGRATION_BUDGET_BYTES_PER_S: u64 = 32 << 20;
 pub const DEFAULT_WRITEBACK_PERCENT: u32 = 10;
 pub const MAX_WRITEBACK_PERCENT: u32 = 100;
 /// Read misses round out to this while the cache has unused blocks (see `Inner::fill_ahead`).
-pub const DEFAULT_READAHEAD_BYTES: u32 = 1 << 20;
-/// The largest readahead: one origin read of this size is still short next to a seek train.
-pub const MAX_READAHEAD_BYTES: u64 = 16 << 20;
+pub const DEFAULT_READAHEAD_BYTES: u32 = strata_policy::DEFAULT_READAHEAD_BYTES as u32;
+pub use strata_policy::MAX_READAHEAD_BYTES;
 
 const _: () = assert!(DEFAULT_BLOCK_BYTES.is_power_of_two());
 const _: () = assert!(MIN_BLOCK_BYTES <= DEFAULT_BLOCK_BYTES && DEFAULT_BLOCK_BYTES <= MAX_BLOCK_BYTES);

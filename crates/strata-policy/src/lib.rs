@@ -231,14 +231,25 @@ impl Access {
     }
 }
 
-/// The blocks a promoted read miss of `block` may bring along (readahead, as bcache's): the
-/// others of its aligned window of `per` blocks, below `limit` (the origin's size in blocks),
-/// in address order. The cache target and the simulator both take them where
-/// [`readahead_place`] finds room for them.
-pub fn readahead_window(block: u64, per: u64, limit: u64) -> impl Iterator<Item = u64> {
+/// Read misses round out to this while a cache has unused blocks (the cache target's and
+/// the write log's default `readahead`).
+pub const DEFAULT_READAHEAD_BYTES: u64 = 1 << 20;
+/// The largest readahead: one origin read of this size is still short next to a seek train.
+pub const MAX_READAHEAD_BYTES: u64 = 16 << 20;
+
+/// The aligned window of `per` blocks (at least one) that holds `block`, below `limit` (the
+/// origin's size in blocks).
+pub fn readahead_range(block: u64, per: u64, limit: u64) -> std::ops::Range<u64> {
     let per = per.max(1);
     let first = block / per * per;
-    (first..(first + per).min(limit)).filter(move |&b| b != block)
+    first..(first + per).min(limit)
+}
+
+/// The blocks a promoted read miss of `block` may bring along (readahead, as bcache's): the
+/// others of its window (`readahead_range`), in address order. The cache target and the
+/// simulator both take them where [`readahead_place`] finds room for them.
+pub fn readahead_window(block: u64, per: u64, limit: u64) -> impl Iterator<Item = u64> {
+    readahead_range(block, per, limit).filter(move |&b| b != block)
 }
 
 /// Makes room for readahead neighbour `block` (not cached) in `policy` and inserts it: into

@@ -36,15 +36,10 @@ pub struct Tunables {
     /// Bytes of the aligned window a read that missed the log brings in (`readahead`, as the
     /// cache target's and bcache's): the window is read from the origin in one request and
     /// its blocks the log holds no copy of are kept as clean copies in free slots above the
-    /// `high_watermark` reserve (a read never evicts anything). 0: reads are never kept, as
-    /// dm-writecache; one block: only the blocks read.
+    /// `high_watermark` reserve (a read never evicts anything). A run of blocks longer than
+    /// the window is read alone and not kept. 0: reads are never kept, as dm-writecache.
     pub readahead_bytes: u64,
 }
-
-/// The default `readahead`: the cache target's.
-pub const DEFAULT_READAHEAD_BYTES: u64 = 1 << 20;
-/// The largest `readahead`.
-pub const MAX_READAHEAD_BYTES: u64 = 16 << 20;
 
 impl Default for Tunables {
     fn default() -> Tunables {
@@ -58,7 +53,7 @@ impl Default for Tunables {
             writeback_running: true,
             pause_writeback_ms: 3000,
             cleaner: false,
-            readahead_bytes: DEFAULT_READAHEAD_BYTES,
+            readahead_bytes: strata_policy::DEFAULT_READAHEAD_BYTES,
         }
     }
 }
@@ -85,7 +80,7 @@ impl Tunables {
             "writeback_running" => t.writeback_running = flag()?,
             "pause_writeback" => t.pause_writeback_ms = num()?,
             "cleaner" => t.cleaner = flag()?,
-            "readahead" => t.readahead_bytes = num()?.min(MAX_READAHEAD_BYTES),
+            "readahead" => t.readahead_bytes = num()?.min(strata_policy::MAX_READAHEAD_BYTES),
             _ => return Err(bad("unknown setting".into())),
         }
         if !t.valid() {

@@ -88,18 +88,19 @@ impl Inner {
         let t = *self.tunables.lock();
         let per = t.readahead_bytes / self.block;
         let (first, last) = (offset / self.block, (offset + out.len() as u64 - 1) / self.block);
-        let w0 = first / per.max(1) * per.max(1);
-        let w1 = (w0 + per).min(self.size.div_ceil(self.block)).saturating_sub(1);
-        if per == 0 || last > w1 {
+        let window = strata_policy::readahead_range(first, per, self.size.div_ceil(self.block));
+        let room = || self.state.lock().counts().0.saturating_sub(self.reserve(&t));
+        if per == 0 || last >= window.end || room() == 0 {
             return self.read_origin(offset, out).await;
         }
+        let (w0, w1) = (window.start, window.end - 1);
         let Some(_guards) = self.try_lock_range(w0, w1) else {
             return self.read_origin(offset, out).await;
         };
         let keep = {
+            let room = room();
             let mut st = self.state.lock();
-            let room = st.counts().0.saturating_sub(self.reserve(&t));
-            let mut keep: Vec<u64> = (w0..=w1).filter(|&b| !st.logged_anywhere(b)).collect();
+            let mut keep: Vec<u64> = window.filter(|&b| !st.logged_anywhere(b)).collect();
             // The blocks asked for first, then their neighbours; then in address order.
             keep.sort_by_key(|&b| !(first..=last).contains(&b));
             keep.truncate(room as usize);
@@ -152,7 +153,7 @@ impl Inner {
         for (run, r) in runs.iter().zip(results) {
             for &(b, s) in run.iter() {
                 if r.is_ok() && !st.logged_anywhere(b) {
-                    st.install_read(b, s, crc32c::crc32c(bytes(b, b)));
+                    st.install_read(b, s);
                     kept += 1;
                 } else {
                     st.unalloc(s);
@@ -602,8 +603,7 @@ fn log_lost(b: u64) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use crate::offline::{create, CreateOptions};
-    use crate::target::{OpenOptions, WritecacheDev};
+    use crate::target::test_log;
     use crate::Tunables;
     use std::sync::Arc;
     use strata_io::mem::MemDev;
@@ -617,14 +617,8 @@ mod tests {
     async fn a_fua_run_that_finds_the_log_full_is_durable_on_the_origin() {
         const BLOCK: usize = 4096;
         let origin = Arc::new(PowerCut::new(MemDev::new(1 << 20)));
-        let cache = Arc::new(MemDev::new(64 << 10));
-        create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() })
-            .await
-            .unwrap();
         let t = Tunables { writeback_running: false, readahead_bytes: 0, ..Tunables::default() };
-        let dev = WritecacheDev::open(cache, origin.clone(), OpenOptions { no_background: true, tunables: Some(t) })
-            .await
-            .unwrap();
+        let dev = test_log(Arc::new(MemDev::new(64 << 10)), origin.clone(), t).await;
         let slots = dev.inner.sb.slots;
         for b in 0..slots {
             dev.write(b * BLOCK as u64, Buf::from_slice(&[1; BLOCK]), false).await.unwrap();

@@ -291,3 +291,12 @@ impl BlockDev for WritecacheDev {
 fn relaxed(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
 }
+
+/// A new log of 4 KiB blocks on `cache` in front of `origin`, opened with `t` and no
+/// background task (the crate's unit tests).
+#[cfg(test)]
+pub(crate) async fn test_log(cache: Arc<dyn BlockDev>, origin: Arc<dyn BlockDev>, t: Tunables) -> WritecacheDev {
+    let o = crate::offline::CreateOptions { block_bytes: 4096, ..crate::offline::CreateOptions::default() };
+    crate::offline::create(&*cache, &*origin, &o).await.unwrap();
+    WritecacheDev::open(cache, origin, OpenOptions { no_background: true, tunables: Some(t) }).await.unwrap()
+}

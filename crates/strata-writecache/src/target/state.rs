@@ -314,10 +314,11 @@ impl State {
     /// Records that slot `s` (from `alloc`) holds a clean copy of `block` just read from the
     /// origin, which the log holds no copy of, live or on disk. Nothing to commit: a read copy
     /// keeps no entry (`keeps_entry`), and leaves at the first write to its block or eviction.
-    pub fn install_read(&mut self, block: u64, s: u32, data_crc: u32) {
+    /// It is never written back, so it carries no data checksum.
+    pub fn install_read(&mut self, block: u64, s: u32) {
         debug_assert!(!self.logged_anywhere(block));
         self.seq += 1;
-        self.slots[s as usize] = Slot { block, seq: self.seq, commit: 0, data_crc, prev: NONE, next: NONE };
+        self.slots[s as usize] = Slot { block, seq: self.seq, commit: 0, data_crc: 0, prev: NONE, next: NONE };
         self.bits[s as usize] = LIVE | READ;
         self.push(Which::Clean, s);
         self.index.insert(&self.slots, block, s);

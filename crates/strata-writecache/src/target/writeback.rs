@@ -419,8 +419,7 @@ pub(super) async fn background(weak: Weak<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offline::{create, CreateOptions};
-    use crate::target::{OpenOptions, WritecacheDev};
+    use crate::target::{test_log, OpenOptions, WritecacheDev};
     use std::sync::Arc;
     use strata_io::mem::MemDev;
     use strata_io::BlockDev;
@@ -434,11 +433,7 @@ mod tests {
         const BLOCK: usize = 4096;
         let origin = Arc::new(MemDev::new(1 << 20));
         let cache = Arc::new(MemDev::new(96 << 10));
-        let opts = || OpenOptions { no_background: true, ..OpenOptions::default() };
-        create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() })
-            .await
-            .unwrap();
-        let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+        let dev = test_log(cache.clone(), origin.clone(), Tunables::default()).await;
         for v in [1u8, 2] {
             dev.write(0, Buf::from_slice(&[v; BLOCK]), false).await.unwrap();
             dev.flush().await.unwrap();
@@ -449,7 +444,9 @@ mod tests {
         dev.flush().await.unwrap();
         dev.check_state().unwrap();
         drop(dev);
-        let dev = WritecacheDev::open(cache, origin, opts()).await.unwrap();
+        let dev = WritecacheDev::open(cache, origin, OpenOptions { no_background: true, ..OpenOptions::default() })
+            .await
+            .unwrap();
         let got = dev.read(0, Buf::zeroed(BLOCK)).await.unwrap();
         assert!(got.iter().all(|&b| b == 3), "the recovered block holds write {}, not 3", got[0]);
     }
