@@ -1,5 +1,8 @@
 //! The sequential-stream detector behind the sequential cutoff: large sequential IO goes
-//! around the cache, as in bcache.
+//! around the cache, as in bcache. Reads and writes are tracked apart, and a write stream
+//! counts only what it wrote since the last flush (`synced`): a stream flushed every few
+//! blocks, such as a file system's journal, is one its writer waits on, and stays in the
+//! cache, as bcache caches synchronous writes in writeback.
 
 /// bcache-style sequential detection: a few recent streams, each with the bytes it has
 /// read or written contiguously; a stream past the cutoff bypasses the cache.
@@ -37,6 +40,13 @@ impl Streams {
         self.s[i].2 = self.tick;
         cutoff > 0 && self.s[i].1 > cutoff
     }
+
+    /// A flush: every stream starts counting again from here (each keeps its place).
+    pub fn synced(&mut self) {
+        for e in &mut self.s {
+            e.1 = 0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -61,5 +71,20 @@ mod tests {
             last = s.observe((1 << 30) + i * 65536, 65536, 1 << 20);
         }
         assert!(last);
+    }
+
+    #[test]
+    fn a_stream_flushed_every_few_blocks_never_crosses_the_cutoff() {
+        let mut s = Streams::new();
+        let mut bypassed = 0;
+        for i in 0..1000u64 {
+            bypassed += s.observe(i * 4096, 4096, 1 << 20) as u32;
+            if i % 16 == 15 {
+                s.synced();
+            }
+        }
+        assert_eq!(bypassed, 0);
+        // Unflushed, the same stream crosses it after 1 MiB, and its place survived the flushes.
+        assert!((0..300u64).any(|i| s.observe((1000 + i) * 4096, 4096, 1 << 20)));
     }
 }

@@ -332,3 +332,34 @@ async fn sequential_reads_past_the_cutoff_go_to_the_origin_whole() {
         "the cached block came from the origin"
     );
 }
+
+/// The cutoff counts a write stream since the last flush: a journal-like stream that flushes
+/// every 64 KiB (or writes its commit block with FUA) stays in the cache in writeback,
+/// however far it runs; the same stream unflushed goes around the cache past the cutoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flushed_every_few_blocks_stays_in_the_cache() {
+    let r = rig(Mode::Writeback, 4 << 20, "lru").await;
+    let dev = open(&r).await;
+    dev.message("sequential_cutoff 256KiB").await.unwrap();
+    let stream = |start: u64, sync_every: Option<(u64, bool)>| {
+        let dev = dev.clone();
+        async move {
+            for i in 0..256u64 {
+                let at = start + i * 4096;
+                let fua = matches!(sync_every, Some((n, true)) if i % n == n - 1);
+                dev.write(at, pattern(i, at, 4096), fua).await.unwrap();
+                if matches!(sync_every, Some((n, false)) if i % n == n - 1) {
+                    dev.flush().await.unwrap();
+                }
+            }
+        }
+    };
+    stream(0, Some((16, false))).await;
+    stream(1 << 20, Some((16, true))).await;
+    let s = CacheStatus::of(&*dev).unwrap();
+    assert_eq!(s.bypassed, 0, "flushed streams went around the cache: {s:?}");
+    stream(2 << 20, None).await;
+    let s = CacheStatus::of(&*dev).unwrap();
+    assert!(s.bypassed > 100, "an unflushed 1 MiB stream stayed in the cache: {s:?}");
+    dev.check_invariants().unwrap();
+}

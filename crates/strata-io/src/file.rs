@@ -66,6 +66,13 @@ pub struct FileDev {
     /// Why the device stopped taking writes: an fdatasync or FUA write failed, and the kernel
     /// may have dropped what it covered (a later fdatasync would succeed without it).
     stopped: parking_lot::Mutex<Option<String>>,
+    /// Writes, discards, zeroings and growths completed since the open, from 1 (what an
+    /// earlier opener left in the page cache counts as one), and how many of them the last
+    /// fdatasync covered. A flush with nothing new is answered without one.
+    changes: AtomicU64,
+    flushed: AtomicU64,
+    fdatasyncs: AtomicU64,
+    flushes_skipped: AtomicU64,
 }
 
 const BLKGETSIZE64: libc::c_ulong = 0x80081272;
@@ -174,6 +181,10 @@ impl FileDev {
             depth: Arc::new(QueueDepth::new()),
             rmw: RwLock::new(()),
             stopped: parking_lot::Mutex::new(None),
+            changes: AtomicU64::new(1),
+            flushed: AtomicU64::new(0),
+            fdatasyncs: AtomicU64::new(0),
+            flushes_skipped: AtomicU64::new(0),
         })
     }
 
@@ -214,6 +225,31 @@ impl FileDev {
             self.stopped.lock().get_or_insert_with(|| e.context.clone());
         }
         e
+    }
+
+    /// Counts a change to the device, once it completed (failed ones too: part of it may have
+    /// reached the file).
+    fn changed<T>(&self, r: T) -> T {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        r
+    }
+
+    async fn do_flush(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.writable("flush")?;
+        // Every change completed before this flush was asked for is counted by now.
+        let seen = self.changes.load(Ordering::Acquire);
+        if self.flushed.load(Ordering::Acquire) == seen {
+            self.flushes_skipped.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.fdatasyncs.fetch_add(1, Ordering::Relaxed);
+        let (_, res) = self.engine.submit(self.file.clone(), Op::Fdatasync, self.depth.clone()).await;
+        res.map_err(|e| self.durability_failed(self.os_err(e, "flush", 0)))?;
+        self.flushed.fetch_max(seen, Ordering::AcqRel);
+        Ok(())
     }
 
     async fn raw_read(&self, offset: u64, buf: Buf) -> Result<Buf> {
@@ -629,7 +665,7 @@ impl BlockDev for FileDev {
                 return Err(Error::new(ErrorKind::Invalid, ctx(&format!("holds {size} bytes, fewer than {bytes}"))));
             }
             self.size.fetch_max(size, Ordering::AcqRel);
-            Ok(self.size())
+            Ok(self.changed(self.size()))
         })
     }
 
@@ -658,26 +694,19 @@ impl BlockDev for FileDev {
     }
 
     fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
-        Box::pin(self.do_write(offset, buf, fua))
+        Box::pin(async move { self.changed(self.do_write(offset, buf, fua).await) })
     }
 
     fn flush(&self) -> BoxFut<'_, Result<()>> {
-        Box::pin(async move {
-            if self.read_only {
-                return Ok(());
-            }
-            self.writable("flush")?;
-            let (_, res) = self.engine.submit(self.file.clone(), Op::Fdatasync, self.depth.clone()).await;
-            res.map(|_| ()).map_err(|e| self.durability_failed(self.os_err(e, "flush", 0)))
-        })
+        Box::pin(self.do_flush())
     }
 
     fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        Box::pin(self.do_discard(offset, len))
+        Box::pin(async move { self.changed(self.do_discard(offset, len).await) })
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
-        Box::pin(self.do_write_zeroes(offset, len, flags))
+        Box::pin(async move { self.changed(self.do_write_zeroes(offset, len, flags).await) })
     }
 
     fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
@@ -685,7 +714,21 @@ impl BlockDev for FileDev {
     }
 
     fn metrics(&self) -> Vec<crate::metrics::Sample> {
-        self.depth.samples()
+        use crate::metrics::{MetricKind, Sample};
+        let mut out = self.depth.samples();
+        out.push(Sample::new(
+            "strata_device_fdatasyncs_total",
+            MetricKind::Counter,
+            "Flushes that reached the file or block device (fdatasync).",
+            self.fdatasyncs.load(Ordering::Relaxed) as f64,
+        ));
+        out.push(Sample::new(
+            "strata_device_flushes_skipped_total",
+            MetricKind::Counter,
+            "Flushes answered without an fdatasync: nothing was written since the last one.",
+            self.flushes_skipped.load(Ordering::Relaxed) as f64,
+        ));
+        out
     }
 }
 
@@ -718,6 +761,36 @@ mod tests {
             // A request the device refused before touching anything latches nothing.
             dev.durability_failed(Error::new(ErrorKind::OutOfRange, "beyond the end"));
             dev.flush().await.unwrap();
+        });
+    }
+
+    /// A flush reaches the file only when something changed since the last one that did; the
+    /// first flush after an open always does (an earlier opener may have left dirty pages).
+    #[test]
+    fn a_flush_with_nothing_new_skips_the_fdatasync() {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let opts = FileOptions { create_size: Some(1 << 20), direct: false, ..FileOptions::default() };
+            let dev = FileDev::open(&dir.path().join("f.img"), &opts).unwrap();
+            let syncs =
+                |dev: &FileDev| (dev.fdatasyncs.load(Ordering::Relaxed), dev.flushes_skipped.load(Ordering::Relaxed));
+            dev.flush().await.unwrap();
+            dev.flush().await.unwrap();
+            assert_eq!(syncs(&dev), (1, 1));
+            dev.write(0, Buf::from_slice(&[7; 4096]), false).await.unwrap();
+            dev.flush().await.unwrap();
+            dev.flush().await.unwrap();
+            assert_eq!(syncs(&dev), (2, 2));
+            dev.discard(0, 4096).await.unwrap();
+            dev.flush().await.unwrap();
+            dev.write_zeroes(4096, 4096, ZeroFlags::default()).await.unwrap();
+            dev.flush().await.unwrap();
+            dev.grow(2 << 20).await.unwrap();
+            dev.flush().await.unwrap();
+            dev.flush().await.unwrap();
+            assert_eq!(syncs(&dev), (5, 3));
+            let names: Vec<_> = dev.metrics().iter().map(|m| m.name).collect();
+            assert!(names.contains(&"strata_device_fdatasyncs_total"), "{names:?}");
         });
     }
 }

@@ -6,8 +6,14 @@
 //! root of the distance from where the last request ended (`seek_min_ms` for adjacent tracks
 //! to `seek_max_ms` for a full stroke, about 8 ms on average with the defaults), plus a
 //! rotational delay (uniform in one revolution, 4.17 ms on average at 7200 rpm) unless the
-//! request continues the previous one, plus transfer at `mib_s`. The SSD has `channels`
-//! independent queues, each charging a fixed latency plus transfer.
+//! request continues the previous one, plus transfer at `mib_s`. Its write cache is off (a
+//! write is durable when it completes, so a flush costs nothing): a write that continues the
+//! previous request but arrives after the disk went idle has missed its sector and waits for
+//! it to come round again, up to a whole revolution. So synchronous sequential writes, such
+//! as a journal's commits one after another, run at most one per revolution, as on a real
+//! disk; writes queued back to back, and reads (which the drive's read-ahead serves), don't
+//! wait. The SSD has `channels` independent queues, each charging a fixed latency plus
+//! transfer.
 
 use crate::timer::sleep_until;
 use crate::{BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
@@ -35,6 +41,16 @@ impl HddParams {
         60_000.0 / self.rpm
     }
 
+    /// The wait of a write that continues the previous request, arriving `idle` after the
+    /// disk finished it: the sector passed under the head then, and is back once a revolution.
+    pub fn missed_sector_s(&self, idle: Duration) -> f64 {
+        if idle.is_zero() {
+            return 0.0;
+        }
+        let rev = self.revolution_ms() / 1000.0;
+        rev - idle.as_secs_f64() % rev
+    }
+
     pub fn transfer_s(&self, len: u64) -> f64 {
         len as f64 / (self.mib_s * 1048576.0)
     }
@@ -42,7 +58,9 @@ impl HddParams {
     /// Mean service time in seconds of a request of `len` bytes at `offset` on a device of
     /// `size` bytes whose head sits where the previous request ended (`last_end`): none for
     /// positioning when the request continues the previous one, else a seek over the distance
-    /// plus the mean rotational delay (half a revolution); then the transfer.
+    /// plus the mean rotational delay (half a revolution); then the transfer. (It has no clock:
+    /// a continuing write is taken as queued behind the previous one, not as missing its
+    /// sector.)
     pub fn mean_service_s(&self, size: u64, last_end: u64, offset: u64, len: u64) -> f64 {
         let positioning_ms = if offset == last_end {
             0.0
@@ -115,12 +133,14 @@ impl<D: BlockDev> LatencyDev<D> {
             Model::Hdd { p, state } => {
                 let mut s = state.lock();
                 let transfer = p.transfer_s(len);
-                let positioning = if offset == s.last_end {
-                    0.0
-                } else {
+                let positioning = if offset != s.last_end {
                     let size = self.inner.size().max(1) as f64;
                     let distance = (offset as f64 - s.last_end as f64).abs() / size;
                     (p.seek_ms(distance) + s.rng.gen::<f64>() * p.revolution_ms()) / 1000.0
+                } else if write {
+                    p.missed_sector_s(now.saturating_duration_since(s.busy_until))
+                } else {
+                    0.0
                 };
                 let service = Duration::from_secs_f64(positioning + transfer);
                 let start = s.busy_until.max(now);
@@ -227,5 +247,21 @@ impl<D: BlockDev> BlockDev for LatencyDev<D> {
 
     fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
         self.inner.cache(offset, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missed_sector_comes_round_once_a_revolution() {
+        let p = HddParams { rpm: 6000.0, ..HddParams::default() }; // 10 ms a revolution
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert_eq!(p.missed_sector_s(Duration::ZERO), 0.0, "queued back to back: no wait");
+        assert!(close(p.missed_sector_s(Duration::from_millis(1)), 0.009));
+        assert!(close(p.missed_sector_s(Duration::from_millis(9)), 0.001));
+        assert!(close(p.missed_sector_s(Duration::from_millis(23)), 0.007));
+        assert!(close(p.missed_sector_s(Duration::from_micros(1)), 0.009999));
     }
 }

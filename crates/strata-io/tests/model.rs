@@ -1,6 +1,7 @@
 //! Every plain device against the in-memory reference: random reads, writes (some FUA),
 //! flushes, discards and write-zeroes, compared after every read and at the end.
 
+use std::time::Duration;
 use strata_io::engine::EngineKind;
 use strata_io::file::{FileDev, FileOptions};
 use strata_io::latency::{HddParams, LatencyDev, SsdParams};
@@ -87,6 +88,46 @@ async fn hdd_model_charges_seeks_and_spares_sequential_io() {
     assert!(random > sequential * 2, "random {random:?} vs sequential {sequential:?}");
     let busy = dev.busy_time().unwrap();
     assert!(busy >= random / 2, "busy time {busy:?} accounts for the random reads");
+}
+
+/// The disk's write cache is off: a sequential write that arrives once the disk is idle has
+/// missed its sector and waits for it; the same writes queued back to back, and sequential
+/// reads one at a time (the drive's read-ahead), pay one positioning in all.
+#[tokio::test]
+async fn hdd_model_makes_idle_sequential_writes_wait_for_their_sector() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let p = HddParams::default();
+    let n = 8u64;
+    // One seek and rotation at most, then transfers.
+    let one_positioning =
+        Duration::from_secs_f64((p.seek_max_ms + p.revolution_ms()) / 1000.0 + p.transfer_s(n * 4096));
+    let dev = LatencyDev::hdd(file(&dir, "queued", true, EngineKind::Uring), p);
+    let writes = (0..n).map(|i| dev.write(i * 4096, Buf::zeroed(4096), false));
+    for r in futures::future::join_all(writes).await {
+        r.unwrap();
+    }
+    let queued = dev.busy_time().unwrap();
+    assert!(queued <= one_positioning, "queued writes kept the disk busy {queued:?}");
+
+    let dev = LatencyDev::hdd(file(&dir, "reads", true, EngineKind::Uring), p);
+    let mut buf = Buf::zeroed(4096);
+    for i in 0..n {
+        buf = dev.read(i * 4096, buf).await.unwrap();
+    }
+    let reads = dev.busy_time().unwrap();
+    assert!(reads <= one_positioning, "reads one at a time kept the disk busy {reads:?}");
+
+    let dev = LatencyDev::hdd(file(&dir, "one-by-one", true, EngineKind::Uring), p);
+    let mut transfers_and_waits = Vec::new();
+    for i in 0..n {
+        dev.write(i * 4096, Buf::zeroed(4096), false).await.unwrap();
+        transfers_and_waits.push(dev.busy_time().unwrap());
+    }
+    // After the first, each write waited for its sector: more than its transfer.
+    for w in transfers_and_waits.windows(2) {
+        let this = w[1] - w[0];
+        assert!(this.as_secs_f64() > p.transfer_s(4096) * 1.5, "a write one at a time took {this:?}");
+    }
 }
 
 #[tokio::test]

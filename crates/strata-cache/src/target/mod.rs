@@ -57,7 +57,9 @@ struct State {
     reserved: usize,
     /// Per slot: bumped by every write, so a write-back knows whether it is still current.
     write_gen: Vec<u32>,
-    streams: Streams,
+    /// Sequential streams of reads, and of writes since the last flush (the cutoff's).
+    read_streams: Streams,
+    write_streams: Streams,
     /// Origin blocks zeroed whole (by a write-zeroes the origin carried out) since start:
     /// promoting them needs no copy. A discard does not count: it need not zero anything.
     zeroed: FxHashSet<u64>,
@@ -252,6 +254,7 @@ impl BlockDev for CacheDev {
     }
 
     fn flush(&self) -> BoxFut<'_, Result<()>> {
+        self.inner.state.lock().write_streams.synced();
         Box::pin(self.inner.commit())
     }
 

@@ -27,7 +27,7 @@ impl Inner {
         let bypass = {
             let mut st = self.state.lock();
             let cutoff = st.meta.sb.sequential_cutoff_bytes;
-            st.streams.observe(offset, buf.len() as u64, cutoff)
+            st.read_streams.observe(offset, buf.len() as u64, cutoff)
         };
         let pieces = self.pieces(offset, buf.len() as u64);
         if pieces.len() == 1 {

@@ -33,7 +33,11 @@ impl Inner {
             let mut st = self.state.lock();
             st.stopped()?;
             let cutoff = st.meta.sb.sequential_cutoff_bytes;
-            st.streams.observe(offset, buf.len() as u64, cutoff)
+            let bypass = st.write_streams.observe(offset, buf.len() as u64, cutoff);
+            if fua {
+                st.write_streams.synced();
+            }
+            bypass
         };
         let pieces = self.pieces(offset, buf.len() as u64);
         let needs = futures_join(pieces.iter().map(|&(b, within, n)| {
