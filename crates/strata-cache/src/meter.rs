@@ -36,6 +36,12 @@ impl Counters {
         c.fetch_add(1, Relaxed);
     }
 
+    /// Block reads and writes the volume has served, hits and misses.
+    pub fn accesses(&self) -> u64 {
+        let (h, m) = self.hits_misses();
+        h + m
+    }
+
     fn hits_misses(&self) -> (u64, u64) {
         (
             self.read_hits.load(Relaxed) + self.write_hits.load(Relaxed),

@@ -363,3 +363,26 @@ async fn a_stream_flushed_every_few_blocks_stays_in_the_cache() {
     assert!(s.bypassed > 100, "an unflushed 1 MiB stream stayed in the cache: {s:?}");
     dev.check_invariants().unwrap();
 }
+
+/// Below the target dirty share, a volume whose writer keeps writing its dirty blocks gets no
+/// write-back even though the origin is idle (each written-back block would move to a new
+/// slot at its next write); once the volume has been quiet a while, write-back drains it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_waits_for_a_quiet_volume_below_the_target() {
+    let r = rig(Mode::Writeback, 4 << 20, "lru").await;
+    let dev = open(&r).await;
+    dev.message("writeback_percent 50").await.unwrap();
+    let blocks = 8u64;
+    let busy_until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
+    let mut i = 0u64;
+    while std::time::Instant::now() < busy_until {
+        let at = (i % blocks) * BLOCK as u64 + (i * 4096) % BLOCK as u64;
+        dev.write(at, pattern(i, at, 4096), false).await.unwrap();
+        i += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let s = CacheStatus::of(&*dev).unwrap();
+    assert_eq!((s.dirty_blocks, s.writebacks), (blocks, 0), "written back while the volume was busy: {s:?}");
+    wait_clean(&dev).await;
+    dev.check_invariants().unwrap();
+}

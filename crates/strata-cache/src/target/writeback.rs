@@ -21,6 +21,11 @@ const TICK: Duration = Duration::from_millis(100);
 const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Below this foreground share of origin time the origin counts as idle.
 const IDLE_SHARE: f64 = 0.05;
+/// Write-back goes flat out only while the origin is idle and the volume has served nothing
+/// for this long (as bcache's, once its cache set is idle): a volume busy with hits leaves the
+/// origin idle, and writing back the blocks its writer keeps writing only has each next write
+/// move its block to a new slot.
+const QUIET: Duration = Duration::from_secs(1);
 /// Points of the cache above `writeback_percent` where writeback stops making new dirty
 /// data while the origin is busy (see `Inner::write_mode`).
 const DIRTY_SLACK_PERCENT: usize = 5;
@@ -202,6 +207,7 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
     let mut last_commit = Instant::now();
     let mut pacer = strata_policy::pacing::Pacer::default();
     let mut last_busy = (Duration::ZERO, Duration::ZERO, Instant::now());
+    let mut last_access = (0, Instant::now());
     loop {
         let Some(me) = weak.upgrade() else { return };
         if me.stop.load(Relaxed) {
@@ -231,6 +237,11 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
 
         let idle = fg_share < IDLE_SHARE;
         me.origin_busy.store(!idle, Relaxed);
+        let accesses = me.counters.accesses();
+        if accesses != last_access.0 {
+            last_access = (accesses, Instant::now());
+        }
+        let quiet = last_access.1.elapsed() >= QUIET;
         let (dirty, target, flush_all) = {
             let st = me.state.lock();
             let slots = st.meta.slots() as f64;
@@ -242,12 +253,12 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
             (st.policy.dirty_len() as f64, target, st.flush_all)
         };
         // bcache's controller (`strata_policy::pacing`), capped by the migration budget; flat
-        // out when the origin is idle or a flush was asked for.
+        // out when the origin and the volume are idle or a flush was asked for.
         let budget_blocks = match me.budget.rate() {
             0 => f64::INFINITY,
             r => r as f64 / me.block as f64,
         };
-        pacer.update(dirty, target, dt, flush_all || idle, budget_blocks);
+        pacer.update(dirty, target, dt, flush_all || (idle && quiet), budget_blocks);
         if dirty == 0.0 {
             if flush_all {
                 me.state.lock().flush_all = false;
