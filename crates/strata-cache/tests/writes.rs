@@ -364,25 +364,47 @@ async fn a_stream_flushed_every_few_blocks_stays_in_the_cache() {
     dev.check_invariants().unwrap();
 }
 
-/// Below the target dirty share, a volume whose writer keeps writing its dirty blocks gets no
-/// write-back even though the origin is idle (each written-back block would move to a new
-/// slot at its next write); once the volume has been quiet a while, write-back drains it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn write_back_waits_for_a_quiet_volume_below_the_target() {
-    let r = rig(Mode::Writeback, 4 << 20, "lru").await;
-    let dev = open(&r).await;
-    dev.message("writeback_percent 50").await.unwrap();
-    let blocks = 8u64;
-    let busy_until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
+/// Keeps writing 4 KiB pieces of `hot` blocks (by number) for `busy`, one every 2 ms.
+async fn keep_writing(dev: &CacheDev, hot: std::ops::Range<u64>, busy: std::time::Duration) {
+    let until = std::time::Instant::now() + busy;
     let mut i = 0u64;
-    while std::time::Instant::now() < busy_until {
-        let at = (i % blocks) * BLOCK as u64 + (i * 4096) % BLOCK as u64;
+    while std::time::Instant::now() < until {
+        let b = hot.start + i % (hot.end - hot.start);
+        let at = b * BLOCK as u64 + (i * 4096) % BLOCK as u64;
         dev.write(at, pattern(i, at, 4096), false).await.unwrap();
         i += 1;
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
+}
+
+/// On an idle origin, a volume whose writer keeps writing its dirty blocks gets write-back
+/// only down to the target dirty share, of the blocks dirty longest (each block written back
+/// would move to a new slot at its next write); once the volume has been quiet a while,
+/// write-back drains it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_goes_below_the_target_only_on_a_quiet_volume() {
+    let r = rig(Mode::Writeback, 4 << 20, "lru").await;
+    let dev = open(&r).await;
+    dev.message("writeback_percent 50").await.unwrap();
+    // Below the target: nothing is written back while the writer goes on.
+    keep_writing(&dev, 0..8, std::time::Duration::from_millis(2500)).await;
     let s = CacheStatus::of(&*dev).unwrap();
-    assert_eq!((s.dirty_blocks, s.writebacks), (blocks, 0), "written back while the volume was busy: {s:?}");
+    assert_eq!((s.dirty_blocks, s.writebacks), (8, 0), "written back while the volume was busy: {s:?}");
+    wait_clean(&dev).await;
+
+    // Over the target (4 blocks of 8 dirty ones): the four dirty longest, not written since,
+    // are written back; the four the writer keeps writing stay dirty.
+    let slots = s.cache_blocks;
+    dev.message(&format!("writeback_percent {}", 100 * 4 / slots + 1)).await.unwrap();
+    let target = (slots * (100 * 4 / slots + 1)) as f64 / 100.0;
+    assert!((4.0..5.0).contains(&target), "{target} of {slots}");
+    for b in (8..12).chain(0..4) {
+        let at = b * BLOCK as u64;
+        dev.write(at, pattern(b, at, BLOCK as usize), false).await.unwrap();
+    }
+    keep_writing(&dev, 0..4, std::time::Duration::from_millis(2500)).await;
+    let s = CacheStatus::of(&*dev).unwrap();
+    assert_eq!((s.dirty_blocks, s.writebacks - 8), (4, 4), "{s:?}");
     wait_clean(&dev).await;
     dev.check_invariants().unwrap();
 }

@@ -21,10 +21,10 @@ const TICK: Duration = Duration::from_millis(100);
 const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Below this foreground share of origin time the origin counts as idle.
 const IDLE_SHARE: f64 = 0.05;
-/// Write-back goes flat out only while the origin is idle and the volume has served nothing
-/// for this long (as bcache's, once its cache set is idle): a volume busy with hits leaves the
-/// origin idle, and writing back the blocks its writer keeps writing only has each next write
-/// move its block to a new slot.
+/// On an idle origin, write-back goes flat out while the dirty share is over its target, and
+/// below it only once the volume has served nothing for this long (as bcache's, once its
+/// cache set is idle): a volume busy with hits leaves the origin idle, and writing back the
+/// blocks its writer keeps writing only has each next write move its block to a new slot.
 const QUIET: Duration = Duration::from_secs(1);
 /// Points of the cache above `writeback_percent` where writeback stops making new dirty
 /// data while the origin is busy (see `Inner::write_mode`).
@@ -253,12 +253,14 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
             (st.policy.dirty_len() as f64, target, st.flush_all)
         };
         // bcache's controller (`strata_policy::pacing`), capped by the migration budget; flat
-        // out when the origin and the volume are idle or a flush was asked for.
+        // out when a flush was asked for, or on an idle origin over the target or once the
+        // volume is quiet.
         let budget_blocks = match me.budget.rate() {
             0 => f64::INFINITY,
             r => r as f64 / me.block as f64,
         };
-        pacer.update(dirty, target, dt, flush_all || (idle && quiet), budget_blocks);
+        let drain = flush_all || (idle && quiet);
+        pacer.update(dirty, target, dt, drain || (idle && dirty > target), budget_blocks);
         if dirty == 0.0 {
             if flush_all {
                 me.state.lock().flush_all = false;
@@ -270,7 +272,10 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         if mg_share > cap && !flush_all && !idle {
             continue;
         }
-        let n = pacer.earn(dt, WRITEBACK_BATCH_MAX);
+        // Short of draining, no further than the target: below it, the blocks written back
+        // would be the ones the writer keeps writing.
+        let excess = if drain { WRITEBACK_BATCH_MAX } else { (dirty - target).ceil().max(0.0) as usize };
+        let n = pacer.earn(dt, WRITEBACK_BATCH_MAX.min(excess));
         let mut allowed = 0;
         while allowed < n && me.budget.try_take(me.block) {
             allowed += 1;
