@@ -40,10 +40,12 @@ def expected_seconds(scale):
     return 4 * log / (200 * b.MIB) + 5 * log / seq + 40 + origin / (500 * b.MIB) + 10
 
 
-def rss_bytes(pid):
+def rss_bytes(pid, field="VmRSS"):
+    """Resident memory of `pid`: all of it (VmRSS), or its anonymous part (RssAnon), which
+    leaves out the pages of the binary's code that serving the log touched."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -78,14 +80,18 @@ def run(ctx):
     fresh_log()
     with b.Strata(ctx, sock, f"small={work / 'small.img'}?size=4KiB") as s:
         base = rss_bytes(s.proc.pid)
+        anon_base = rss_bytes(s.proc.pid, "RssAnon")
     with b.Strata(ctx, sock, f"vol=writecache:{logf}") as s:
         t = s.target("vol")
         slots = t["blocks"]
         with_log = rss_bytes(s.proc.pid)
+        anon = rss_bytes(s.proc.pid, "RssAnon")
         res["memory"] = {"blocks": slots, "rss_plain_bytes": base, "rss_with_log_bytes": with_log,
                          "rss_bytes_per_block": (with_log - base) / slots,
+                         "anon_bytes_per_block": (anon - anon_base) / slots,
                          "target_memory_bytes_per_block": t["memory_bytes"] / slots}
     p.note(f"  {NAME}: memory {res['memory']['rss_bytes_per_block']:.1f} B per block (RSS), "
+           f"{res['memory']['anon_bytes_per_block']:.1f} B (anonymous), "
            f"{res['memory']['target_memory_bytes_per_block']:.1f} B (books)")
 
     # Commit cost: a flush after each 4 KiB write, through the log and on the raw fast file.
