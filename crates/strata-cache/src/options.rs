@@ -12,7 +12,8 @@ pub use crate::format::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
 
 pub const DEFAULT_BLOCK_BYTES: u32 = 64 << 10;
 pub const DEFAULT_MODE: Mode = Mode::Writeback;
-/// Streams that run contiguously beyond this bypass the cache (0 disables the cutoff).
+/// Streams that run contiguously beyond this bypass the cache (0 disables the cutoff); a write
+/// stream counts from its last flush or FUA write.
 pub const DEFAULT_SEQUENTIAL_CUTOFF_BYTES: u64 = 4 << 20;
 /// Promotions and write-backs together (0: unlimited).
 pub const DEFAULT_MIGRATION_BUDGET_BYTES_PER_S: u64 = 32 << 20;

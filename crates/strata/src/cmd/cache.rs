@@ -71,7 +71,7 @@ pub struct CreateArgs {
     #[arg(long, default_value = strata_policy::DEFAULT_POLICY,
         help = format!("Replacement policy ({}; `strata sim --help` describes each)", strata_policy::POLICY_NAMES.join(", ")))]
     pub policy: String,
-    /// Streams that run contiguously beyond this bypass the cache (0 disables).
+    /// Streams that run contiguously beyond this bypass the cache (0 disables); a write stream counts from its last flush or FUA write.
     #[arg(long, default_value_t = Bytes(DEFAULT_SEQUENTIAL_CUTOFF_BYTES))]
     pub sequential_cutoff: Bytes,
     #[arg(long, default_value_t = Bytes(DEFAULT_READAHEAD_BYTES as u64), help = format!(
