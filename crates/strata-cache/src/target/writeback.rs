@@ -274,8 +274,9 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         }
         // Short of draining, no further than the target: below it, the blocks written back
         // would be the ones the writer keeps writing.
-        let excess = if drain { WRITEBACK_BATCH_MAX } else { (dirty - target).ceil().max(0.0) as usize };
-        let n = pacer.earn(dt, WRITEBACK_BATCH_MAX.min(excess));
+        // (A float cast saturates: no excess is 0.)
+        let batch = if drain { WRITEBACK_BATCH_MAX } else { WRITEBACK_BATCH_MAX.min((dirty - target).ceil() as usize) };
+        let n = pacer.earn(dt, batch);
         let mut allowed = 0;
         while allowed < n && me.budget.try_take(me.block) {
             allowed += 1;
