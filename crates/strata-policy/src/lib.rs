@@ -115,7 +115,7 @@ pub const POLICIES: &[PolicyInfo] = &[
     },
     PolicyInfo {
         name: "adaptive",
-        summary: "serves with the best of strata and of s3fifo, arc, lirs, tinylfu, 2q with and without a doorkeeper, chosen by miniature simulations",
+        summary: "serves with the best of strata and of s3fifo, arc, lirs, tinylfu, 2q as they are and behind doorkeepers (for every miss, or for long sequential runs), chosen by miniature simulations",
         new: Some(|c, p| Box::new(policies::adaptive::Adaptive::new(c, p))),
     },
     PolicyInfo {

@@ -1,10 +1,14 @@
 //! adaptive: serve with whichever of several whole policies does best on this workload, as
 //! measured by miniature simulations running beside the live policy.
 //!
-//! * Candidates. S3-FIFO, ARC, LIRS, W-TinyLFU and 2Q, each as it is and behind a
-//!   [`Doorkeeper`] of 1, 4 or 16 cache capacities, and `strata`. No one of them is within a
-//!   point of the best on every trace and size (see `docs/BENCHMARKS.md`), and the doorkeeper
-//!   variants trade a block's first hit for a fraction of the promotions.
+//! * Candidates. S3-FIFO, ARC, LIRS, W-TinyLFU and 2Q, each as it is, behind a
+//!   [`Doorkeeper`] of 1, 4 or 16 cache capacities, and behind one that stops only the misses
+//!   of sequential runs of at least 256, 1,024 or 4,096 blocks (the blocks from there on;
+//!   [`Runs`] follows the runs over every access, sampled or not); and `strata`. No one of
+//!   them is within a point of the best on every trace and size (see `docs/BENCHMARKS.md`).
+//!   The doorkeeper variants trade a block's first hit for a fraction of the promotions;
+//!   the run variants make that trade for the blocks of long runs alone, which on some
+//!   workloads are read once (a scan) and on others read again soon.
 //! * Miniatures. Every candidate, and LRU as the yardstick, runs on a spatial sample of the
 //!   blocks (a block is sampled when a hash of its number falls under a threshold, so it is
 //!   sampled on every access): a cache of `capacity / rate` blocks fed one block in `rate`,
@@ -33,15 +37,23 @@ use crate::hash::mix64;
 use crate::{build, hints, Access, HintError, InsertError, Outcome, Params, Policy};
 
 /// One candidate: a policy by [`build`] name, behind a doorkeeper of `doorkeeper` cache
-/// capacities (0: none).
+/// capacities (0: none) that stops the misses of sequential runs of at least `run` blocks
+/// (0: every miss).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
     pub policy: &'static str,
     pub doorkeeper: u32,
+    pub run: u32,
 }
 
 const fn c(policy: &'static str, doorkeeper: u32) -> Candidate {
-    Candidate { policy, doorkeeper }
+    Candidate { policy, doorkeeper, run: 0 }
+}
+
+/// A candidate whose doorkeeper (of [`RUN_DOORKEEPER`] capacities) only stops the misses
+/// of sequential runs of at least `run` blocks.
+const fn seq(policy: &'static str, run: u32) -> Candidate {
+    Candidate { policy, doorkeeper: RUN_DOORKEEPER, run }
 }
 
 /// The candidates; the first serves until the miniatures have spoken.
@@ -67,7 +79,24 @@ pub const CANDIDATES: &[Candidate] = &[
     c("lirs", 16),
     c("tinylfu", 16),
     c("2q", 16),
+    seq("s3fifo", 256),
+    seq("arc", 256),
+    seq("lirs", 256),
+    seq("tinylfu", 256),
+    seq("2q", 256),
+    seq("s3fifo", 1024),
+    seq("arc", 1024),
+    seq("lirs", 1024),
+    seq("tinylfu", 1024),
+    seq("2q", 1024),
+    seq("s3fifo", 4096),
+    seq("arc", 4096),
+    seq("lirs", 4096),
+    seq("tinylfu", 4096),
+    seq("2q", 4096),
 ];
+/// Cache capacities a sequential-run doorkeeper remembers.
+const RUN_DOORKEEPER: u32 = 4;
 /// Target size of a miniature cache, in blocks.
 const MINI_BLOCKS: usize = 4096;
 /// Sampled accesses per epoch, in miniature capacities.
@@ -88,7 +117,7 @@ const ADOPT_SHARE: f64 = 0.9;
 const SAMPLE_BITS: u32 = 24;
 
 struct Mini {
-    policy: Box<dyn Policy + Send>,
+    policy: Gated,
     /// Decayed hit count.
     hits: f64,
     /// Decayed promotion count.
@@ -96,12 +125,12 @@ struct Mini {
 }
 
 impl Mini {
-    fn new(policy: Box<dyn Policy + Send>) -> Self {
+    fn new(policy: Gated) -> Self {
         Mini { policy, hits: 0.0, promotions: 0.0 }
     }
 
-    fn access(&mut self, access: Access) {
-        match self.policy.access(access) {
+    fn access(&mut self, access: Access, run: u32) {
+        match self.policy.access(access, run) {
             Outcome::Hit => self.hits += 1.0,
             Outcome::Promote { .. } => self.promotions += 1.0,
             Outcome::Miss => {}
@@ -114,12 +143,68 @@ impl Mini {
     }
 }
 
-fn make(c: Candidate, capacity: usize, params: &Params) -> Box<dyn Policy + Send> {
+fn make(c: Candidate, capacity: usize, params: &Params) -> Gated {
     let inner = build(c.policy, capacity, params).expect("candidates are built-in policies");
-    if c.doorkeeper == 0 {
-        return inner;
+    let door = (c.doorkeeper > 0).then(|| Doorkeeper::new(capacity * c.doorkeeper as usize));
+    Gated { inner, door, run: c.run }
+}
+
+/// A policy behind its candidate's [`Doorkeeper`], if it has one: a miss on a block not
+/// missed recently (in a sequential run of at least `run` blocks) is only remembered, so the
+/// policy sees such a block's misses from its second recent one on.
+struct Gated {
+    inner: Box<dyn Policy + Send>,
+    door: Option<Doorkeeper>,
+    run: u32,
+}
+
+impl Gated {
+    /// `access`, the `run`th block of its sequential run.
+    fn access(&mut self, access: Access, run: u32) -> Outcome {
+        if let Some(door) = &mut self.door {
+            if run >= self.run && !self.inner.contains(access.block) && !door.check_and_remember(access.block) {
+                return Outcome::Miss;
+            }
+        }
+        self.inner.access(access)
     }
-    Box::new(Doorkept { inner, door: Doorkeeper::new(capacity * c.doorkeeper as usize) })
+
+    fn bytes_per_entry(&self) -> f64 {
+        let door = self.door.as_ref().map_or(0, Doorkeeper::bytes);
+        self.inner.bytes_per_entry() + door as f64 / self.inner.capacity() as f64
+    }
+}
+
+/// Sequential runs, as a direct-mapped table of the block each recent run expects next
+/// and how long it is: an access continuing a run lengthens it, any other starts one.
+struct Runs {
+    next: Vec<(u64, u32)>,
+}
+
+impl Runs {
+    const SLOTS: usize = 256;
+
+    fn new() -> Self {
+        Runs { next: vec![(u64::MAX, 0); Self::SLOTS] }
+    }
+
+    fn slot(block: u64) -> usize {
+        mix64(block) as usize % Self::SLOTS
+    }
+
+    /// Which block of its run `block` is (1: it starts one).
+    fn access(&mut self, block: u64) -> u32 {
+        let here = &mut self.next[Self::slot(block)];
+        let len = match *here {
+            (next, len) if next == block => {
+                *here = (u64::MAX, 0);
+                len.saturating_add(1)
+            }
+            _ => 1,
+        };
+        self.next[Self::slot(block.wrapping_add(1))] = (block.wrapping_add(1), len);
+        len
+    }
 }
 
 /// The blocks missed recently, about the last `len` of them, as two generations of a Bloom
@@ -187,84 +272,52 @@ impl Doorkeeper {
 
 /// The [`Policy`] methods a wrapper hands to the policy in its field `$inner` unchanged.
 macro_rules! delegate {
-    ($inner:ident) => {
+    ($($inner:ident).+) => {
         fn len(&self) -> usize {
-            self.$inner.len()
+            self.$($inner).+.len()
         }
         fn contains(&self, block: u64) -> bool {
-            self.$inner.contains(block)
+            self.$($inner).+.contains(block)
         }
         fn prefetch(&self, block: u64) {
-            self.$inner.prefetch(block)
+            self.$($inner).+.prefetch(block)
         }
         fn remove(&mut self, block: u64) -> bool {
-            self.$inner.remove(block)
+            self.$($inner).+.remove(block)
         }
         fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-            self.$inner.insert(block, dirty)
+            self.$($inner).+.insert(block, dirty)
         }
         fn adopt(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-            self.$inner.adopt(block, dirty)
+            self.$($inner).+.adopt(block, dirty)
         }
         fn evict_untouched(&mut self) -> Option<u64> {
-            self.$inner.evict_untouched()
+            self.$($inner).+.evict_untouched()
         }
         fn set_dirty(&mut self, block: u64) -> bool {
-            self.$inner.set_dirty(block)
+            self.$($inner).+.set_dirty(block)
         }
         fn set_clean(&mut self, block: u64) -> bool {
-            self.$inner.set_clean(block)
+            self.$($inner).+.set_clean(block)
         }
         fn is_dirty(&self, block: u64) -> bool {
-            self.$inner.is_dirty(block)
+            self.$($inner).+.is_dirty(block)
         }
         fn dirty_len(&self) -> usize {
-            self.$inner.dirty_len()
+            self.$($inner).+.dirty_len()
         }
         fn writeback_candidate(&mut self, now_ns: u64) -> Option<u64> {
-            self.$inner.writeback_candidate(now_ns)
+            self.$($inner).+.writeback_candidate(now_ns)
         }
     };
-}
-
-/// A policy behind a [`Doorkeeper`]: a miss on a block not missed recently is only
-/// remembered, so the policy sees a block's misses from its second recent one on.
-struct Doorkept {
-    inner: Box<dyn Policy + Send>,
-    door: Doorkeeper,
-}
-
-impl Policy for Doorkept {
-    delegate!(inner);
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-    fn access(&mut self, access: Access) -> Outcome {
-        if !self.inner.contains(access.block) && !self.door.check_and_remember(access.block) {
-            return Outcome::Miss;
-        }
-        self.inner.access(access)
-    }
-    fn save_hints(&self) -> Vec<u8> {
-        self.inner.save_hints()
-    }
-    fn load_hints(&mut self, hints: &[u8]) -> Result<(), HintError> {
-        self.inner.load_hints(hints)
-    }
-    fn bytes_per_entry(&self) -> f64 {
-        self.inner.bytes_per_entry() + self.door.bytes() as f64 / self.capacity() as f64
-    }
 }
 
 pub struct Adaptive {
     capacity: usize,
     params: Params,
-    live: Box<dyn Policy + Send>,
+    live: Gated,
     live_idx: usize,
+    runs: Runs,
     minis: Vec<Mini>,
     /// LRU in miniature: the promotion budget's yardstick.
     lru: Mini,
@@ -286,8 +339,9 @@ impl Adaptive {
             params: params.clone(),
             live: make(CANDIDATES[0], capacity, params),
             live_idx: 0,
+            runs: Runs::new(),
             minis: CANDIDATES.iter().map(|&c| Mini::new(make(c, mini_cap, params))).collect(),
-            lru: Mini::new(build("lru", mini_cap, params).expect("lru is built in")),
+            lru: Mini::new(make(c("lru", 0), mini_cap, params)),
             threshold: (1u64 << SAMPLE_BITS) / rate as u64,
             sampled: 0.0,
             epoch_len: EPOCH_CAPACITIES * mini_cap as u64,
@@ -343,8 +397,8 @@ impl Adaptive {
         // own; otherwise as after a restart, for the incoming policy to replace at once.
         let warm = self.minis[self.live_idx].hits >= ADOPT_SHARE * self.minis[idx].hits;
         for (block, _) in self.order() {
-            let dirty = self.live.is_dirty(block);
-            let placed = if warm { next.adopt(block, dirty) } else { next.insert(block, dirty) };
+            let dirty = self.live.inner.is_dirty(block);
+            let placed = if warm { next.inner.adopt(block, dirty) } else { next.inner.insert(block, dirty) };
             placed.expect("same capacity, distinct blocks");
         }
         self.live = next;
@@ -354,12 +408,12 @@ impl Adaptive {
 
     /// The cached blocks, coldest first, as the live policy orders them.
     fn order(&self) -> Vec<(u64, u8)> {
-        hints::decode(self.live.name(), &self.live.save_hints()).expect("a policy decodes its own hints")
+        hints::decode(self.live.inner.name(), &self.live.inner.save_hints()).expect("a policy decodes its own hints")
     }
 }
 
 impl Policy for Adaptive {
-    delegate!(live);
+    delegate!(live.inner);
 
     fn name(&self) -> &'static str {
         "adaptive"
@@ -370,11 +424,12 @@ impl Policy for Adaptive {
     }
 
     fn access(&mut self, access: Access) -> Outcome {
+        let run = self.runs.access(access.block);
         if self.sampled(access.block) {
             for m in &mut self.minis {
-                m.access(access);
+                m.access(access, run);
             }
-            self.lru.access(access);
+            self.lru.access(access, run);
             self.sampled += 1.0;
             self.in_epoch += 1;
             if self.in_epoch >= self.epoch_len {
@@ -382,7 +437,7 @@ impl Policy for Adaptive {
                 self.end_epoch();
             }
         }
-        self.live.access(access)
+        self.live.access(access, run)
     }
 
     /// The live policy's order, under this policy's name (the tags are dropped: they mean
@@ -393,19 +448,23 @@ impl Policy for Adaptive {
 
     fn load_hints(&mut self, bytes: &[u8]) -> Result<(), HintError> {
         let entries = hints::decode(self.name(), bytes)?;
-        if !self.live.is_empty() {
+        if !self.live.inner.is_empty() {
             return Err(HintError::NotEmpty);
         }
         for (block, _) in entries.into_iter().take(self.capacity) {
             // A duplicate in a blob that passed its checksum is skipped, not fatal.
-            let _ = self.live.insert(block, false);
+            let _ = self.live.inner.insert(block, false);
         }
         Ok(())
     }
 
     fn bytes_per_entry(&self) -> f64 {
-        let minis: f64 =
-            self.minis.iter().chain([&self.lru]).map(|m| m.policy.bytes_per_entry() * m.policy.capacity() as f64).sum();
+        let minis: f64 = self
+            .minis
+            .iter()
+            .chain([&self.lru])
+            .map(|m| m.policy.bytes_per_entry() * m.policy.inner.capacity() as f64)
+            .sum();
         self.live.bytes_per_entry() + minis / self.capacity as f64
     }
 }
@@ -436,9 +495,37 @@ mod tests {
     #[test]
     fn a_doorkept_policy_promotes_on_the_second_recent_miss() {
         let mut p = make(c("lru", 4), 4, &Params::default());
-        assert_eq!(p.access(Access::read(1, 0)), Outcome::Miss);
-        assert_eq!(p.access(Access::read(1, 0)), Outcome::Promote { evict: None });
-        assert_eq!(p.access(Access::read(1, 0)), Outcome::Hit);
+        assert_eq!(p.access(Access::read(1, 0), 1), Outcome::Miss);
+        assert_eq!(p.access(Access::read(1, 0), 1), Outcome::Promote { evict: None });
+        assert_eq!(p.access(Access::read(1, 0), 1), Outcome::Hit);
+    }
+
+    /// A run doorkeeper stops only the misses from the `run`th block of a sequential run on:
+    /// the first blocks of a long run and every block of a short one are promoted at once.
+    #[test]
+    fn a_run_doorkeeper_stops_only_long_runs() {
+        let mut runs = Runs::new();
+        let mut p = make(seq("lru", 4), 64, &Params::default());
+        let mut outcomes = |blocks: std::ops::Range<u64>| -> Vec<bool> {
+            blocks.map(|b| p.access(Access::read(b, 0), runs.access(b)) != Outcome::Miss).collect()
+        };
+        assert_eq!(outcomes(100..106), [true, true, true, false, false, false]);
+        // Short runs, interleaved with others: each block promoted on its first miss.
+        for start in [200, 300, 400] {
+            assert_eq!(outcomes(start..start + 3), [true; 3]);
+        }
+        // The long run read again: its first blocks hit, the ones stopped are promoted now.
+        assert_eq!(outcomes(100..106), [true; 6]);
+        assert!((100..106).all(|b| p.inner.contains(b)));
+    }
+
+    #[test]
+    fn runs_follow_interleaved_streams() {
+        let mut runs = Runs::new();
+        let got: Vec<u32> = [10, 500, 11, 501, 12, 502, 503, 7, 13].iter().map(|&b| runs.access(b)).collect();
+        assert_eq!(got, [1, 1, 2, 2, 3, 3, 4, 1, 4]);
+        // A block read again does not lengthen the run it belonged to.
+        assert_eq!(runs.access(13), 1);
     }
 
     #[test]
