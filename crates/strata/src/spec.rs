@@ -323,10 +323,17 @@ impl Spec {
     }
 
     /// The spec to record for opening this device again later: every `size=` dropped, so
-    /// that a reopen never creates an empty device in place of a lost one.
+    /// that a reopen never creates an empty device in place of a lost one, and every path
+    /// made absolute, so that a reopen from another working directory (a service's, `/`)
+    /// finds the same file.
     pub fn recordable(&self) -> Spec {
         let mut s = self.clone();
-        s.for_each_file(&mut |f| f.size = None);
+        s.for_each_file(&mut |f| {
+            f.size = None;
+            if let Ok(path) = std::path::absolute(&f.path) {
+                f.path = path;
+            }
+        });
         s
     }
 
@@ -690,11 +697,16 @@ mod tests {
     }
 
     #[test]
-    fn recordable_drops_every_create_size() {
+    fn recordable_drops_every_create_size_and_makes_paths_absolute() {
         let spec = parse("cache:/c.img?origin=fault:flush:eio@hdd:/o.img?size=8GiB&ro&rpm=5400");
         assert_eq!(spec.recordable().to_string(), "cache:/c.img?origin=fault:flush:eio@hdd:/o.img?ro&rpm=5400");
         assert_eq!(parse("/o.img?size=1MiB").recordable().to_string(), "/o.img");
         assert_eq!(parse("mem:1MiB").recordable(), parse("mem:1MiB"));
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(
+            parse("slice:0+1MiB@hdd:o.img?size=8GiB").recordable().to_string(),
+            format!("slice:0+1MiB@hdd:{}", here.join("o.img").display())
+        );
     }
 
     #[test]

@@ -167,6 +167,29 @@ fn a_pool_made_by_thin_restore_is_served_with_the_right_data() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("give size="), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// A pool made with relative paths is served from another working directory: the data
+/// device is recorded by its absolute path.
+#[test]
+fn a_pool_made_with_relative_paths_opens_from_anywhere() {
+    if !tools(&["qemu-io"]) {
+        return;
+    }
+    let d = tempdir();
+    let here = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_strata")).args(args).current_dir(d.path()).output().unwrap();
+        assert!(o.status.success(), "strata {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    here(&["thin", "pool", "create", "--metadata", "pool.meta?size=8MiB", "--data", "pool.data?size=64MiB"]);
+    here(&["thin", "create", "pool.meta", "1", "--size", "16MiB"]);
+    let meta = d.path().join("pool.meta");
+    // The server runs in a directory of its own.
+    let srv = serve(&[format!("vol=thin:{}?id=1", meta.display())]);
+    qemu_io_ok(&srv.uri("vol"), &["write -P 0x5a 0 64k", "flush", "read -P 0x5a 0 64k"]);
+    drop(srv);
+    let data = std::fs::read(d.path().join("pool.data")).unwrap();
+    assert!(data.windows(4096).any(|w| w.iter().all(|&b| b == 0x5a)), "the data went to another file");
+}
+
 /// A pool in `dir` (`pool.meta` of `md_size`, `pool.data` of `data_size`) with volume 1 of
 /// `volume_size`: the metadata's path and the data device's spec.
 fn new_pool(dir: &Path, md_size: &str, data_size: &str, volume_size: &str) -> (PathBuf, String) {
