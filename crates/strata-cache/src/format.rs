@@ -21,7 +21,7 @@ pub const PAGE: usize = 4096;
 pub const SB_COPIES: usize = 2;
 /// Copies of each table page, side by side; written in turn.
 pub const PAGE_COPIES: usize = 2;
-pub const SB_MAGIC: &[u8; 8] = b"STRATAC1";
+pub const SB_MAGIC: &[u8; 8] = &strata_io::signature::CACHE_MAGIC;
 pub const SB_VERSION: u32 = 1;
 pub const PAGE_MAGIC: u32 = 0x5354_5047; // "STPG"
 pub const ENTRIES_PER_PAGE: usize = (PAGE - PAGE_HEADER) / ENTRY;
@@ -408,42 +408,6 @@ pub fn decode_page(index: u64, b: &[u8]) -> Result<(u64, Vec<Entry>), PageProble
         });
     }
     Ok((seq, entries))
-}
-
-/// Recognisable contents a format must not overwrite without `--force`.
-pub fn recognise(head: &[u8]) -> Option<&'static str> {
-    let at = |o: usize, m: &[u8]| head.len() >= o + m.len() && &head[o..o + m.len()] == m;
-    if at(0, SB_MAGIC) || at(PAGE, SB_MAGIC) {
-        return Some("a strata cache");
-    }
-    if at(1080, &[0x53, 0xEF]) {
-        return Some("an ext2/3/4 file system");
-    }
-    if at(0, b"XFSB") {
-        return Some("an XFS file system");
-    }
-    if at(65600, b"_BHRfS_M") {
-        return Some("a btrfs file system");
-    }
-    if at(512, b"LABELONE") || at(0, b"LABELONE") {
-        return Some("an LVM physical volume");
-    }
-    if at(512, b"EFI PART") {
-        return Some("a GPT partition table");
-    }
-    if at(4086, b"SWAPSPACE2") {
-        return Some("a swap area");
-    }
-    if at(0, b"\x01\x43\x44\x30\x30\x31") || at(32769, b"CD001") {
-        return Some("an ISO 9660 image");
-    }
-    if at(510, &[0x55, 0xAA]) {
-        return Some("an MBR partition table or boot sector");
-    }
-    if at(4096, &[0xc6, 0x85, 0x73, 0xf6, 0x4e, 0x1a, 0x45, 0xca]) {
-        return Some("a bcache device");
-    }
-    None
 }
 
 #[cfg(test)]

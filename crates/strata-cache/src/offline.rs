@@ -3,10 +3,10 @@
 //! serving (its origin, identity checks, reporting what recovery repaired) is the caller's,
 //! through `Meta::load` and `CacheDev::open`.
 
-use crate::format::{recognise, Layout, Superblock, PAGE};
+use crate::format::{Layout, Superblock, PAGE};
 use crate::meta::{Findings, Meta};
 use crate::options::CreateOptions;
-use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+use strata_io::{signature, BlockDev, Buf, Error, ErrorKind, Result};
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Invalid, msg)
@@ -17,9 +17,7 @@ fn invalid(msg: impl Into<String>) -> Error {
 pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptions) -> Result<Superblock> {
     o.check()?;
     let bs = o.block_bytes;
-    let head_len = cache.size().min(128 << 10) as usize;
-    let head = cache.read(0, Buf::zeroed(head_len)).await?;
-    if let Some(what) = recognise(&head) {
+    if let Some(what) = signature::recognise(&signature::head(cache).await?) {
         if !o.force {
             return Err(invalid(format!(
                 "the cache device holds {what}; refusing to overwrite it (use --force to format anyway)"

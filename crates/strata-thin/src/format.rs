@@ -17,7 +17,7 @@
 pub const BLOCK: usize = 4096;
 /// Metadata block size in 512-byte sectors, as the superblock records it.
 pub const BLOCK_SECTORS: u32 = 8;
-pub const MAGIC: u64 = 27022010;
+pub const MAGIC: u64 = strata_io::signature::THIN_MAGIC;
 /// The version thin_restore and current kernels write.
 pub const VERSION: u32 = 2;
 pub const SUPERBLOCK: u64 = 0;

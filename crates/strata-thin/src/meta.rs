@@ -13,7 +13,7 @@ use crate::format::*;
 use crate::sm::{nr_bitmaps, SpaceMap};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
-use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+use strata_io::{signature, BlockDev, Buf, Error, ErrorKind, Result};
 
 /// A thin device's id (dm-thin's 24-bit dev_id).
 pub type DevId = u32;
@@ -121,15 +121,18 @@ impl Metadata {
             return Err(invalid(format!("{}: too small for a pool's metadata", dev.describe())));
         }
         let first = read_block(dev, SUPERBLOCK).await?;
-        if !force && first.iter().any(|&b| b != 0) {
-            let what = if le64(&first, 32) == MAGIC { "a thin pool's metadata" } else { "data" };
-            return Err(Error::new(
-                ErrorKind::Busy,
-                format!(
-                    "{}: the device holds {what} (its first 4 KiB are not zero); --force overwrites it",
-                    dev.describe()
-                ),
-            ));
+        if !force {
+            let what = signature::recognise(&signature::head(dev).await?);
+            if what.is_some() || first.iter().any(|&b| b != 0) {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "{}: the device holds {}; --force overwrites it",
+                        dev.describe(),
+                        what.unwrap_or("data (its first 4 KiB are not zero)")
+                    ),
+                ));
+            }
         }
         let mut m = Metadata::create(dev.size(), data_bytes, data_block_bytes)?;
         m.image = first.to_vec();

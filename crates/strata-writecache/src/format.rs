@@ -17,7 +17,7 @@
 
 use strata_io::{Error, ErrorKind, Result};
 
-pub const MAGIC: [u8; 8] = *b"STRATAWC";
+pub const MAGIC: [u8; 8] = strata_io::signature::WRITECACHE_MAGIC;
 pub const VERSION: u32 = 1;
 pub const SUPERBLOCK_BYTES: u64 = 4096;
 pub const ENTRY_BYTES: u64 = 32;

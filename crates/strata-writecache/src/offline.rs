@@ -10,7 +10,7 @@ use crate::format::{
     ORIGIN_TEXT_BYTES_MAX, SUPERBLOCK_BYTES,
 };
 use rustc_hash::FxHashMap;
-use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+use strata_io::{signature, BlockDev, Buf, Error, ErrorKind, Result};
 
 /// Entry pages read at once while scanning.
 const SCAN_PAGES: u64 = 256;
@@ -49,13 +49,15 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
     sb.origin_spec = o.origin_spec.clone();
     sb.origin_id = o.origin_id.clone();
     if !o.force {
-        let head = cache.read(0, Buf::zeroed(SUPERBLOCK_BYTES as usize)).await?;
-        if head.iter().any(|&b| b != 0) {
+        let head = signature::head(cache).await?;
+        let what = signature::recognise(&head);
+        if what.is_some() || head[..SUPERBLOCK_BYTES as usize].iter().any(|&b| b != 0) {
             return Err(Error::new(
                 ErrorKind::Invalid,
                 format!(
-                    "{}: the device holds data (its first 4 KiB are not zero); --force overwrites it",
-                    cache.describe()
+                    "{}: the device holds {}; --force overwrites it",
+                    cache.describe(),
+                    what.unwrap_or("data (its first 4 KiB are not zero)")
                 ),
             ));
         }

@@ -74,6 +74,52 @@ fn refuses_to_overwrite_recognisable_data_without_force() {
     assert!(forced.status.success(), "{}", stderr(&forced));
 }
 
+/// A cache, a write log and a thin pool's metadata: none of the three `create`s formats a
+/// device holding one of the others (the strata cache's superblock is at 4 KiB, past what a
+/// check of the first 4 KiB sees), and each names what it found.
+#[test]
+fn no_create_overwrites_another_format() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let origin = d.path().join("origin.img");
+    let origin = format!("{}?size=32MiB", origin.display());
+    let dev = |name: &str| d.path().join(name).to_str().unwrap().to_string();
+    let sized = |name: &str| format!("{}?size=8MiB", dev(name));
+    let creates = |target: &str| -> Vec<String> {
+        match target {
+            "cache" => vec!["cache".into(), "create".into(), "--origin".into(), origin.clone(), "--cache".into()],
+            "writecache" => {
+                vec!["writecache".into(), "create".into(), "--origin".into(), origin.clone(), "--cache".into()]
+            }
+            _ => vec![
+                "thin".into(),
+                "pool".into(),
+                "create".into(),
+                "--data".into(),
+                origin.clone(),
+                "--metadata".into(),
+            ],
+        }
+    };
+    let run = |target: &str, device: String| {
+        let mut args = creates(target);
+        args.push(device);
+        strata(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    for (made, what) in
+        [("cache", "a strata cache"), ("writecache", "a strata write log"), ("thin", "a thin pool's metadata")]
+    {
+        let o = run(made, sized(made));
+        assert!(o.status.success(), "{made}: {}", stderr(&o));
+        let before = std::fs::read(dev(made)).unwrap();
+        for other in ["cache", "writecache", "thin"].into_iter().filter(|&t| t != made) {
+            let o = run(other, dev(made));
+            assert!(!o.status.success(), "{other} create formatted {what}");
+            assert!(stderr(&o).contains(what), "{other} over {made}: {}", stderr(&o));
+            assert!(std::fs::read(dev(made)).unwrap() == before, "{other} create wrote on {what}");
+        }
+    }
+}
+
 #[test]
 fn refuses_bad_parameters() {
     let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

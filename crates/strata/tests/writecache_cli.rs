@@ -102,7 +102,7 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     let before = std::fs::read(&log).unwrap();
     // A device that holds data (here: a log).
     let o = create_log(d.path(), origin.to_str().unwrap());
-    assert!(!o.status.success() && stderr(&o).contains("holds data"), "{}", stderr(&o));
+    assert!(!o.status.success() && stderr(&o).contains("holds a strata write log"), "{}", stderr(&o));
     assert!(std::fs::read(&log).unwrap() == before, "nothing overwritten");
     // A bad block size.
     let other = format!("{}?size=8MiB", d.path().join("other.img").display());
