@@ -34,6 +34,7 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
     if origin.size() == 0 {
         return Err(invalid("origin is empty"));
     }
+    signature::check_origin(origin, o.force).await?;
     let layout = Layout::new(slots, bs);
     let mut uuid = [0u8; 16];
     uuid.iter_mut().for_each(|b| *b = rand::random());

@@ -3,7 +3,7 @@
 //! place for each) and the file systems, volume managers and partition tables a fast device
 //! is most likely to carry.
 
-use crate::{BlockDev, Buf, Result};
+use crate::{BlockDev, Buf, Error, ErrorKind, Result};
 
 /// How much of a device [`recognise`] looks at (btrfs's superblock is at 64 KiB).
 pub const HEAD_BYTES: u64 = 128 << 10;
@@ -20,26 +20,61 @@ pub async fn head(dev: &dyn BlockDev) -> Result<Buf> {
     dev.read(0, Buf::zeroed(dev.size().min(HEAD_BYTES) as usize)).await
 }
 
+type Signature = (&'static [usize], &'static [u8], &'static str);
+
+/// strata's own formats: (offsets, magic, what).
+const STRATA: [Signature; 3] = [
+    (&[0, 4096], &CACHE_MAGIC, "a strata cache"),
+    (&[0], &WRITECACHE_MAGIC, "a strata write log"),
+    (&[32], &THIN_MAGIC.to_le_bytes(), "a thin pool's metadata"),
+];
+
+/// Other software's formats.
+const FOREIGN: [Signature; 10] = [
+    (&[1080], &[0x53, 0xEF], "an ext2/3/4 file system"),
+    (&[0], b"XFSB", "an XFS file system"),
+    (&[65600], b"_BHRfS_M", "a btrfs file system"),
+    (&[0, 512], b"LABELONE", "an LVM physical volume"),
+    (&[512], b"EFI PART", "a GPT partition table"),
+    (&[4086], b"SWAPSPACE2", "a swap area"),
+    (&[0], b"\x01CD001", "an ISO 9660 image"),
+    (&[32769], b"CD001", "an ISO 9660 image"),
+    (&[510], &[0x55, 0xAA], "an MBR partition table or boot sector"),
+    (&[4096], &[0xc6, 0x85, 0x73, 0xf6, 0x4e, 0x1a, 0x45, 0xca], "a bcache device"),
+];
+
+fn find(head: &[u8], table: &[Signature]) -> Option<&'static str> {
+    let at = |o: usize, m: &[u8]| head.get(o..o + m.len()) == Some(m);
+    table.iter().find(|(offsets, magic, _)| offsets.iter().any(|&o| at(o, magic))).map(|&(_, _, what)| what)
+}
+
 /// What `head` (a device's first bytes) holds, if it is something a format must not
 /// overwrite unasked.
 pub fn recognise(head: &[u8]) -> Option<&'static str> {
-    let at = |o: usize, m: &[u8]| head.get(o..o + m.len()) == Some(m);
-    let signatures: [(&[usize], &[u8], &'static str); 13] = [
-        (&[0, 4096], &CACHE_MAGIC, "a strata cache"),
-        (&[0], &WRITECACHE_MAGIC, "a strata write log"),
-        (&[32], &THIN_MAGIC.to_le_bytes(), "a thin pool's metadata"),
-        (&[1080], &[0x53, 0xEF], "an ext2/3/4 file system"),
-        (&[0], b"XFSB", "an XFS file system"),
-        (&[65600], b"_BHRfS_M", "a btrfs file system"),
-        (&[0, 512], b"LABELONE", "an LVM physical volume"),
-        (&[512], b"EFI PART", "a GPT partition table"),
-        (&[4086], b"SWAPSPACE2", "a swap area"),
-        (&[0], b"\x01CD001", "an ISO 9660 image"),
-        (&[32769], b"CD001", "an ISO 9660 image"),
-        (&[510], &[0x55, 0xAA], "an MBR partition table or boot sector"),
-        (&[4096], &[0xc6, 0x85, 0x73, 0xf6, 0x4e, 0x1a, 0x45, 0xca], "a bcache device"),
-    ];
-    signatures.iter().find(|(offsets, magic, _)| offsets.iter().any(|&o| at(o, magic))).map(|&(_, _, what)| what)
+    find(head, &STRATA).or_else(|| find(head, &FOREIGN))
+}
+
+/// Which of strata's own formats `head` holds, if any: a device given as an origin should
+/// hold the user's data, and one of these there means the arguments were swapped or a
+/// cache device was named in place of the volume it serves.
+pub fn recognise_strata(head: &[u8]) -> Option<&'static str> {
+    find(head, &STRATA)
+}
+
+/// Refuses, unless `force`, an origin that holds one of strata's own formats (see
+/// [`recognise_strata`]): a cache or write log over it would write into that device.
+pub async fn check_origin(origin: &dyn BlockDev, force: bool) -> Result<()> {
+    match recognise_strata(&head(origin).await?) {
+        Some(what) if !force => Err(Error::new(
+            ErrorKind::Invalid,
+            format!(
+                "the origin {} holds {what}, not a volume's data (were --origin and --cache swapped?); \
+                 --force uses it anyway",
+                origin.describe()
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -65,5 +100,8 @@ mod tests {
         // A head shorter than an offset is simply not that format.
         assert_eq!(recognise(&[0u8; 100]), None);
         assert_eq!(recognise(&with(0, &WRITECACHE_MAGIC)[..4096]), Some("a strata write log"));
+        // An origin may hold a file system, not a strata format.
+        assert_eq!(recognise_strata(&with(1080, &[0x53, 0xEF])), None);
+        assert_eq!(recognise_strata(&with(4096, &CACHE_MAGIC)), Some("a strata cache"));
     }
 }

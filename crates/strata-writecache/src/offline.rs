@@ -46,6 +46,7 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
             format!("writecache: the origin's spec and identity exceed {ORIGIN_TEXT_BYTES_MAX} bytes"),
         ));
     }
+    signature::check_origin(origin, o.force).await?;
     sb.origin_spec = o.origin_spec.clone();
     sb.origin_id = o.origin_id.clone();
     if !o.force {

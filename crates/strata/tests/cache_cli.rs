@@ -76,7 +76,8 @@ fn refuses_to_overwrite_recognisable_data_without_force() {
 
 /// A cache, a write log and a thin pool's metadata: none of the three `create`s formats a
 /// device holding one of the others (the strata cache's superblock is at 4 KiB, past what a
-/// check of the first 4 KiB sees), and each names what it found.
+/// check of the first 4 KiB sees) or takes one as its origin or data device, and each names
+/// what it found.
 #[test]
 fn no_create_overwrites_another_format() {
     let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -117,6 +118,18 @@ fn no_create_overwrites_another_format() {
             assert!(stderr(&o).contains(what), "{other} over {made}: {}", stderr(&o));
             assert!(std::fs::read(dev(made)).unwrap() == before, "{other} create wrote on {what}");
         }
+    }
+    // Nor does one take another's device as the origin or the data device (swapped
+    // arguments), unless forced.
+    for (args, want) in [
+        (vec!["cache", "create", "--origin", &dev("cache"), "--cache", &sized("new1")], "origin"),
+        (vec!["writecache", "create", "--origin", &dev("writecache"), "--cache", &sized("new2")], "origin"),
+        (vec!["thin", "pool", "create", "--metadata", &sized("new3"), "--data", &dev("cache")], "data device"),
+    ] {
+        let o = strata(&args);
+        assert!(!o.status.success() && stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        let forced = strata(&[args.as_slice(), &["--force"]].concat());
+        assert!(forced.status.success(), "{args:?} --force: {}", stderr(&forced));
     }
 }
 

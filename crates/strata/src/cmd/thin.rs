@@ -75,7 +75,8 @@ pub struct PoolCreateArgs {
         format_size_exact(DATA_BLOCK_MIN)
     ))]
     pub block_size: Bytes,
-    /// Format even if the metadata device holds data.
+    /// Format even if the metadata device holds data, or the data device holds anything
+    /// recognised (a file system, a strata cache, ...).
     #[arg(long)]
     pub force: bool,
 }
@@ -271,6 +272,11 @@ async fn pool_create(a: PoolCreateArgs) -> Result<()> {
         bail!("the metadata device must be a file or block device path, not {:?}", a.metadata.to_string());
     };
     let data = open(&a.data, true).await.with_context(|| format!("cannot open the data device {}", a.data))?;
+    if !a.force {
+        if let Some(what) = strata_io::signature::recognise(&strata_io::signature::head(&*data).await?) {
+            bail!("the data device {} holds {what}; its blocks would be written over (--force uses it anyway)", a.data);
+        }
+    }
     let md = open_file(file, false).with_context(|| format!("cannot open the metadata device {}", a.metadata))?;
     let m = Metadata::format(&md, data.size(), a.block_size.0, &a.data.recordable().to_string(), a.force)
         .await

@@ -58,7 +58,8 @@ pub struct CreateArgs {
         format_size_exact(BLOCK_BYTES_MAX as u64)
     ))]
     pub block_size: Bytes,
-    /// Format even if the device holds data.
+    /// Format even if the device holds data, or the origin holds a strata cache, write log or
+    /// pool metadata.
     #[arg(long)]
     pub force: bool,
 }
