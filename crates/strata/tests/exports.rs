@@ -109,3 +109,13 @@ fn a_volume_that_fails_to_open_at_start_leaves_the_others_closed_cleanly() {
     let check = ok(strata(&["cache", "check", cache.to_str().unwrap()]));
     assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");
 }
+
+#[test]
+fn a_file_at_the_socket_path_is_left_alone() {
+    let dir = common::tempdir();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, b"the user's").unwrap();
+    let why = refused(strata(&["serve", "--unix", path.to_str().unwrap(), "a=mem:1MiB"]));
+    assert!(why.contains("is not a socket"), "{why}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"the user's");
+}

@@ -236,6 +236,13 @@ fn bad_input_is_refused_and_nothing_is_written() {
     // A metadata device of another kind.
     std::fs::write(&meta, vec![7u8; 1 << 20]).unwrap();
     assert!(strata_err(&["thin", "list", m]).contains("not dm-thin metadata"));
+    let e = strata_err(&["thin", "check", m]);
+    assert!(e.contains("not a thin pool's metadata device: it holds no dm-thin superblock"), "{e}");
+    let cache = d.path().join("c.img");
+    let origin = format!("{}?size=8MiB", d.path().join("o.img").display());
+    strata_ok(&["cache", "create", "--origin", &origin, "--cache", &format!("{}?size=4MiB", cache.display())]);
+    let e = strata_err(&["thin", "check", cache.to_str().unwrap()]);
+    assert!(e.contains("it holds a strata cache") && !e.contains("damaged"), "{e}");
 }
 
 const REGION: u64 = 64 << 10;

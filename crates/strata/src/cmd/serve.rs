@@ -225,8 +225,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let stop = stop_signal()?;
         let mut tasks = Vec::new();
         if let Some(path) = &unix {
-            if path.exists() {
+            if let Ok(found) = std::fs::symlink_metadata(path) {
                 // A socket left by a previous run: remove it only if nobody answers on it.
+                // Anything else at that path is the user's, not ours to remove.
+                if !std::os::unix::fs::FileTypeExt::is_socket(&found.file_type()) {
+                    bail!("{} exists and is not a socket; give --unix a path that is free or a socket", path.display());
+                }
                 if std::os::unix::net::UnixStream::connect(path).is_ok() {
                     bail!("{} is in use by a running server", path.display());
                 }
