@@ -7,6 +7,20 @@
 
 use std::time::Duration;
 
+/// Checks a volume's size: a positive multiple of 512 bytes, the sector every block layer
+/// and NBD client counts in (a server's minimum block size must divide its export's size).
+pub fn volume_size(bytes: u64) -> Result<u64, String> {
+    if bytes == 0 || !bytes.is_multiple_of(512) {
+        return Err(format!("a volume's size must be a positive multiple of 512 bytes, not {bytes}"));
+    }
+    Ok(bytes)
+}
+
+/// [`parse_size`], then [`volume_size`].
+pub fn parse_volume_size(s: &str) -> Result<u64, String> {
+    volume_size(parse_size(s)?)
+}
+
 /// Parses a byte size such as `4GiB`, `64k`, `512`, `1.5G`, `10MB`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();

@@ -71,7 +71,7 @@ use strata_io::fault::{parse_rule, Rule};
 use strata_io::file::FileOptions;
 use strata_io::latency::{HddParams, SsdParams};
 use strata_io::query::{self, invalid_spec, percent_decode, split_query, Options, Written};
-use strata_io::units::{format_size_exact, parse_duration, parse_size, DurationError};
+use strata_io::units::{format_size_exact, parse_duration, parse_size, parse_volume_size, volume_size, DurationError};
 use strata_io::{Error, Result};
 use strata_qos::QosOptions;
 
@@ -156,7 +156,7 @@ impl FileSpec {
         }
         let mut opts = Options::parse(spec, q);
         let mut f = FileSpec::new(path);
-        f.size = opts.take_size("size")?;
+        f.size = opts.take_size("size")?.map(volume_size).transpose().map_err(|e| invalid_spec(spec, &e))?;
         f.direct = opts.take_bool("direct")?.unwrap_or(f.direct);
         f.engine = opts.take_parsed("engine")?.unwrap_or(f.engine);
         f.ro = opts.take_bool("ro")? == Some(true);
@@ -201,7 +201,7 @@ impl Spec {
         let invalid = |msg: String| invalid_spec(s, msg);
         let Some((kind, rest)) = s.split_once(':') else { return Spec::file(s) };
         match kind {
-            "mem" => Ok(Spec::Mem { bytes: parse_size(rest).map_err(invalid)? }),
+            "mem" => Ok(Spec::Mem { bytes: parse_volume_size(rest).map_err(invalid)? }),
             "hdd" => {
                 let (file, mut opts) = FileSpec::parse(s, rest)?;
                 let params = query::take_hdd(&mut opts)?;
@@ -301,7 +301,7 @@ impl Spec {
                 if id >= 1 << 24 {
                     return Err(invalid(format!("volume id {id} out of range (0 to 16777215)")));
                 }
-                let size = opts.take_size("size")?;
+                let size = opts.take_size("size")?.map(volume_size).transpose().map_err(invalid)?;
                 let skip_zeroing = opts.take_bool("skip_block_zeroing")? == Some(true);
                 let low_water = opts.take_parsed("low_water_blocks")?;
                 let commit_period_ms = opts.take_parsed("commit_period_ms")?;
@@ -598,8 +598,8 @@ mod tests {
             ("/dir/a:b.img", "/dir/a:b.img"),
             ("relative.img", "relative.img"),
             ("mem:1GiB", "mem:1GiB"),
-            ("mem:1000", "mem:1000"),
-            ("mem:10MB", "mem:10000000"),
+            ("mem:1536", "mem:1536"),
+            ("mem:1GB", "mem:1000000000"),
             ("hdd:/o.img", "hdd:/o.img"),
             ("hdd:/o.img?rpm=7200&seek_max_ms=12&size=8GiB", "hdd:/o.img?size=8GiB&seek_max_ms=12"),
             ("hdd:/o.img?seed=7&mib_s=120.5&seek_min_ms=0.25", "hdd:/o.img?seek_min_ms=0.25&mib_s=120.5&seed=7"),
@@ -731,6 +731,10 @@ mod tests {
             ("ssd:/o.img?rpm=5400", "unknown option(s): rpm"),
             ("hdd:/o.img?rpm=5400&rpm=7200", "unknown option(s): rpm"),
             ("mem:lots", "expected a number"),
+            ("mem:1000", "a positive multiple of 512 bytes"),
+            ("mem:0", "a positive multiple of 512 bytes"),
+            ("/v.img?size=10MB", "a positive multiple of 512 bytes"),
+            ("thin:/m.img?id=1&size=1000", "a positive multiple of 512 bytes"),
             ("fault:read:eio", "expected fault:RULE[,RULE]...@SPEC"),
             ("fault:read:eio@", "no device after '@'"),
             ("fault:nope:eio@mem:1MiB", "unknown operation"),
@@ -801,9 +805,14 @@ mod tests {
         prop_oneof![0..1u64 << 52, (1..1u64 << 20).prop_map(|n| n << 20), (1..1u64 << 10).prop_map(|n| n << 30)]
     }
 
+    /// A volume's size: a positive multiple of 512 bytes.
+    fn volume_size() -> impl Strategy<Value = u64> {
+        size().prop_map(|n| (n >> 9).max(1) << 9)
+    }
+
     fn file() -> impl Strategy<Value = FileSpec> {
         let engine = prop_oneof![Just(EngineKind::Uring), Just(EngineKind::Pool)];
-        (path(), proptest::option::of(size()), any::<bool>(), engine, any::<bool>(), any::<bool>()).prop_map(
+        (path(), proptest::option::of(volume_size()), any::<bool>(), engine, any::<bool>(), any::<bool>()).prop_map(
             |(path, size, direct, engine, ro, shared)| FileSpec {
                 path,
                 size,
@@ -925,7 +934,7 @@ mod tests {
         let leaf = prop_oneof![
             remote().prop_map(|r| Spec::Nbd(Box::new(r))),
             file().prop_map(Spec::File),
-            size().prop_map(|bytes| Spec::Mem { bytes }),
+            volume_size().prop_map(|bytes| Spec::Mem { bytes }),
             (file(), hdd()).prop_map(|(file, params)| Spec::Hdd { file, params }),
             (file(), ssd()).prop_map(|(file, params)| Spec::Ssd { file, params }),
             path().prop_map(|path| Spec::Cache { path, origin: None }),
@@ -933,7 +942,7 @@ mod tests {
             (
                 path(),
                 0..1u32 << 24,
-                proptest::option::of(size()),
+                proptest::option::of(volume_size()),
                 any::<bool>(),
                 proptest::option::of(any::<u64>()),
                 proptest::option::of(0..100_000u64)
@@ -949,7 +958,7 @@ mod tests {
                 (path(), inner.clone()).prop_map(|(path, origin)| Spec::Cache { path, origin: Some(Box::new(origin)) }),
                 (path(), inner.clone())
                     .prop_map(|(path, origin)| Spec::Writecache { path, origin: Some(Box::new(origin)) }),
-                (path(), 0..1u32 << 24, proptest::option::of(size()), inner.clone()).prop_map(
+                (path(), 0..1u32 << 24, proptest::option::of(volume_size()), inner.clone()).prop_map(
                     |(pool, id, size, data)| {
                         Spec::Thin {
                             pool,

@@ -10,7 +10,7 @@ use crate::spec::Spec;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
-use strata_io::units::{format_size, format_size_exact, parse_size};
+use strata_io::units::{format_size, format_size_exact, parse_size, parse_volume_size};
 use strata_thin::format::{DATA_BLOCK_DEFAULT, DATA_BLOCK_MAX, DATA_BLOCK_MIN};
 use strata_thin::meta::{DevId, Metadata};
 
@@ -100,7 +100,7 @@ pub struct CreateArgs {
     /// The new volume's id (0 to 16777215).
     pub id: DevId,
     /// The volume's size (recorded by strata; dm-thin keeps none).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_volume_size)]
     pub size: u64,
     #[command(flatten)]
     pub admin: AdminArg,
