@@ -34,8 +34,9 @@
 //!   so `data=` comes last, except that a data spec without options of its own may be
 //!   followed by `&id=N&size=S`: `thin:/m.img?data=/d.img&id=1`.
 //! - `slice:OFFSET+SIZE[?overlap]@SPEC` — `SIZE` bytes of the device `SPEC` names from
-//!   `OFFSET` (dm-linear), e.g. `slice:0+200GiB@hdd:/d.img`. Slices of one device in one
-//!   server share one open device and may not overlap unless each says `overlap`.
+//!   `OFFSET` (dm-linear; both multiples of 512 bytes), e.g. `slice:0+200GiB@hdd:/d.img`.
+//!   Slices of one device in one server share one open device and may not overlap unless
+//!   each says `overlap`.
 //! - `qos:GROUP[?opts]@SPEC` — the volume `SPEC` names, in the IO controller's group `GROUP`.
 //!   Every `qos:` volume of one server whose spec ends in the same device (below its slices)
 //!   shares that device's time by weight with the others. Group options: `weight` (1-10000,
@@ -227,9 +228,11 @@ impl Spec {
                 opts.finish()?;
                 let (offset, len) =
                     range.split_once('+').ok_or_else(|| invalid("expected slice:OFFSET+SIZE@SPEC".into()))?;
-                let (offset, len) = (parse_size(offset).map_err(invalid)?, parse_size(len).map_err(invalid)?);
-                if len == 0 {
-                    return Err(invalid("a slice of zero bytes".into()));
+                let (offset, len) = (parse_size(offset).map_err(invalid)?, parse_volume_size(len).map_err(invalid)?);
+                // As dm-linear's: on a sector boundary, or every request of the slice is a
+                // read-modify-write of the device's sectors, each alone.
+                if !offset.is_multiple_of(512) {
+                    return Err(invalid(format!("a slice's offset must be a multiple of 512 bytes, not {offset}")));
                 }
                 if offset.checked_add(len).is_none() {
                     return Err(invalid("the slice ends past 2^64".into()));
@@ -732,6 +735,8 @@ mod tests {
             ("hdd:/o.img?rpm=5400&rpm=7200", "unknown option(s): rpm"),
             ("mem:lots", "expected a number"),
             ("mem:1000", "a positive multiple of 512 bytes"),
+            ("slice:1000+4096@mem:1MiB", "offset must be a multiple of 512"),
+            ("slice:0+1000@mem:1MiB", "a positive multiple of 512 bytes"),
             ("mem:0", "a positive multiple of 512 bytes"),
             ("/v.img?size=10MB", "a positive multiple of 512 bytes"),
             ("thin:/m.img?id=1&size=1000", "a positive multiple of 512 bytes"),
@@ -751,7 +756,7 @@ mod tests {
             ("slice:0+1GiB", "expected slice:OFFSET+SIZE@SPEC"),
             ("slice:1GiB@/d.img", "expected slice:OFFSET+SIZE@SPEC"),
             ("slice:0+1GiB@", "no device after '@'"),
-            ("slice:0+0@/d.img", "a slice of zero bytes"),
+            ("slice:0+0@/d.img", "a positive multiple of 512 bytes"),
             ("slice:lots+1GiB@/d.img", "expected a number"),
             ("slice:16383PiB+2PiB@/d.img", "past 2^64"),
             ("slice:0+1GiB?shared@/d.img", "unknown option(s): shared"),
@@ -976,11 +981,8 @@ mod tests {
                     options: Box::new(options),
                     inner: Box::new(inner)
                 }),
-                (size(), size(), any::<bool>(), inner).prop_map(|(offset, len, overlap, inner)| Spec::Slice {
-                    offset,
-                    len: len.max(1),
-                    overlap,
-                    inner: Box::new(inner)
+                (volume_size(), volume_size(), any::<bool>(), inner).prop_map(|(offset, len, overlap, inner)| {
+                    Spec::Slice { offset, len, overlap, inner: Box::new(inner) }
                 }),
             ]
         })
