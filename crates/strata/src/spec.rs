@@ -355,6 +355,17 @@ impl Spec {
         }
     }
 
+    /// The files opening this spec would create: paths given `size=` that do not exist yet.
+    fn files_to_create(&self) -> Vec<PathBuf> {
+        let mut new = Vec::new();
+        self.clone().for_each_file(&mut |f| {
+            if f.size.is_some() && std::fs::symlink_metadata(&f.path).is_err() {
+                new.push(f.path.clone());
+            }
+        });
+        new
+    }
+
     /// The file or block device this spec's device lives on, if any.
     pub fn path(&self) -> Option<&Path> {
         match self {
@@ -507,6 +518,31 @@ impl FromStr for Spec {
     type Err = Error;
     fn from_str(s: &str) -> Result<Spec> {
         Spec::parse(s)
+    }
+}
+
+/// The files a command's specs are about to create, removed again unless the command
+/// [`keep`](NewFiles::keep)s them: a `create` that fails leaves no file behind for its retry
+/// to refuse as "exists with another size".
+pub struct NewFiles(Vec<PathBuf>);
+
+impl NewFiles {
+    /// Notes, before anything is opened, which of `specs`' files do not exist yet.
+    pub fn of(specs: &[&Spec]) -> NewFiles {
+        NewFiles(specs.iter().flat_map(|s| s.files_to_create()).collect())
+    }
+
+    /// The command succeeded: the files stay.
+    pub fn keep(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for NewFiles {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 

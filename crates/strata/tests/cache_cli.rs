@@ -133,6 +133,33 @@ fn no_create_overwrites_another_format() {
     }
 }
 
+/// A `create` that fails removes the files it made (so that the retry is not refused as
+/// "exists with another size"), and leaves files that were there before.
+#[test]
+fn a_failed_create_leaves_no_new_file() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let at = |name: &str| d.path().join(name).to_str().unwrap().to_string();
+    std::fs::write(at("old.img"), vec![0u8; 1 << 20]).unwrap();
+    let too_small = [
+        vec!["cache", "create", "--origin", "o1.img?size=8MiB", "--cache", "c.img?size=64KiB"],
+        vec!["writecache", "create", "--origin", "o2.img?size=8MiB", "--cache", "w.img?size=8KiB"],
+        vec!["thin", "pool", "create", "--metadata", "m.img?size=4KiB", "--data", "d.img?size=8MiB"],
+        vec!["cache", "create", "--origin", "old.img", "--cache", "c.img?size=64KiB"],
+    ];
+    for args in too_small {
+        let args: Vec<String> = args.iter().map(|a| if a.contains(".img") { at(a) } else { a.to_string() }).collect();
+        let o = strata(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let mut left: Vec<String> =
+            std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, ["old.img"], "{args:?} left files behind: {}", stderr(&o));
+    }
+    // The retry with a size that fits is not refused.
+    let o = strata(&["cache", "create", "--origin", &at("o1.img?size=8MiB"), "--cache", &at("c.img?size=4MiB")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 #[test]
 fn refuses_bad_parameters() {
     let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

@@ -3,7 +3,7 @@
 
 use crate::http;
 use crate::open::{cache_device, open, open_file};
-use crate::spec::Spec;
+use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -244,12 +244,15 @@ pub async fn create(origin: &Spec, cache: &Spec, mut opts: CreateOptions) -> Res
     let Spec::File(file) = cache else {
         bail!("the cache device must be a file or block device path, not {:?}", cache.to_string());
     };
+    let new = NewFiles::of(&[origin, cache]);
     let origin_dev = open(origin, true).await.with_context(|| format!("cannot open the origin {origin}"))?;
     let cache_dev = open_file(file, false).with_context(|| format!("cannot open the cache device {cache}"))?;
     opts.origin_spec = origin.recordable().to_string();
     opts.origin_id = origin.identity();
     let sb = offline::create(&cache_dev, &*origin_dev, &opts).await;
-    sb.with_context(|| format!("cannot create a cache on {}", file.path.display()))
+    let sb = sb.with_context(|| format!("cannot create a cache on {}", file.path.display()))?;
+    new.keep();
+    Ok(sb)
 }
 
 async fn control(a: ControlArgs, what: &str) -> Result<()> {

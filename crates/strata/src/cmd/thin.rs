@@ -6,7 +6,7 @@
 
 use crate::cmd::cache::Bytes;
 use crate::open::{cache_device, open, open_file};
-use crate::spec::Spec;
+use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
@@ -271,6 +271,7 @@ async fn pool_create(a: PoolCreateArgs) -> Result<()> {
     let Spec::File(file) = &a.metadata else {
         bail!("the metadata device must be a file or block device path, not {:?}", a.metadata.to_string());
     };
+    let new = NewFiles::of(&[&a.metadata, &a.data]);
     let data = open(&a.data, true).await.with_context(|| format!("cannot open the data device {}", a.data))?;
     if !a.force {
         if let Some(what) = strata_io::signature::recognise(&strata_io::signature::head(&*data).await?) {
@@ -281,6 +282,7 @@ async fn pool_create(a: PoolCreateArgs) -> Result<()> {
     let m = Metadata::format(&md, data.size(), a.block_size.0, &a.data.recordable().to_string(), a.force)
         .await
         .with_context(|| format!("cannot create a pool on {}", file.path.display()))?;
+    new.keep();
     let (blocks, bs) = (m.tm.data.nr_blocks(), m.data_block_bytes());
     println!(
         "created thin pool {}: {blocks} data blocks of {} ({}) on {}, {} metadata blocks",

@@ -4,7 +4,7 @@
 use crate::cmd::cache::{send_settings, Bytes, SetArgs};
 use crate::http;
 use crate::open::{cache_device, open, open_file};
-use crate::spec::Spec;
+use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::time::Duration;
@@ -102,6 +102,7 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     let Spec::File(file) = &a.cache else {
         bail!("the log device must be a file or block device path, not {:?}", a.cache.to_string());
     };
+    let new = NewFiles::of(&[&a.origin, &a.cache]);
     let origin = open(&a.origin, true).await.with_context(|| format!("cannot open the origin {}", a.origin))?;
     let cache = open_file(file, false).with_context(|| format!("cannot open the log device {}", a.cache))?;
     let opts = CreateOptions {
@@ -113,6 +114,7 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     let sb = offline::create(&cache, &*origin, &opts)
         .await
         .with_context(|| format!("cannot create a writecache on {}", file.path.display()))?;
+    new.keep();
     let path = file.path.display();
     println!(
         "created writecache {path}: {} blocks of {} ({}) for origin {} ({})",
