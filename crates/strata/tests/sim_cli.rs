@@ -90,6 +90,11 @@ fn malformed_trace_names_the_line() {
     let err = run(args(&[path.to_str().unwrap(), "--format", "lis"]).unwrap()).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("line 3"), "{msg}");
+    // A file that is not text: the reason, said once.
+    std::fs::write(&path, [0xffu8, 0xfe, 0x00, 0x81].repeat(100)).unwrap();
+    let err = run(args(&[path.to_str().unwrap(), "--format", "lis"]).unwrap()).unwrap_err();
+    let msg = format!("{err:#}");
+    assert_eq!(msg.matches("valid UTF-8").count(), 1, "{msg}");
 }
 
 #[test]

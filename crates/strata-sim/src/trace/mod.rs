@@ -87,10 +87,18 @@ impl fmt::Display for Format {
 pub enum TraceError {
     #[error("line {line}: {message}")]
     Malformed { line: u64, message: String },
+    /// Not a `source`: the message carries the error, and an error chain printed whole
+    /// would say it twice.
     #[error("reading the trace: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("cannot tell the trace format from its first lines; pass --format ({0})")]
     UnknownFormat(String),
+}
+
+impl From<io::Error> for TraceError {
+    fn from(e: io::Error) -> TraceError {
+        TraceError::Io(e)
+    }
 }
 
 /// Open `path`, decompressing gzip or zstd (recognised by their magic numbers, whatever the
