@@ -54,6 +54,12 @@ pub fn recognise(head: &[u8]) -> Option<&'static str> {
     find(head, &STRATA).or_else(|| find(head, &FOREIGN))
 }
 
+/// What `head` holds for a format that takes only an empty device: something recognised,
+/// else data if its first 4 KiB are not all zero.
+pub fn recognise_any(head: &[u8]) -> Option<&'static str> {
+    recognise(head).or_else(|| head.iter().take(4096).any(|&b| b != 0).then_some("data (its first 4 KiB are not zero)"))
+}
+
 /// Which of strata's own formats `head` holds, if any: a device given as an origin should
 /// hold the user's data, and one of these there means the arguments were swapped or a
 /// cache device was named in place of the volume it serves.

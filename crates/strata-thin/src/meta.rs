@@ -122,15 +122,10 @@ impl Metadata {
         }
         let first = read_block(dev, SUPERBLOCK).await?;
         if !force {
-            let what = signature::recognise(&signature::head(dev).await?);
-            if what.is_some() || first.iter().any(|&b| b != 0) {
+            if let Some(what) = signature::recognise_any(&signature::head(dev).await?) {
                 return Err(Error::new(
                     ErrorKind::Busy,
-                    format!(
-                        "{}: the device holds {}; --force overwrites it",
-                        dev.describe(),
-                        what.unwrap_or("data (its first 4 KiB are not zero)")
-                    ),
+                    format!("{}: the device holds {what}; --force overwrites it", dev.describe()),
                 ));
             }
         }

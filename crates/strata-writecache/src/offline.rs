@@ -50,16 +50,10 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
     sb.origin_spec = o.origin_spec.clone();
     sb.origin_id = o.origin_id.clone();
     if !o.force {
-        let head = signature::head(cache).await?;
-        let what = signature::recognise(&head);
-        if what.is_some() || head[..SUPERBLOCK_BYTES as usize].iter().any(|&b| b != 0) {
+        if let Some(what) = signature::recognise_any(&signature::head(cache).await?) {
             return Err(Error::new(
                 ErrorKind::Invalid,
-                format!(
-                    "{}: the device holds {}; --force overwrites it",
-                    cache.describe(),
-                    what.unwrap_or("data (its first 4 KiB are not zero)")
-                ),
+                format!("{}: the device holds {what}; --force overwrites it", cache.describe()),
             ));
         }
     }
