@@ -14,6 +14,8 @@ pub const CACHE_MAGIC: [u8; 8] = *b"STRATAC1";
 pub const WRITECACHE_MAGIC: [u8; 8] = *b"STRATAWC";
 /// dm-thin's metadata superblock (little-endian at byte 32 of block 0).
 pub const THIN_MAGIC: u64 = 27022010;
+/// What [`recognise`] calls a device with dm-thin's superblock.
+pub const THIN_METADATA: &str = "a thin pool's metadata";
 
 /// The first [`HEAD_BYTES`] of `dev` (all of it if smaller), for [`recognise`].
 pub async fn head(dev: &dyn BlockDev) -> Result<Buf> {
@@ -26,7 +28,7 @@ type Signature = (&'static [usize], &'static [u8], &'static str);
 const STRATA: [Signature; 3] = [
     (&[0, 4096], &CACHE_MAGIC, "a strata cache"),
     (&[0], &WRITECACHE_MAGIC, "a strata write log"),
-    (&[32], &THIN_MAGIC.to_le_bytes(), "a thin pool's metadata"),
+    (&[32], &THIN_MAGIC.to_le_bytes(), THIN_METADATA),
 ];
 
 /// Other software's formats.

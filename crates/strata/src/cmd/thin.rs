@@ -458,10 +458,11 @@ async fn check(a: PoolPath) -> Result<()> {
     let dev = cache_device(&a.pool, true)?;
     let shown = a.pool.display();
     // Another format is not a damaged pool (nor one for a repair tool to rewrite).
-    let head = strata_io::signature::head(&*dev).await?;
-    if head.get(32..40) != Some(&strata_io::signature::THIN_MAGIC.to_le_bytes()[..]) {
-        let what = strata_io::signature::recognise(&head).unwrap_or("no dm-thin superblock");
-        bail!("{shown} is not a thin pool's metadata device: it holds {what}");
+    match strata_io::signature::recognise(&strata_io::signature::head(&*dev).await?) {
+        Some(strata_io::signature::THIN_METADATA) => {}
+        what => {
+            bail!("{shown} is not a thin pool's metadata device: it holds {}", what.unwrap_or("no dm-thin superblock"))
+        }
     }
     let r = strata_thin::check::check(&*dev).await;
     for w in &r.warnings {
