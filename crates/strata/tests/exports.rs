@@ -115,7 +115,10 @@ fn a_file_at_the_socket_path_is_left_alone() {
     let dir = common::tempdir();
     let path = dir.path().join("notes.txt");
     std::fs::write(&path, b"the user's").unwrap();
-    let why = refused(strata(&["serve", "--unix", path.to_str().unwrap(), "a=mem:1MiB"]));
+    // A server that starts instead of refusing is killed after the deadline: a failure, not a hang.
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_strata"));
+    serve.args(["serve", "--unix", path.to_str().unwrap(), "a=mem:1MiB"]);
+    let why = refused(common::output(&mut serve, std::time::Duration::from_secs(30)));
     assert!(why.contains("is not a socket"), "{why}");
     assert_eq!(std::fs::read(&path).unwrap(), b"the user's");
 }
