@@ -757,9 +757,11 @@ impl Metadata {
         b
     }
 
-    /// Drops a data block allocated but never mapped (a failed write).
+    /// Drops a data block allocated but never mapped (a failed write). A commit since the
+    /// allocation may hold its count: the next one must write it down again.
     pub fn release_data(&mut self, b: u64) -> Result<()> {
         self.tm.data.dec(b).map_err(corrupt)?;
+        self.dirty = true;
         Ok(())
     }
 

@@ -40,6 +40,28 @@ struct Piece {
     pos: u64,
 }
 
+/// A data block taken for a write, given back unless `keep` is called once its mapping is in:
+/// on an error, and when the write is dropped half way (another piece of its request failed,
+/// and `try_join_all` dropped this one).
+struct Taken<'a> {
+    pool: &'a Pool,
+    block: Option<u64>,
+}
+
+impl Taken<'_> {
+    fn keep(mut self) {
+        self.block = None;
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.block {
+            let _ = self.pool.with_meta(|m| m.release_data(b));
+        }
+    }
+}
+
 impl ThinDev {
     /// Volume `id` of `pool`, `size` bytes (its recorded size when None).
     pub fn new(pool: Arc<Pool>, id: DevId, size: Option<u64>) -> Result<ThinDev> {
@@ -144,6 +166,7 @@ impl ThinDev {
         };
         self.pool.check_writable()?;
         let new = self.pool.alloc_data().await?;
+        let taken = Taken { pool: &self.pool, block: Some(new) };
         let whole = p.at == 0 && p.len == bs;
         let written = if whole || (old.is_none() && self.pool.opts.skip_block_zeroing) {
             self.pool.data.write(new * bs + p.at, buf, false).await
@@ -161,13 +184,7 @@ impl ThinDev {
                 Err(e) => Err(e),
             }
         };
-        let buf = match written {
-            Ok(buf) => buf,
-            Err(e) => {
-                let _ = self.pool.with_meta(|m| m.release_data(new));
-                return Err(e);
-            }
-        };
+        let buf = written?;
         let id = self.id;
         let inserted = self
             .pool
@@ -183,13 +200,13 @@ impl ThinDev {
             )
             .await;
         match inserted {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => taken.keep(),
             // A node that could not be read: nothing changed.
-            Err(e) => {
-                let _ = self.pool.with_meta(|m| m.release_data(new));
-                return Err(e);
+            Err(e) => return Err(e),
+            Ok(Err(e)) => {
+                taken.keep();
+                return Err(self.pool.fail(format!("updating the mapping failed: {}", e.context)));
             }
-            Ok(Err(e)) => return Err(self.pool.fail(format!("updating the mapping failed: {}", e.context))),
         }
         let c = if old.is_some() { &self.pool.counters.copied } else { &self.pool.counters.provisioned };
         c.fetch_add(1, Relaxed);

@@ -214,6 +214,48 @@ async fn a_full_pool_refuses_new_blocks_and_keeps_mapped_ones_working() {
     assert!(strata_thin::check::check(&*md).await.clean());
 }
 
+/// A write across several blocks that fails in one of them (no space left, an IO error) gives
+/// back every block its other pieces took: none stays counted with no mapping, which only an
+/// offline repair would free. The data device is slow, so the other pieces are still writing
+/// when the failing one ends the request.
+#[tokio::test]
+async fn a_write_that_fails_in_one_block_gives_back_the_blocks_of_the_others() {
+    use strata_io::fault::{FaultDev, Ops, Rule};
+    for no_space in [true, false] {
+        let md = Arc::new(MemDev::new(1 << 20));
+        let (data, faults) = FaultDev::new(MemDev::new(8 * BS));
+        let data = Arc::new(data);
+        let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+        m.create_thin(1).unwrap();
+        m.commit(&*md).await.unwrap();
+        let p = Pool::open(md.clone(), data.clone(), "mem:data", PoolOptions::default()).await.unwrap();
+        let dev = ThinDev::new(p.clone(), 1, Some(16 * BS)).unwrap();
+        for b in 0..6 {
+            dev.write(b * BS, pattern(b, 0, 4096), false).await.unwrap();
+        }
+        // Two blocks are left. Four blocks written: the third finds none. Or two written, the
+        // second's data write failing while the first's is still under way.
+        let delay = Rule::delay(Ops::WRITE, Duration::from_millis(50));
+        let blocks = if no_space {
+            faults.add(delay);
+            4
+        } else {
+            faults.add(delay.range(6 * BS..7 * BS));
+            faults.add(Rule::write_error(7 * BS..8 * BS));
+            2
+        };
+        let e = dev.write(8 * BS, pattern(9, 0, blocks * BS as usize), false).await.unwrap_err();
+        assert_eq!(e.kind, if no_space { ErrorKind::NoSpace } else { ErrorKind::Io }, "{e}");
+        faults.clear();
+        let st = p.status();
+        let mapped = dev.thin_status().mapped_blocks;
+        assert_eq!(st.data_used_blocks, mapped, "no space {no_space}: blocks counted but mapped by nothing: {st:?}");
+        dev.flush().await.unwrap();
+        let r = strata_thin::check::check(&*md).await;
+        assert!(r.clean() && r.warnings.is_empty(), "no space {no_space}: {r:?}");
+    }
+}
+
 #[tokio::test]
 async fn only_flushes_and_fua_writes_after_provisioning_commit_and_one_commit_takes_them_all() {
     let (md, data, p, dev) = one_volume(64, 32).await;
