@@ -104,16 +104,16 @@ impl Shared {
     /// Offers `export` to new connections. The first export added while there is no default
     /// answers the empty name.
     pub fn add(&self, export: Export) -> Result<Arc<Export>, String> {
-        if export.name.len() > 4096 {
-            return Err(format!("export name longer than 4096 bytes: {:?}...", &export.name[..32]));
-        }
+        check_name(&export.name)?;
         let mut exports = self.exports.write();
         if exports.map.contains_key(&export.name) {
             return Err(format!("an export named {:?} is already served", export.name));
         }
         let export = Arc::new(export);
         exports.default.get_or_insert_with(|| export.name.clone());
-        exports.map.insert(export.name.clone(), Served { export: export.clone(), retire: watch::channel(false).0 });
+        exports.added += 1;
+        let served = Served { export: export.clone(), retire: watch::channel(false).0, added: exports.added };
+        exports.map.insert(export.name.clone(), served);
         Ok(export)
     }
 
@@ -131,7 +131,8 @@ impl Shared {
         }
         let served = exports.map.remove(name).expect("found above");
         if exports.default.as_deref() == Some(name) {
-            exports.default = None;
+            // The export served longest answers the empty name now, as after a restart.
+            exports.default = exports.map.values().min_by_key(|s| s.added).map(|s| s.export.name.clone());
         }
         let _ = served.retire.send(true);
         Ok(Removed { export: served.export, retire: served.retire })
@@ -147,10 +148,14 @@ struct Exports {
     map: BTreeMap<String, Served>,
     /// The export the empty name selects.
     default: Option<String>,
+    /// Exports added so far: each one's `Served::added`.
+    added: u64,
 }
 
 struct Served {
     export: Arc<Export>,
+    /// The order exports were added in (1 for the first).
+    added: u64,
     /// Sends true when the export is removed; each connection serving it holds a receiver.
     retire: watch::Sender<bool>,
 }
@@ -179,6 +184,20 @@ pub struct Negotiated {
     pub block_size_agreed: bool,
     /// The connection went over to TLS (STARTTLS).
     pub tls: bool,
+}
+
+/// An export name clients can send and the admin endpoint can address: UTF-8 (a `String`
+/// already), at most the protocol's 4096 bytes, and no control characters (a newline in a
+/// name would break the logs and `/metrics`).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.len() > 4096 {
+        let head: String = name.chars().take(32).collect();
+        return Err(format!("export name longer than 4096 bytes: {head:?}..."));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("export name {name:?} holds a control character"));
+    }
+    Ok(())
 }
 
 /// Block size constraints we advertise: (minimum, preferred, maximum).

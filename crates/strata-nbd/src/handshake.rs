@@ -78,7 +78,8 @@ pub fn transmission_flags(export: &Export, structured: bool) -> u16 {
         f |= TFLAG_SEND_DF;
     }
     if export.read_only {
-        f |= TFLAG_READ_ONLY;
+        // Nothing that changes data is offered (they would only get EPERM).
+        f = (f | TFLAG_READ_ONLY) & !(TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO);
     }
     if g.rotational {
         f |= TFLAG_ROTATIONAL;
@@ -143,7 +144,7 @@ pub async fn negotiate(s: &mut Negotiating, shared: &Shared) -> Result<Negotiate
                 // No error reply is possible here: an unknown name can only hang up.
                 let name = String::from_utf8_lossy(&data).into_owned();
                 let Some((export, retired)) = shared.attach(&name) else {
-                    return Err(HandshakeEnd::Drop(format!("EXPORT_NAME {name:?}: no such export")));
+                    return Err(HandshakeEnd::Drop(format!("EXPORT_NAME {}: no such export", shown(&name))));
                 };
                 if shared.shutting_down() {
                     return Err(HandshakeEnd::Drop("server is shutting down".into()));
@@ -226,7 +227,7 @@ pub async fn negotiate(s: &mut Negotiating, shared: &Shared) -> Result<Negotiate
                     continue;
                 };
                 let Some((export, retired)) = shared.attach(&name) else {
-                    reply_err(s, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
+                    reply_err(s, opt, REP_ERR_UNKNOWN, &format!("no export named {}", shown(&name))).await?;
                     continue;
                 };
                 if shared.shutting_down() {
@@ -283,6 +284,10 @@ pub async fn negotiate(s: &mut Negotiating, shared: &Shared) -> Result<Negotiate
                 option_reply(&mut out, opt, REP_ACK, &[]);
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                if opt == OPT_SET_META_CONTEXT {
+                    // It replaces what was set before, even when it fails.
+                    meta = None;
+                }
                 if opt == OPT_SET_META_CONTEXT && !structured {
                     reply_err(s, opt, REP_ERR_INVALID, "negotiate structured replies first").await?;
                     continue;
@@ -302,7 +307,7 @@ pub async fn negotiate(s: &mut Negotiating, shared: &Shared) -> Result<Negotiate
                     continue;
                 };
                 if shared.find(&name).is_none() {
-                    reply_err(s, opt, REP_ERR_UNKNOWN, &format!("no export named {name:?}")).await?;
+                    reply_err(s, opt, REP_ERR_UNKNOWN, &format!("no export named {}", shown(&name))).await?;
                     continue;
                 }
                 let wanted = if opt == OPT_LIST_META_CONTEXT {
@@ -336,4 +341,13 @@ async fn reply_err<W: AsyncWrite + Unpin>(wr: &mut W, opt: u32, kind: u32, msg: 
     option_reply(&mut out, opt, kind, msg.as_bytes());
     wr.write_all(&out).await?;
     wr.flush().await
+}
+
+/// A name a client sent, quoted for a reply or the log: at most 64 characters of it (a name
+/// may be 64 KiB long, and an error message at most 4096 bytes).
+fn shown(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((end, _)) => format!("{:?}...", &name[..end]),
+        None => format!("{name:?}"),
+    }
 }

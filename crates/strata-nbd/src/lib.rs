@@ -15,5 +15,5 @@ mod server;
 pub mod tls;
 mod transmission;
 
-pub use export::{Export, Limits};
+pub use export::{check_name, Export, Limits};
 pub use server::Server;

@@ -439,22 +439,17 @@ async fn write_out<W: AsyncWrite + Unpin>(wr: &mut W, out: &Outbox) -> std::io::
     wr.write_vectored(&slices[..n]).await.map(Some)
 }
 
-/// Flags each command may carry.
+/// Flags each command may carry. FUA is accepted on every command, as the protocol asks
+/// (clients are known to set it on others than writes), and means nothing on reads.
 fn allowed_flags(kind: u16, structured: bool) -> Option<u16> {
-    Some(match kind {
-        CMD_READ => {
-            if structured {
-                CMD_FLAG_DF
-            } else {
-                0
-            }
-        }
-        CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
-        CMD_FLUSH | CMD_CACHE => 0,
-        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+    let own = match kind {
+        CMD_READ if structured => CMD_FLAG_DF,
+        CMD_READ | CMD_WRITE | CMD_TRIM | CMD_FLUSH | CMD_CACHE => 0,
+        CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
         CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
         _ => return None,
-    })
+    };
+    Some(own | CMD_FLAG_FUA)
 }
 
 fn validate(c: &Conn, req: &Request) -> Result<(), (u32, String)> {

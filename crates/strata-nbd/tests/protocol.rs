@@ -263,9 +263,10 @@ async fn info_reports_size_flags_block_sizes_and_name() {
     assert_eq!(c.opt_replies().await[0].kind, REP_ERR_UNKNOWN);
     c.send_opt(OPT_GO, &go_data("nope", &[])).await;
     assert_eq!(c.opt_replies().await[0].kind, REP_ERR_UNKNOWN);
-    // Read-only export says so.
+    // Read-only export says so, and offers nothing that changes data.
     let f = c.go("ro", &[]).await;
     assert_ne!(f & TFLAG_READ_ONLY, 0);
+    assert_eq!(f & (TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO), 0, "{f:#x}");
 }
 
 #[tokio::test]
@@ -374,6 +375,14 @@ async fn simple_replies_for_every_command_and_error() {
     assert_eq!(c.simple().await, (0, 7));
     c.request(CMD_FLUSH, 0, 8, 0, 0, &[]).await;
     assert_eq!(c.simple().await, (0, 8));
+    // FUA is valid on every command (the protocol: clients set it on flushes and reads).
+    c.request(CMD_FLUSH, CMD_FLAG_FUA, 81, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (0, 81), "flush with FUA");
+    c.request(CMD_CACHE, CMD_FLAG_FUA, 82, 0, 4096, &[]).await;
+    assert_eq!(c.simple().await, (0, 82), "cache with FUA");
+    c.request(CMD_READ, CMD_FLAG_FUA, 83, 8192, 8192, &[]).await;
+    assert_eq!(c.simple().await, (0, 83), "read with FUA");
+    c.s.read_exact(&mut got).await.unwrap();
 
     // Errors, each followed by proof that framing survived.
     c.request(CMD_READ, 0, 10, SIZE - 512, 1024, &[]).await;
@@ -490,14 +499,34 @@ async fn structured_replies_and_block_status() {
     assert_eq!(descs.iter().map(|d| d.0 as u64).sum::<u64>(), SIZE);
     assert!(descs.iter().any(|d| d.1 == 0), "some data: {descs:?}");
     assert_eq!(descs[0].1, STATE_HOLE | STATE_ZERO);
-    // REQ_ONE: exactly one descriptor, no longer than asked.
-    c.request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 5, 0, 8192, &[]).await;
+    // REQ_ONE: exactly one descriptor, no longer than asked (FUA, valid on every command,
+    // changes nothing).
+    c.request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE | CMD_FLAG_FUA, 5, 0, 8192, &[]).await;
     let (_, _, _, data) = c.any_reply().await;
     assert_eq!(data.len(), 12);
     assert!(u32::from_be_bytes(data[4..8].try_into().unwrap()) <= 8192);
     c.request(CMD_BLOCK_STATUS, 0, 6, SIZE - 512, 1024, &[]).await;
     let (_, kind, _, _) = c.any_reply().await;
     assert_eq!(kind, CHUNK_ERROR, "block status past the end");
+}
+
+/// SET_META_CONTEXT replaces what was set before even when it fails; an error that quotes
+/// a client's long name stays within the protocol's 4096 bytes.
+#[tokio::test]
+async fn a_failed_set_meta_context_clears_the_selection() {
+    let s = server();
+    let mut c = Client::new(&s).await;
+    c.structured().await;
+    assert_eq!(c.set_meta("mem", &[BASE_ALLOCATION]).await.len(), 2, "one context, then ACK");
+    let long = "x".repeat(5000);
+    let r = c.set_meta(&long, &[BASE_ALLOCATION]).await;
+    assert_eq!(r[0].kind, REP_ERR_UNKNOWN);
+    assert!(r[0].data.len() <= 4096, "an error of {} bytes", r[0].data.len());
+    c.go("mem", &[]).await;
+    c.request(CMD_BLOCK_STATUS, 0, 1, 0, 4096, &[]).await;
+    let (_, kind, _, data) = c.any_reply().await;
+    assert_eq!(kind, CHUNK_ERROR, "block status after the failed SET_META_CONTEXT");
+    assert_eq!(u32::from_be_bytes(data[..4].try_into().unwrap()), EINVAL);
 }
 
 #[tokio::test]

@@ -95,14 +95,24 @@ impl Admin {
     }
 
     /// Opens `spec` and offers it as export `name` (wrapped in request counters).
+    /// A spec that is read-only by itself (`?ro`) makes a read-only export. Nothing is opened
+    /// (or created) for a name that cannot be served.
     pub async fn add(&self, name: &str, spec: &Spec, read_only: bool) -> anyhow::Result<Arc<Volume>> {
+        strata_nbd::check_name(name).map_err(anyhow::Error::msg)?;
         if self.volumes.read().iter().any(|v| v.name == name) {
             bail!("an export named {name:?} is already served");
         }
+        let read_only = read_only || spec.read_only();
         let dev = self.opener.open(spec, read_only).await.with_context(|| format!("volume {name}"))?;
         let dev = Arc::new(StatsDev::new(dev));
         let export = Export { name: name.to_string(), description: dev.describe(), dev: dev.clone(), read_only };
-        self.server.add(export).map_err(anyhow::Error::msg)?;
+        if let Err(e) = self.server.add(export) {
+            // Added meanwhile by another request: this one's device is closed as it opened.
+            if !read_only {
+                let _ = dev.shutdown().await;
+            }
+            bail!(e);
+        }
         let volume = Arc::new(Volume { name: name.to_string(), read_only, dev });
         self.volumes.write().push(volume.clone());
         Ok(volume)
@@ -163,7 +173,7 @@ impl Admin {
         let volumes = self.volumes();
         head("strata_volume_size_bytes", "gauge", "Volume size.", &mut out);
         for v in &volumes {
-            let _ = writeln!(out, "strata_volume_size_bytes{{volume=\"{}\"}} {}", v.name, v.dev.size());
+            let _ = writeln!(out, "strata_volume_size_bytes{{volume=\"{}\"}} {}", escape(&v.name), v.dev.size());
         }
         for (metric, field, help) in [
             ("strata_requests_total", "requests", "Requests completed, by operation."),
@@ -179,7 +189,7 @@ impl Admin {
                         "bytes" => s.bytes.load(std::sync::atomic::Ordering::Relaxed),
                         _ => s.errors.load(std::sync::atomic::Ordering::Relaxed),
                     };
-                    let _ = writeln!(out, "{metric}{{volume=\"{}\",op=\"{op}\"}} {n}", v.name);
+                    let _ = writeln!(out, "{metric}{{volume=\"{}\",op=\"{op}\"}} {n}", escape(&v.name));
                 }
             }
         }
@@ -268,8 +278,8 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 }
                 ("GET", "/status") => ("200 OK", "application/json", admin.status_text()),
                 ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
-                ("POST", r) if r.starts_with("/volumes/") && r.ends_with("/message") => {
-                    let name = &r["/volumes/".len()..r.len() - "/message".len()];
+                ("POST", r) if r.strip_prefix("/volumes/").and_then(|n| n.strip_suffix("/message")).is_some() => {
+                    let name = decoded(&r["/volumes/".len()..r.len() - "/message".len()]);
                     match admin.volumes().iter().find(|v| v.name == name) {
                         None => ("404 Not Found", "text/plain", format!("no volume named {name:?}\n")),
                         Some(v) => match v.dev.message(body.trim()).await {
@@ -291,7 +301,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 }
                 ("DELETE", r) if r.starts_with("/exports/") => {
                     let force = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "force"));
-                    match admin.remove(&r["/exports/".len()..], force).await {
+                    match admin.remove(&decoded(&r["/exports/".len()..]), force).await {
                         Ok(()) => ("200 OK", "text/plain", "removed\n".to_string()),
                         Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
                     }
@@ -352,9 +362,16 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(St
     Ok((head, method, path, body))
 }
 
+/// How long `get` waits for an answer: `/status` and `/metrics` answer at once, so a peer
+/// that takes longer is not a strata server (or is stuck), and a monitoring script must not
+/// hang on it.
+const GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Fetches `path` from an admin endpoint (for `strata status` and friends).
 pub async fn get(addr: &str, path: &str) -> anyhow::Result<String> {
-    request(addr, "GET", path, "").await
+    tokio::time::timeout(GET_TIMEOUT, request(addr, "GET", path, ""))
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer from the admin endpoint at {addr} within {GET_TIMEOUT:?}"))?
 }
 
 /// The `/status` of a running server.
@@ -369,19 +386,57 @@ pub async fn add_export(addr: &str, named: &str, read_only: bool) -> anyhow::Res
 
 /// Removes export `name` from a running server.
 pub async fn remove_export(addr: &str, name: &str, force: bool) -> anyhow::Result<String> {
-    request(addr, "DELETE", &format!("/exports/{name}{}", if force { "?force" } else { "" }), "").await
+    request(addr, "DELETE", &format!("/exports/{}{}", encoded(name), if force { "?force" } else { "" }), "").await
 }
 
 /// Sends a control message to a volume of a running server.
 pub async fn message(addr: &str, volume: &str, msg: &str) -> anyhow::Result<String> {
-    request(addr, "POST", &format!("/volumes/{volume}/message"), msg).await
+    request(addr, "POST", &format!("/volumes/{}/message", encoded(volume)), msg).await
+}
+
+/// A volume name as one segment of a request path: every byte but letters, digits and
+/// `-._~` percent-encoded (names may hold spaces, `/`, `?` or any other character).
+fn encoded(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A path segment's name, percent-decoding undone (a malformed escape is kept as it is).
+fn decoded(segment: &str) -> String {
+    let b = segment.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn request(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
     use anyhow::Context;
-    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| {
-        format!("cannot reach the admin endpoint at {addr} (is `strata serve --admin {addr}` running?)")
-    })?;
+    let unreachable =
+        || format!("cannot reach the admin endpoint at {addr} (is `strata serve --admin {addr}` running?)");
+    // Other requests may take long to answer (a forced removal waits for its connections),
+    // but connecting does not.
+    let mut s = tokio::time::timeout(std::time::Duration::from_secs(10), tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting timed out"))
+        .with_context(unreachable)?
+        .with_context(unreachable)?;
     let auth = match std::env::var(TOKEN_ENV) {
         Ok(t) if !t.is_empty() => format!("Authorization: Bearer {t}\r\n"),
         _ => String::new(),

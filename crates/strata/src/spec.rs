@@ -366,6 +366,16 @@ impl Spec {
         new
     }
 
+    /// Whether the spec opens its device read-only by itself (`ro` on the file it ends in):
+    /// such a volume is exported read-only.
+    pub fn read_only(&self) -> bool {
+        match self {
+            Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => f.ro,
+            Spec::Fault { inner, .. } | Spec::Slice { inner, .. } | Spec::Qos { inner, .. } => inner.read_only(),
+            _ => false,
+        }
+    }
+
     /// The file or block device this spec's device lives on, if any.
     pub fn path(&self) -> Option<&Path> {
         match self {

@@ -122,3 +122,56 @@ fn a_file_at_the_socket_path_is_left_alone() {
     assert!(why.contains("is not a socket"), "{why}");
     assert_eq!(std::fs::read(&path).unwrap(), b"the user's");
 }
+
+/// Names that clients and the admin endpoint can carry: one with a space and a `%` is added, counted in
+/// `/metrics` and removed by name; a quote is escaped in `/metrics`; a control character or a
+/// name over 4096 bytes is refused before anything is opened. A `?ro` spec is exported
+/// read-only. Removing the default export makes the next one served the default.
+#[test]
+fn export_names_defaults_and_read_only_specs() {
+    let srv = Server::start_opts(
+        common::tempdir(),
+        ServerOpts { admin: true, args: vec!["a=mem:1MiB".into(), "b=mem:2MiB".into()], ..Default::default() },
+    );
+    let admin = srv.admin.clone().unwrap();
+    let sock = srv.sock.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+
+    ok(strata(&["export", "add", "--admin", &admin, "sp ace%=mem:1MiB"]));
+    ok(strata(&["export", "add", "--admin", &admin, "q\"uote=mem:1MiB"]));
+    let metrics = srv.admin_get("/metrics");
+    assert!(metrics.contains("strata_volume_size_bytes{volume=\"q\\\"uote\"}"), "{metrics}");
+    assert!(metrics.contains("strata_requests_total{volume=\"sp ace%\",op=\"read\"}"), "{metrics}");
+    ok(strata(&["export", "remove", "--admin", &admin, "sp ace%"]));
+    ok(strata(&["export", "remove", "--admin", &admin, "q\"uote"]));
+    assert_eq!(names(&srv), ["a", "b"]);
+
+    let why = refused(strata(&["export", "add", "--admin", &admin, "new\nline=mem:1MiB"]));
+    assert!(why.contains("control character"), "{why}");
+    let img = srv.dir.path().join("long.img");
+    let long = format!("{}={}?size=1MiB", "€".repeat(1500), img.display());
+    let why = refused(strata(&["export", "add", "--admin", &admin, &long]));
+    assert!(why.contains("longer than 4096 bytes"), "{why}");
+    assert!(!img.exists(), "a refused name created its file");
+
+    // A path that names no volume: refused, and the endpoint goes on answering.
+    let mut s = std::net::TcpStream::connect(&admin).unwrap();
+    use std::io::{Read, Write};
+    write!(s, "POST /volumes/message HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+    assert_eq!(names(&srv), ["a", "b"]);
+
+    let ro = srv.dir.path().join("ro.img");
+    std::fs::write(&ro, vec![7u8; 1 << 20]).unwrap();
+    ok(strata(&["export", "add", "--admin", &admin, &format!("c={}?ro", ro.display())]));
+    ok(strata(&["export", "remove", "--admin", &admin, "a"]));
+    rt.block_on(async {
+        let c = Client::connect_unix(&sock, "c").await.unwrap();
+        assert_ne!(c.flags() & (1 << 1), 0, "the READ_ONLY flag of a ?ro spec: {:#x}", c.flags());
+        let default = Client::connect_unix(&sock, "").await.unwrap();
+        assert_eq!(default.size(), 2 << 20, "b, served longest, is the default now");
+    });
+    assert_eq!(srv.status()["volumes"][1]["read_only"], true);
+}
