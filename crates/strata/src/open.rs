@@ -259,8 +259,7 @@ async fn open_cache(opener: &Opener, path: &Path, origin: Option<&Spec>) -> Resu
             &recorded
         }
     };
-    let id = origin.identity();
-    if !meta.sb.origin_id.is_empty() && !id.is_empty() && id != meta.sb.origin_id {
+    if let Some(id) = origin.identity_mismatch(&meta.sb.origin_id) {
         return Err(invalid(format!(
             "{shown}: wrong origin: {origin} is not the device this cache was created for (identity {id}, expected {})",
             meta.sb.origin_id
@@ -293,8 +292,7 @@ async fn open_writecache(opener: &Opener, path: &Path, origin: Option<&Spec>) ->
             &recorded
         }
     };
-    let id = origin.identity();
-    if !sb.origin_id.is_empty() && !id.is_empty() && id != sb.origin_id {
+    if let Some(id) = origin.identity_mismatch(&sb.origin_id) {
         return Err(invalid(format!(
             "{shown}: wrong origin: {origin} is not the device this log was created for (identity {id}, expected {})",
             sb.origin_id

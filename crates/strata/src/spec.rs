@@ -387,16 +387,77 @@ impl Spec {
     }
 
     /// What tells this device apart from another at the same path, recorded by a cache for
-    /// its origin: `DEV:INODE` of a file, `rdev N` of a block device; empty for RAM, or when
-    /// the file cannot be read now (then nothing is compared).
+    /// its origin: `DEV:INODE` of a file; of a block device its number, size and what the
+    /// kernel says it is (`block_identity`); empty for RAM, or when the file cannot be read
+    /// now (then nothing is compared).
     pub fn identity(&self) -> String {
-        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         match self.path().map(std::fs::metadata) {
             Some(Ok(m)) if m.file_type().is_file() => format!("{}:{}", m.dev(), m.ino()),
+            Some(Ok(m)) if m.file_type().is_block_device() => block_identity(m.rdev()),
             Some(Ok(m)) => format!("rdev {}", m.rdev()),
             _ => String::new(),
         }
     }
+
+    /// Whether this device is the one whose identity was `recorded`: `None` if so (or if
+    /// either is unknown), else its identity now. Of a block device only the fields recorded
+    /// are compared, so an origin recorded before a field was added still matches.
+    pub fn identity_mismatch(&self, recorded: &str) -> Option<String> {
+        let now = self.identity();
+        identities_differ(recorded, &now).then_some(now)
+    }
+}
+
+/// Whether identity `now` is not the `recorded` one (see `Spec::identity_mismatch`).
+fn identities_differ(recorded: &str, now: &str) -> bool {
+    if recorded.is_empty() || now.is_empty() || now == recorded {
+        return false;
+    }
+    let fields = |id: &str| -> Vec<(String, String)> {
+        id.split("; ")
+            .map(|f| f.split_once(' ').map_or((f.into(), String::new()), |(k, v)| (k.into(), v.into())))
+            .collect()
+    };
+    let have = fields(now);
+    !(recorded.starts_with("rdev ") && fields(recorded).iter().all(|f| have.contains(f)))
+}
+
+/// A block device's identity: its number, its size in bytes, and where the kernel knows one,
+/// what it is beyond the number, which the kernel hands to the next device attached: a loop
+/// device's backing file (`loop DEV:INODE`), a device-mapper device's UUID (`dm UUID`, an LVM
+/// volume's), a disk's WWID or serial; a partition also its start. Fields are joined by "; ".
+fn block_identity(rdev: u64) -> String {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let sys = std::path::PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let read = |p: &Path| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let mut out = format!("rdev {rdev}");
+    if let Some(sectors) = read(&sys.join("size")) {
+        out += &format!("; size {}", sectors.parse::<u64>().unwrap_or(0) * 512);
+    }
+    // A partition's own identity is its disk's and where it starts.
+    let (disk, start) = match read(&sys.join("start")) {
+        Some(start) if sys.join("partition").exists() => (sys.join(".."), Some(start)),
+        _ => (sys.clone(), None),
+    };
+    let backing = read(&disk.join("loop/backing_file")).map(|f| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&f).map_or(f, |m| format!("{}:{}", m.dev(), m.ino()))
+    });
+    let id = [
+        backing.map(|b| format!("loop {b}")),
+        read(&disk.join("dm/uuid")).map(|u| format!("dm {u}")),
+        read(&disk.join("wwid")).or_else(|| read(&disk.join("device/wwid"))).map(|w| format!("wwid {w}")),
+        read(&disk.join("serial")).or_else(|| read(&disk.join("device/serial"))).map(|s| format!("serial {s}")),
+    ]
+    .into_iter()
+    .flatten()
+    .next();
+    for field in [id, start.map(|s| format!("start {s}"))].into_iter().flatten() {
+        out += "; ";
+        out += &field.replace("; ", " ");
+    }
+    out
 }
 
 /// Splits a stacking target's `WORDS@SPEC` (its own words, then the spec of the device it
@@ -743,6 +804,19 @@ mod tests {
         assert_eq!((r.export.as_str(), r.tls.unwrap().psk_file.unwrap()), ("été", "/k j.psk".into()));
         let Spec::File(ro) = parse("/v.img?ro&shared&direct=off&engine=pool") else { panic!() };
         assert!(ro.ro && ro.shared && !ro.direct && ro.engine == EngineKind::Pool && ro.size.is_none());
+    }
+
+    #[test]
+    fn a_block_device_is_compared_on_the_fields_recorded() {
+        let now = "rdev 1792; size 33554432; loop 65024:17";
+        assert!(!identities_differ(now, now));
+        assert!(!identities_differ("rdev 1792", now), "recorded before sizes and backing files were");
+        assert!(!identities_differ("", now) && !identities_differ(now, ""), "unknown: nothing compared");
+        assert!(identities_differ("rdev 1792; size 33554432; loop 65024:18", now), "another backing file");
+        assert!(identities_differ("rdev 1792; size 67108864", now), "another size");
+        assert!(identities_differ("rdev 1793", now), "another number");
+        assert!(identities_differ("rdev 1792; serial X", now), "a field the device no longer has");
+        assert!(identities_differ("65024:17", "65024:18"), "files: device and inode");
     }
 
     #[test]

@@ -259,6 +259,49 @@ fn serving_refuses_corrupt_foreign_or_mismatched_caches() {
     assert!(serve_fails(d.path(), &format!("cache:{}", plain.display())).contains("not a strata cache"));
 }
 
+/// The kernel gives a loop device's number to the next file attached: a cache made on
+/// `/dev/loopN` refuses to serve another file attached there (same device number, same
+/// size), and a write log too. Needs root and loop devices.
+#[test]
+fn a_block_device_origin_is_told_from_another_at_the_same_number() {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/loop-control").exists() {
+        eprintln!("SKIP: a_block_device_origin_is_told_from_another_at_the_same_number needs root and loop devices");
+        return;
+    }
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (a, b) = (d.path().join("a.img"), d.path().join("b.img"));
+    std::fs::write(&a, vec![0xaau8; 8 << 20]).unwrap();
+    std::fs::write(&b, vec![0xbbu8; 8 << 20]).unwrap();
+    let losetup = |args: &[&str]| Command::new("losetup").args(args).output().unwrap();
+    let o = losetup(&["--find", "--show", a.to_str().unwrap()]);
+    assert!(o.status.success(), "losetup: {}", stderr(&o));
+    let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let cache = d.path().join("cache.img");
+    let log = d.path().join("log.img");
+    let made = [
+        strata(&["cache", "create", "--origin", &dev, "--cache", &format!("{}?size=4MiB", cache.display())]),
+        strata(&["writecache", "create", "--origin", &dev, "--cache", &format!("{}?size=4MiB", log.display())]),
+    ];
+    let o = losetup(&["-d", &dev]);
+    assert!(o.status.success(), "losetup -d: {}", stderr(&o));
+    for m in &made {
+        assert!(m.status.success(), "{}", stderr(m));
+    }
+    // Another file at the same number, if no one else took it meanwhile.
+    if !losetup(&[&dev, b.to_str().unwrap()]).status.success() {
+        eprintln!("SKIP: {dev} was taken by another test before b.img could be attached to it");
+        return;
+    }
+    let refused = [format!("cache:{}", cache.display()), format!("writecache:{}", log.display())]
+        .map(|spec| serve_fails(d.path(), &spec));
+    let _ = losetup(&["-d", &dev]);
+    for why in refused {
+        assert!(why.contains("wrong origin") && why.contains("loop"), "{why}");
+    }
+    assert!(std::fs::read(&b).unwrap().iter().all(|&x| x == 0xbb), "the other file was written");
+}
+
 /// Serves `spec` until the socket answers, then stops it with SIGTERM; returns its stderr.
 fn serve_and_stop(dir: &Path, spec: &str) -> String {
     let sock = dir.join("s.sock");
