@@ -31,8 +31,18 @@ pub struct Limits {
     pub max_request_bytes: u32,
     /// Payload bytes held in buffers across all connections.
     pub buffer_budget_bytes: usize,
+    /// Payload bytes one connection may hold of that budget (at least one largest request's),
+    /// so a client that stops reading its replies cannot take every other's share.
+    pub connection_budget_bytes: usize,
     /// Time a client gets to finish the handshake.
     pub handshake_timeout: Duration,
+    /// A connection with replies to write, or a write's payload to read, that moves no byte
+    /// for this long is closed (its requests still run to completion): a client that stops
+    /// reading replies, or sends a write header and no data, does not hold buffers for ever.
+    pub stall_timeout: Duration,
+    /// Once the server stops or the export is removed, the time a connection's replies get to
+    /// go out (each byte moved restarts it) before it is closed.
+    pub closing_grace: Duration,
 }
 
 impl Default for Limits {
@@ -42,7 +52,10 @@ impl Default for Limits {
             max_inflight_per_connection: 128,
             max_request_bytes: 32 << 20,
             buffer_budget_bytes: 1 << 30,
+            connection_budget_bytes: 128 << 20,
             handshake_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(60),
+            closing_grace: Duration::from_secs(10),
         }
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! Bounds: a connection stops reading once it holds `max_inflight_per_connection` requests
 //! whose replies are not yet written, and payload buffers come out of a server-wide budget,
-//! so a client that stops reading replies stalls only itself, with bounded memory. Pending
+//! of which each connection may hold only its share, so a client that stops reading replies
+//! stalls only itself, with bounded memory; one that moves no byte for `stall_timeout` while
+//! the server waits on it (or for `closing_grace` once the server stops) is closed. Pending
 //! requests always run to completion, even after the client has gone, so no device ever sees
 //! a request abandoned halfway.
 //!
@@ -29,7 +31,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use strata_io::{BlockDev, Buf, BufPool, Error, ErrorKind, Extent, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Write payloads beyond the limit but below this are drained to keep framing and refused;
 /// larger ones close the connection.
@@ -50,7 +52,7 @@ struct Reply {
     /// A write's payload, which the request no longer needs: back to the pool as soon as
     /// the reply is queued.
     spare: Option<Buf>,
-    _budget: Option<OwnedSemaphorePermit>,
+    _budget: Option<Budget>,
 }
 
 impl Reply {
@@ -79,7 +81,7 @@ enum Input {
     /// The request needs payload budget before it can be taken.
     Budget(Request),
     /// Reading a WRITE payload into its buffer.
-    Payload { req: Request, buf: Buf, filled: usize, budget: OwnedSemaphorePermit },
+    Payload { req: Request, buf: Buf, filled: usize, budget: Budget },
     /// Discarding the payload of a refused WRITE, to keep framing.
     Drain { req: Request, left: u64 },
     /// No more requests: disconnect, end of stream, lost framing or shutdown.
@@ -169,6 +171,8 @@ struct Session {
     conn: Conn,
     dev: Arc<dyn BlockDev>,
     shared: Arc<Shared>,
+    /// This connection's share of the payload budget (`connection_budget`).
+    own: Arc<Semaphore>,
     running: FuturesUnordered<Running>,
     out: Outbox,
     /// Requests taken whose replies are not yet written (running or queued).
@@ -202,6 +206,7 @@ where
         // A device that tells connections apart gives this one its own handle.
         dev: export.dev.connect().unwrap_or_else(|| export.dev.clone()),
         shared: shared.clone(),
+        own: Arc::new(Semaphore::new(connection_budget(&shared))),
         running: FuturesUnordered::new(),
         out: Outbox::default(),
         held: 0,
@@ -217,9 +222,21 @@ where
     let mut stop = shared.shutdown_rx.clone();
     let mut retired = neg.retired;
     let mut client_gone = false;
+    // The stall watchdog: bytes moved either way, as of its last tick; and whether the
+    // connection is closing (server stopping or export removed), which shortens its period.
+    let (mut moved, mut moved_at_tick, mut closing) = (0u64, 0u64, false);
+    let stall = tokio::time::sleep(shared.limits.stall_timeout);
+    tokio::pin!(stall);
 
     loop {
-        while !client_gone && s.held < held_max && s.take(&mut input, &mut inbox) {}
+        while !client_gone && s.held < held_max && !(closing && matches!(input, Input::Header)) {
+            if !s.take(&mut input, &mut inbox) {
+                break;
+            }
+        }
+        if closing && matches!(input, Input::Header) {
+            input = Input::Closed;
+        }
         if matches!(input, Input::Closed) && s.held == 0 {
             break;
         }
@@ -230,14 +247,24 @@ where
         let reading = !matches!(input, Input::Closed | Input::Budget(_)) && s.held < held_max;
         // A payload larger than what is buffered is read straight into its own buffer.
         let direct = inbox.ready().is_empty() && matches!(input, Input::Payload { .. });
+        // Replies to write or a payload to read: the client is the one to move.
+        let waiting_on_client = !s.out.queue.is_empty() || matches!(input, Input::Payload { .. } | Input::Drain { .. });
         let target: &mut [u8] = match &mut input {
             Input::Payload { buf, filled, .. } if direct => &mut buf[*filled..],
             _ => inbox.spare(),
         };
         tokio::select! {
             biased;
-            _ = stopped(&mut stop), if reading => input = Input::Closed,
-            _ = stopped(&mut retired), if reading => input = Input::Closed,
+            // Also seen when not reading: a client that reads no replies holds its maximum.
+            _ = stopped_either(&mut stop, &mut retired), if !closing => {
+                closing = true;
+                moved_at_tick = moved;
+                stall.as_mut().reset(tokio::time::Instant::now() + shared.limits.closing_grace);
+                // A request waiting for its budget still runs; no other is taken.
+                if !matches!(input, Input::Budget(_)) {
+                    input = Input::Closed;
+                }
+            }
             Some(reply) = s.running.next(), if !s.running.is_empty() => {
                 if client_gone {
                     s.held -= 1;
@@ -249,24 +276,40 @@ where
                 Ok(Some(n)) if n > 0 => {
                     s.held -= s.out.advance(n, &mut s.pool);
                     s.unflushed = s.buffered;
+                    moved += n as u64;
                 }
                 Ok(None) => s.unflushed = false,
                 _ => {
                     s.unflushed = false;
                     // The client is gone: what is running still runs to completion.
                     client_gone = true;
-                    s.held -= s.out.queue.len();
-                    s.out = Outbox::default();
+                    s.drop_replies();
                     input = Input::Closed;
                 }
             },
-            permit = take_budget(&shared, budget_wanted.unwrap_or(0)), if budget_wanted.is_some() => {
+            () = &mut stall, if waiting_on_client => {
+                let period = if closing { shared.limits.closing_grace } else { shared.limits.stall_timeout };
+                if moved != moved_at_tick {
+                    moved_at_tick = moved;
+                    stall.as_mut().reset(tokio::time::Instant::now() + period);
+                } else {
+                    eprintln!(
+                        "strata-nbd: the client moved no data for {period:?} with replies to read or a write's \
+                         payload to send; closing the connection"
+                    );
+                    client_gone = true;
+                    s.drop_replies();
+                    input = Input::Closed;
+                }
+            }
+            permit = take_budget(&shared, &s.own, budget_wanted.unwrap_or(0)), if budget_wanted.is_some() => {
                 if let Input::Budget(req) = std::mem::replace(&mut input, Input::Header) {
                     input = s.start(req, permit);
                 }
             }
             got = rd.read(target), if reading => match got {
                 Ok(n) if n > 0 => {
+                    moved += n as u64;
                     if direct {
                         if let Input::Payload { filled, .. } = &mut input {
                             *filled += n;
@@ -284,6 +327,12 @@ where
 }
 
 impl Session {
+    /// Forgets the replies not yet written (the client is gone or stalled).
+    fn drop_replies(&mut self) {
+        self.held -= self.out.queue.len();
+        self.out = Outbox::default();
+    }
+
     /// Advances the request stream by what is buffered; false when it needs more input (or
     /// budget, or has ended).
     fn take(&mut self, input: &mut Input, inbox: &mut Inbox) -> bool {
@@ -301,18 +350,16 @@ impl Session {
                 *input = self.admit(req);
                 true
             }
-            Input::Budget(req) => {
-                match self.shared.buffers.clone().try_acquire_many_owned(budget_bytes(&self.shared, req.length)) {
-                    Ok(permit) => {
-                        *input = self.start(req, permit);
-                        true
-                    }
-                    Err(_) => {
-                        *input = Input::Budget(req);
-                        false
-                    }
+            Input::Budget(req) => match try_budget(&self.shared, &self.own, budget_bytes(&self.shared, req.length)) {
+                Some(permit) => {
+                    *input = self.start(req, permit);
+                    true
                 }
-            }
+                None => {
+                    *input = Input::Budget(req);
+                    false
+                }
+            },
             Input::Payload { req, mut buf, mut filled, budget } => {
                 let n = inbox.ready().len().min(buf.len() - filled);
                 buf[filled..filled + n].copy_from_slice(&inbox.ready()[..n]);
@@ -369,7 +416,7 @@ impl Session {
     }
 
     /// A READ or WRITE that has its payload budget.
-    fn start(&mut self, req: Request, budget: OwnedSemaphorePermit) -> Input {
+    fn start(&mut self, req: Request, budget: Budget) -> Input {
         // Overwritten whole before anyone reads it: by the payload or by the device.
         let buf = self.pool.take(req.length as usize);
         if req.kind == CMD_WRITE {
@@ -380,7 +427,7 @@ impl Session {
     }
 
     /// A WRITE whose payload has arrived.
-    fn write(&mut self, req: Request, buf: Buf, budget: OwnedSemaphorePermit) {
+    fn write(&mut self, req: Request, buf: Buf, budget: Budget) {
         if let Err((errno, msg)) = validate(&self.conn, &req) {
             self.pool.give(buf);
             self.reply(error_reply(&self.conn, &req, errno, &msg, Some(budget)));
@@ -420,12 +467,45 @@ impl Session {
     }
 }
 
-fn budget_bytes(shared: &Shared, len: u32) -> u32 {
-    (len as usize).min(shared.limits.buffer_budget_bytes) as u32
+/// Completes once the server stops or the export is removed.
+async fn stopped_either(a: &mut watch::Receiver<bool>, b: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = stopped(a) => {}
+        _ = stopped(b) => {}
+    }
 }
 
-async fn take_budget(shared: &Shared, bytes: u32) -> OwnedSemaphorePermit {
-    shared.buffers.clone().acquire_many_owned(bytes).await.expect("semaphore never closed")
+/// A request's share of the payload budget: of the server's and of its connection's.
+struct Budget {
+    _shared: OwnedSemaphorePermit,
+    _own: OwnedSemaphorePermit,
+}
+
+/// What a connection may hold of the budget: its own share, at least one largest request,
+/// at most the server's whole budget.
+fn connection_budget(shared: &Shared) -> usize {
+    let l = &shared.limits;
+    l.connection_budget_bytes.max(l.max_request_bytes as usize).min(l.buffer_budget_bytes)
+}
+
+/// The budget a request of `len` payload bytes takes (a larger one than the budget is
+/// refused anyway, but must not wait for ever).
+fn budget_bytes(shared: &Shared, len: u32) -> u32 {
+    (len as usize).min(connection_budget(shared)) as u32
+}
+
+/// Waits for `bytes` of the connection's share (`own`), then of the server's.
+async fn take_budget(shared: &Shared, own: &Arc<Semaphore>, bytes: u32) -> Budget {
+    let own = own.clone().acquire_many_owned(bytes).await.expect("semaphore never closed");
+    let shared = shared.buffers.clone().acquire_many_owned(bytes).await.expect("semaphore never closed");
+    Budget { _shared: shared, _own: own }
+}
+
+/// `take_budget` if both shares have room now.
+fn try_budget(shared: &Shared, own: &Arc<Semaphore>, bytes: u32) -> Option<Budget> {
+    let own = own.clone().try_acquire_many_owned(bytes).ok()?;
+    let shared = shared.buffers.clone().try_acquire_many_owned(bytes).ok()?;
+    Some(Budget { _shared: shared, _own: own })
 }
 
 /// Writes what is queued (`Some(bytes written)`), or with nothing queued flushes what the
@@ -489,13 +569,7 @@ fn validate(c: &Conn, req: &Request) -> Result<(), (u32, String)> {
 
 /// Runs a validated request other than WRITE; `buf` is a READ's buffer of its length (and
 /// `None` for the others).
-async fn execute(
-    dev: Arc<dyn BlockDev>,
-    c: Conn,
-    req: Request,
-    budget: Option<OwnedSemaphorePermit>,
-    buf: Option<Buf>,
-) -> Reply {
+async fn execute(dev: Arc<dyn BlockDev>, c: Conn, req: Request, budget: Option<Budget>, buf: Option<Buf>) -> Reply {
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let (off, len) = (req.offset, req.length as u64);
     let result: Result<(), Error> = match req.kind {
@@ -589,17 +663,17 @@ fn block_status_reply(req: &Request, extents: &[Extent], len: u64) -> Vec<u8> {
     head
 }
 
-fn ok_reply(req: &Request, budget: Option<OwnedSemaphorePermit>) -> Reply {
+fn ok_reply(req: &Request, budget: Option<Budget>) -> Reply {
     let mut head = Vec::with_capacity(16);
     simple_reply(&mut head, 0, req.cookie);
     Reply { head, data: None, spare: None, _budget: budget }
 }
 
-fn io_error_reply(c: &Conn, req: &Request, e: &Error, budget: Option<OwnedSemaphorePermit>) -> Reply {
+fn io_error_reply(c: &Conn, req: &Request, e: &Error, budget: Option<Budget>) -> Reply {
     error_reply(c, req, errno::for_command(e.kind, req.kind), &e.to_string(), budget)
 }
 
-fn error_reply(c: &Conn, req: &Request, errno: u32, msg: &str, budget: Option<OwnedSemaphorePermit>) -> Reply {
+fn error_reply(c: &Conn, req: &Request, errno: u32, msg: &str, budget: Option<Budget>) -> Reply {
     let mut head = Vec::with_capacity(64);
     // With structured replies, READ and BLOCK_STATUS errors must be structured too.
     if c.structured && matches!(req.kind, CMD_READ | CMD_BLOCK_STATUS) {

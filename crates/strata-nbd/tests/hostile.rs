@@ -116,13 +116,16 @@ impl BlockDev for Stuck {
 
 /// A server with a RAM export `mem` and an export `stuck` whose writes wait for its gate.
 fn server() -> (Server, Arc<Stuck>) {
+    server_with(Limits { max_inflight_per_connection: INFLIGHT_MAX, ..Limits::default() })
+}
+
+fn server_with(limits: Limits) -> (Server, Arc<Stuck>) {
     watch_panics();
     let stuck = Arc::new(Stuck { mem: MemDev::new(SIZE), gate: Semaphore::new(0) });
     let exports = vec![
         Export { name: "mem".into(), description: "test".into(), dev: Arc::new(MemDev::new(SIZE)), read_only: false },
         Export { name: "stuck".into(), description: String::new(), dev: stuck.clone(), read_only: false },
     ];
-    let limits = Limits { max_inflight_per_connection: INFLIGHT_MAX, ..Limits::default() };
     (Server::new(exports, limits).unwrap(), stuck)
 }
 
@@ -606,6 +609,72 @@ async fn a_client_that_never_reads_replies_stalls_only_itself() {
     wait_live(&s, 1).await;
     drop(good);
     wait_live(&s, 0).await;
+    assert_no_panics();
+}
+
+/// Reads of `len` bytes at 0, `count` of them, sent and never answered by reading: the
+/// replies fill the socket, and the server holds the rest.
+async fn unread_reads(c: &mut UnixStream, count: u64, len: u32) {
+    let b: Vec<u8> = (0..count).flat_map(|cookie| request(CMD_READ, 0, cookie, 0, len)).collect();
+    within("sending reads", c.write_all(&b)).await.unwrap();
+}
+
+/// Limits small enough to reach in a test: a 1 MiB payload budget, requests of 128 KiB.
+fn small_budget() -> Limits {
+    Limits {
+        max_inflight_per_connection: INFLIGHT_MAX,
+        max_request_bytes: 128 << 10,
+        buffer_budget_bytes: 1 << 20,
+        connection_budget_bytes: 256 << 10,
+        ..Limits::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_no_replies_holds_only_its_share_of_the_buffers() {
+    // Its 8 requests in flight would hold the whole budget: its share holds 2.
+    let (s, _stuck) = server_with(small_budget());
+    let mut good = negotiated(&s, "mem", false).await;
+    let mut hog = negotiated(&s, "mem", false).await;
+    unread_reads(&mut hog, 64, 128 << 10).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for round in 0..3 {
+        good_client_round(&mut good, round).await;
+    }
+    drop(hog);
+    assert_no_panics();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_clients_are_closed_and_free_what_they_held() {
+    let (s, _stuck) = server_with(Limits { stall_timeout: Duration::from_millis(300), ..small_budget() });
+    let mut good = negotiated(&s, "mem", false).await;
+    let mut reads = negotiated(&s, "mem", false).await;
+    unread_reads(&mut reads, 64, 128 << 10).await;
+    // A write's header and a little of its payload, then nothing.
+    let mut write = negotiated(&s, "mem", false).await;
+    let mut b = request(CMD_WRITE, 0, 1, 0, 128 << 10);
+    b.extend_from_slice(&[7u8; 100]);
+    within("sending a write header", write.write_all(&b)).await.unwrap();
+    wait_live(&s, 1).await;
+    good_client_round(&mut good, 0).await;
+    // Each found its connection closed, after what the socket still held.
+    let mut rest = Vec::new();
+    within("the write's connection closing", write.read_to_end(&mut rest)).await.unwrap();
+    assert!(rest.is_empty(), "the half-sent write was answered: {} bytes", rest.len());
+    within("the reader's connection closing", reads.read_to_end(&mut rest)).await.unwrap();
+    assert_no_panics();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_a_client_that_reads_no_replies_after_a_grace() {
+    let (s, _stuck) = server_with(Limits { closing_grace: Duration::from_millis(300), ..small_budget() });
+    let mut hog = negotiated(&s, "mem", false).await;
+    unread_reads(&mut hog, 64, 128 << 10).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.shutdown();
+    within("shutdown", s.wait_idle()).await;
+    drop(hog);
     assert_no_panics();
 }
 
