@@ -1,5 +1,7 @@
 //! `strata cache` on bad input: every refusal is clear and overwrites nothing.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -364,8 +366,6 @@ fn every_cache_command_has_help_with_an_example() {
     assert!(!o.status.success());
 }
 
-mod common;
-
 /// `strata serve --unix DIR/s.sock ARGS...`, which must fail at startup; returns its stderr.
 fn serve_args_fail(dir: &Path, args: &[String]) -> String {
     let sock = dir.join("s.sock");
@@ -442,4 +442,47 @@ fn one_server_refuses_a_cache_beside_its_origin_raw() {
         common::ServerOpts { args: vec![cache, "raw={dir}/origin.img?ro&shared".into()], ..Default::default() },
     );
     srv.stop();
+}
+
+/// A detached cache served again after its origin was written without it reads what the
+/// origin holds now, not its old clean copies, and writes none of them back.
+#[test]
+fn a_detached_cache_served_again_drops_its_clean_copies() {
+    let d = common::tempdir();
+    assert!(create(d.path(), &["--mode", "writeback"]).status.success());
+    let (origin, cache) = (d.path().join("origin.img"), d.path().join("cache.img"));
+    let data = common::random_bytes(256 << 10, 5);
+    let serve = |dir| {
+        let spec = format!("vol=cache:{}", cache.display());
+        common::Server::start_opts(dir, common::ServerOpts { admin: true, args: vec![spec], ..Default::default() })
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let read = |srv: &common::Server| {
+        rt.block_on(async {
+            let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+            c.read(1 << 20, data.len() as u32).await.unwrap()
+        })
+    };
+    let srv = serve(tempfile::tempdir_in(d.path()).unwrap());
+    rt.block_on(async {
+        let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+        c.write(1 << 20, &data, false).await.unwrap();
+        c.flush().await.unwrap();
+    });
+    common::assert_same_bytes(&read(&srv), &data, "read through the cache");
+    let o = strata(&["cache", "detach", "--admin", srv.admin.as_ref().unwrap(), "vol"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    srv.stop();
+
+    let newer = vec![0x33u8; data.len()];
+    let mut img = std::fs::read(&origin).unwrap();
+    common::assert_same_bytes(&img[1 << 20..(1 << 20) + data.len()], &data, "the origin after detach");
+    img[1 << 20..(1 << 20) + data.len()].copy_from_slice(&newer);
+    std::fs::write(&origin, &img).unwrap();
+    let srv = serve(tempfile::tempdir_in(d.path()).unwrap());
+    common::assert_same_bytes(&read(&srv), &newer, "served again");
+    let err = srv.stop();
+    assert!(err.contains("clean blocks dropped"), "{err}");
+    let img = std::fs::read(&origin).unwrap();
+    common::assert_same_bytes(&img[1 << 20..(1 << 20) + data.len()], &newer, "the origin served again");
 }

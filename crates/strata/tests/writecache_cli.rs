@@ -77,6 +77,26 @@ fn over_a_plain_file_create_serve_detach_check_dump() {
     assert_eq!(v["block_bytes"], 4096);
     assert_eq!(v["origin_bytes"], 32 << 20);
     assert!(!v["origin_spec"].as_str().unwrap().contains("size="), "size= is not recorded");
+
+    // Detached, the log holds nothing: the origin written without it and the log served
+    // again, its old copies are neither read nor written back.
+    assert!(stdout(&c).contains("entries ok: 0 blocks logged"), "{}", stdout(&c));
+    let newer = vec![0x33u8; data.len()];
+    let mut f = std::fs::OpenOptions::new().write(true).open(&origin).unwrap();
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(1 << 20)).unwrap();
+    std::io::Write::write_all(&mut f, &newer).unwrap();
+    drop(f);
+    let d = tempfile::tempdir_in(log.parent().unwrap()).unwrap();
+    let srv = serve(d, &format!("writecache:{}", log.display()));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+        common::assert_same_bytes(&c.read(1 << 20, newer.len() as u32).await.unwrap(), &newer, "served again");
+        c.flush().await.unwrap();
+    });
+    srv.stop();
+    let on_origin = std::fs::read(&origin).unwrap();
+    common::assert_same_bytes(&on_origin[1 << 20..(1 << 20) + newer.len()], &newer, "the origin served again");
 }
 
 #[test]

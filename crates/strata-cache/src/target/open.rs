@@ -3,7 +3,7 @@
 
 use super::writeback::background;
 use super::{policy_capacity, CacheDev, Inner, State, SHARDS};
-use crate::format::{page_round_up, Superblock};
+use crate::format::{page_round_up, Mode, Superblock};
 use crate::meta::Meta;
 use crate::meter::{Budget, Counters, OriginMeter, Windows};
 use crate::streams::Streams;
@@ -86,9 +86,20 @@ impl CacheDev {
         }
         let mut mapped: Vec<(u64, u32)> = map.iter().map(|(&b, &s)| (b, s)).collect();
         mapped.sort_unstable_by_key(|&(b, s)| (!meta.entries[s as usize].dirty, b));
-        let mut dropped = 0usize;
+        // A cache left in cleaner mode was detached (or was being detached): its origin may
+        // have been served and written without it since, so its clean copies are not trusted.
+        let forget_clean = sb.mode == Mode::Cleaner;
+        let (mut dropped, mut forgotten) = (0usize, 0usize);
         for (b, s) in mapped {
             let dirty = meta.entries[s as usize].dirty;
+            if forget_clean && !dirty {
+                policy.remove(b);
+                map.remove(&b);
+                meta.set(s, 0, false, false);
+                free.push(s);
+                forgotten += 1;
+                continue;
+            }
             if !policy.contains(b) && policy.insert(b, dirty).is_err() {
                 if dirty {
                     return Err(Error::new(
@@ -111,6 +122,13 @@ impl CacheDev {
             if dirty {
                 policy.set_dirty(b);
             }
+        }
+        if forgotten > 0 {
+            eprintln!(
+                "strata: cache on {}: opened in cleaner mode (detached, or being detached): {forgotten} clean blocks \
+                 dropped, as the origin may have been written without the cache since",
+                cache.describe()
+            );
         }
         if dropped > 0 {
             eprintln!(

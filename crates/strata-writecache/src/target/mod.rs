@@ -195,19 +195,7 @@ impl WritecacheDev {
     /// Drops every clean block from the log and clears their entries on disk (later reads of
     /// them go to the origin).
     pub async fn evict_clean(&self) -> Result<()> {
-        // A clean block whose entry is not on disk waits for a commit to write it, and stale
-        // copies clear one per block per commit, oldest first.
-        for _ in 0..8 {
-            self.inner.evict(u64::MAX);
-            {
-                let st = self.inner.state.lock();
-                if st.stale.is_empty() && !st.has_clean() {
-                    break;
-                }
-            }
-            self.inner.commit_force().await?;
-        }
-        Ok(())
+        self.inner.evict_all_clean().await
     }
 
     /// Makes everything durable now (as FLUSH does).

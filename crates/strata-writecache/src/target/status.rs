@@ -57,7 +57,13 @@ impl Inner {
         match words.as_slice() {
             ["flush"] => {
                 self.writeback_all().await?;
-                Ok("every dirty block is on the origin".into())
+                if !self.tunables.lock().cleaner {
+                    return Ok("every dirty block is on the origin".into());
+                }
+                // Detaching: no entry may outlive it, or a log served again after its origin
+                // was written without it would read, and write back, its old copies.
+                self.evict_all_clean().await?;
+                Ok("every dirty block is on the origin; the log holds no block".into())
             }
             ["commit"] => {
                 self.commit_force().await?;

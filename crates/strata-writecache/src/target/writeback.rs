@@ -241,6 +241,29 @@ impl Inner {
         (picks.len(), (picks.len() as u64) < short && st.has_clean())
     }
 
+    /// Drops every clean block from the log and clears their entries on disk; fails if some
+    /// are left (writes kept coming, or a block has more old copies than commits allowed).
+    pub(super) async fn evict_all_clean(&self) -> Result<()> {
+        // A clean block whose entry is not on disk waits for a commit to write it, and stale
+        // copies clear one per block per commit, oldest first.
+        let mut left = 0;
+        for _ in 0..64 {
+            self.evict(u64::MAX);
+            {
+                let st = self.state.lock();
+                left = st.stale.len() + st.has_clean() as usize;
+                if left == 0 {
+                    return Ok(());
+                }
+            }
+            self.commit_force().await?;
+        }
+        Err(strata_io::Error::new(
+            strata_io::ErrorKind::Busy,
+            format!("the log still holds entries of {left} or more blocks after 64 commits (writes still coming?)"),
+        ))
+    }
+
     /// Origin requests made for clients so far (reads that missed the log, writes around it).
     fn foreground_origin_requests(&self) -> u64 {
         self.counters.read_misses.load(Relaxed) + self.counters.writes_around.load(Relaxed)
