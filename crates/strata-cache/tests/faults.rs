@@ -65,6 +65,32 @@ async fn clean_block_unreadable_in_cache_is_served_from_origin_and_dropped() {
     assert!(!status(&r.dev).degraded, "nothing was lost");
 }
 
+/// The cache device refusing writes (a sparse file on a full file system): in writethrough
+/// and writearound every write still succeeds on the origin; in writeback a partial write
+/// does too, and the fault puts the volume in writethrough, so later writes do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_the_cache_device_fails_still_reach_the_origin() {
+    for mode in ["writethrough", "writeback"] {
+        let r = rig(mode).await;
+        r.cache_faults.add(Rule::write_error(r.data.clone()).no_space().always());
+        r.dev.write(5 * BLOCK + 512, Buf::from_slice(&[3; 1024]), false).await.unwrap();
+        for b in 0..4u8 {
+            r.dev.write(b as u64 * BLOCK, fill(b + 1), mode == "writethrough").await.unwrap();
+        }
+        r.dev.flush().await.unwrap();
+        let s = status(&r.dev);
+        assert!(s.degraded && s.faults.iter().any(|f| f.contains("cache slot")), "{mode}: {s:?}");
+        assert_eq!(s.dirty_blocks, 0, "{mode}");
+        for b in 0..4u8 {
+            assert_eq!(read(&r.dev, b as u64).await.unwrap(), vec![b + 1; BLOCK as usize], "{mode}: block {b}");
+        }
+        let mut on_origin = vec![0u8; 1024];
+        on_origin.copy_from_slice(&r.origin.read(5 * BLOCK + 512, Buf::zeroed(1024)).await.unwrap());
+        assert_eq!(on_origin, vec![3; 1024], "{mode}: the partial write");
+        r.dev.check_invariants().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dirty_block_unreadable_is_reported_never_dropped() {
     let r = rig("writeback").await;

@@ -140,6 +140,8 @@ pub struct WritecacheStatus {
     /// that went around the full log less than `pause_writeback` ago.
     pub writeback_held: Option<String>,
     pub writeback_errors: u64,
+    /// Writes the log's device failed, written around the log instead.
+    pub log_write_errors: u64,
     pub evictions: u64,
     /// Blocks read from the origin kept in the log as clean copies (`readahead`).
     pub reads_kept: u64,
@@ -157,7 +159,7 @@ impl WritecacheStatus {
     /// The figures as Prometheus samples.
     pub fn samples(&self) -> Vec<Sample> {
         use MetricKind::{Counter, Gauge};
-        let rows: [(&'static str, MetricKind, &'static str, f64); 21] = [
+        let rows: [(&'static str, MetricKind, &'static str, f64); 22] = [
             ("strata_writecache_block_bytes", Gauge, "Size of a log slot.", self.block_bytes as f64),
             ("strata_writecache_blocks", Gauge, "Slots of the log.", self.blocks as f64),
             ("strata_writecache_free_blocks", Gauge, "Slots free for new writes.", self.free_blocks as f64),
@@ -217,6 +219,12 @@ impl WritecacheStatus {
                 Counter,
                 "Write-back batches that failed.",
                 self.writeback_errors as f64,
+            ),
+            (
+                "strata_writecache_log_write_errors_total",
+                Counter,
+                "Writes the log's device failed, written around the log instead.",
+                self.log_write_errors as f64,
             ),
             (
                 "strata_writecache_evictions_total",

@@ -4,7 +4,7 @@
 //! and left as it was.
 
 use std::sync::Arc;
-use strata_io::fault::{FaultDev, Rule};
+use strata_io::fault::{FaultDev, Faults, Rule};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Buf, ErrorKind};
 use strata_writecache::offline::{create, CreateOptions};
@@ -20,6 +20,18 @@ fn opts() -> OpenOptions {
 
 fn status(dev: &WritecacheDev) -> WritecacheStatus {
     serde_json::from_value(dev.status().unwrap()).unwrap()
+}
+
+/// A log on a RAM device behind injected faults, over a RAM origin.
+async fn over_a_faulty_log() -> (WritecacheDev, Arc<MemDev>, Arc<FaultDev<MemDev>>, Faults) {
+    let origin = Arc::new(MemDev::new(ORIGIN));
+    let (cache, faults) = FaultDev::new(MemDev::new(CACHE));
+    let cache = Arc::new(cache);
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
+        .await
+        .unwrap();
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    (dev, origin, cache, faults)
 }
 
 async fn read(dev: &dyn BlockDev, at: u64) -> Vec<u8> {
@@ -59,14 +71,31 @@ async fn origin_failing_during_write_back_keeps_blocks_dirty_and_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_the_log_device_fails_go_around_it() {
+    let (dev, origin, cache, faults) = over_a_faulty_log().await;
+    dev.write(2 * BLOCK, Buf::from_slice(&[1; 2 * BLOCK as usize]), false).await.unwrap();
+    // The log's data area full (a sparse file on a full file system): single blocks, a run
+    // of whole blocks, and a partial block over a logged copy all reach the origin.
+    let sb = strata_writecache::offline::superblock(&*cache, None).await.unwrap();
+    faults.add(Rule::write_error(sb.data_offset()..CACHE).no_space().always());
+    dev.write(5 * BLOCK, Buf::from_slice(&[5; BLOCK as usize]), true).await.unwrap();
+    dev.write(8 * BLOCK, Buf::from_slice(&[8; 4 * BLOCK as usize]), false).await.unwrap();
+    dev.write(2 * BLOCK + 100, Buf::from_slice(&[9; 200]), false).await.unwrap();
+    dev.flush().await.unwrap();
+    let s = status(&dev);
+    assert!(s.log_write_errors >= 3 && s.last_error.as_deref().is_some_and(|e| e.contains("around")), "{s:?}");
+    assert_eq!(read(&*origin, 5 * BLOCK).await, vec![5; BLOCK as usize]);
+    assert_eq!(read(&*origin, 11 * BLOCK).await, vec![8; BLOCK as usize]);
+    let mut want = vec![1u8; BLOCK as usize];
+    want[100..300].fill(9);
+    assert_eq!(read(&dev, 2 * BLOCK).await, want, "the partial write over a logged copy");
+    assert_eq!(read(&dev, 3 * BLOCK).await, vec![1; BLOCK as usize]);
+    dev.check_state().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_device_failing_a_read_of_a_dirty_block_reports_it_and_keeps_it() {
-    let origin = Arc::new(MemDev::new(ORIGIN));
-    let (cache, faults) = FaultDev::new(MemDev::new(CACHE));
-    let cache = Arc::new(cache);
-    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
-        .await
-        .unwrap();
-    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    let (dev, origin, cache, faults) = over_a_faulty_log().await;
     dev.write(5 * BLOCK, Buf::from_slice(&[7; BLOCK as usize]), true).await.unwrap();
     // Every slot unreadable (the test does not know which slot holds block 5).
     let sb = strata_writecache::offline::superblock(&*cache, None).await.unwrap();

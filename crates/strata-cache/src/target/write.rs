@@ -139,7 +139,18 @@ impl Inner {
                     };
                     // Writeback keeps the data (to fall back on); writethrough has it in the origin.
                     let r: Result<Option<Buf>> = if writeback {
-                        self.cache.write(self.slot_offset(s), block_data, fua).await.map(Some)
+                        let keep = partial.as_ref().map(|d| Buf::from_slice(d));
+                        match self.cache.write(self.slot_offset(s), block_data, fua).await {
+                            Ok(d) => Ok(Some(d)),
+                            Err(e) => {
+                                self.cache_write_failed(b, s, &e);
+                                match keep {
+                                    // The piece alone goes to the origin, as to an uncached block.
+                                    Some(d) => return self.write_origin(b, within, d, fua).await.map(|_| None),
+                                    None => return Err(e),
+                                }
+                            }
+                        }
                     } else {
                         let (to_origin, at) = match partial {
                             Some(d) => (d, within),
@@ -149,6 +160,11 @@ impl Inner {
                             self.write_origin(b, at, to_origin, fua),
                             self.cache.write(self.slot_offset(s), block_data, false)
                         );
+                        if let (Ok(_), Err(e)) = (&a, &c) {
+                            // The origin has the write: only the promotion is lost.
+                            self.cache_write_failed(b, s, e);
+                            return Ok(None);
+                        }
                         a.and(c).map(|_| None)
                     };
                     let homeless = {
@@ -255,6 +271,9 @@ impl Inner {
         release_old();
         if writeback {
             let r = self.cache.write(self.slot_offset(new), block_data, fua).await;
+            if let Err(e) = &r {
+                self.state.lock().fault(format!("a write of block {b} into cache slot {new} failed: {e}"));
+            }
             let homeless = {
                 let mut st = self.state.lock();
                 match r {
@@ -293,6 +312,15 @@ impl Inner {
             }
         }
         a.map(|_| None)
+    }
+
+    /// A promotion's write into slot `s` failed: the slot goes back, the block is not cached,
+    /// and the fault (which stops new dirty data) shows in status.
+    fn cache_write_failed(&self, b: u64, s: u32, e: &strata_io::Error) {
+        let mut st = self.state.lock();
+        st.fault(format!("a write of block {b} into cache slot {s} failed: {e}"));
+        st.policy.remove(b);
+        st.release(s);
     }
 
     /// Writes part of block `b` on the origin, once no mapping of `b` that was removed in

@@ -315,19 +315,32 @@ impl Inner {
                 failed = failed.or(Some(e));
             }
         }
-        let mut st = self.state.lock();
         if let Some(e) = failed {
-            for &s in &slots {
-                st.unalloc(s);
+            {
+                let mut st = self.state.lock();
+                for &s in &slots {
+                    st.unalloc(s);
+                }
             }
-            return Err(e);
+            drop(guards);
+            // The log could not take them (full file system, failing device): around it.
+            self.log_write_failed(&e);
+            self.write_around(b0 * self.block, Buf::from_slice(data), fua).await?;
+            return Ok(0);
         }
+        let mut st = self.state.lock();
         let mut generation = 0;
         for (i, (&s, &crc)) in slots.iter().zip(&crcs).enumerate() {
             generation = st.install(b0 + i as u64, s, crc, false);
         }
         self.kick_if_due(&st, generation);
         Ok(generation)
+    }
+
+    /// A write the log's device failed goes around the log; the failure shows in status.
+    fn log_write_failed(&self, e: &strata_io::Error) {
+        relaxed(&self.counters.log_write_errors);
+        *self.last_error.lock() = Some(format!("a write to the log failed, written around it: {e}"));
     }
 
     /// Counts a write to a block the log holds (`hit`) or not.
@@ -389,7 +402,11 @@ impl Inner {
         if !zero {
             if let Err(e) = self.cache.write(self.slot_offset(s), block_data, false).await {
                 self.state.lock().unalloc(s);
-                return Err(e);
+                drop(_lock);
+                self.log_write_failed(&e);
+                let piece = data.map_or_else(|| Buf::zeroed(p.len as usize), Buf::from_slice);
+                self.write_around(b * self.block + p.within, piece, fua).await?;
+                return Ok(None);
             }
         }
         let generation = {

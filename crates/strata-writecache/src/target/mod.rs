@@ -50,6 +50,7 @@ pub(crate) struct Counters {
     pub writes_around_superseded: AtomicU64,
     pub writebacks: AtomicU64,
     pub writeback_errors: AtomicU64,
+    pub log_write_errors: AtomicU64,
     pub commits: AtomicU64,
     pub evictions: AtomicU64,
     pub reads_kept: AtomicU64,

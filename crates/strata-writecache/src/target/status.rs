@@ -32,6 +32,7 @@ impl Inner {
             writebacks: c.writebacks.load(Relaxed),
             writeback_rate: Some(f64::from_bits(self.writeback_rate.load(Relaxed))).filter(|r| r.is_finite()),
             writeback_errors: c.writeback_errors.load(Relaxed),
+            log_write_errors: c.log_write_errors.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
             reads_kept: c.reads_kept.load(Relaxed),
             commits: c.commits.load(Relaxed),
