@@ -49,6 +49,14 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Demo(_) | Command::Serve(_) | Command::Crashtest(_) | Command::Load(_)) {
+        // Commands that print, as Unix tools do, end quietly when their reader goes away
+        // (`strata thin dump POOL | head`) rather than panicking on a write to a closed pipe.
+        // Those that serve or drive NBD connections keep ignoring SIGPIPE: a client hanging
+        // up must be an error on its socket, not the end of the process.
+        // SAFETY: no preconditions; set before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Serve(a) => cmd::serve::run(a),

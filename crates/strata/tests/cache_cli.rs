@@ -352,10 +352,20 @@ fn one_damaged_superblock_copy_is_survived() {
 
 #[test]
 fn every_cache_command_has_help_with_an_example() {
-    for cmd in ["create", "set", "flush", "detach", "check", "dump"] {
-        let o = strata(&["cache", cmd, "--help"]);
-        assert!(o.status.success());
-        assert!(String::from_utf8_lossy(&o.stdout).contains("Example"), "cache {cmd} --help lacks an example");
+    // Each example runs the command it is the help of.
+    let targets = [
+        ("cache", &["create", "set", "flush", "detach", "invalidate", "check", "dump"][..]),
+        ("writecache", &["create", "set", "flush", "detach", "check", "dump"][..]),
+        ("thin", &["create", "snapshot", "delete", "list", "check", "dump", "extend"][..]),
+    ];
+    for (target, cmds) in targets {
+        for cmd in cmds {
+            let o = strata(&[target, cmd, "--help"]);
+            assert!(o.status.success());
+            let help = String::from_utf8_lossy(&o.stdout);
+            let example = help.split_once("Example").map(|(_, e)| e).unwrap_or("");
+            assert!(example.contains(&format!("strata {target} {cmd} ")), "{target} {cmd} --help: {help}");
+        }
     }
     for cmd in ["serve", "status", "demo", "sim", "crashtest"] {
         let o = strata(&[cmd, "--help"]);
@@ -485,4 +495,23 @@ fn a_detached_cache_served_again_drops_its_clean_copies() {
     assert!(err.contains("clean blocks dropped"), "{err}");
     let img = std::fs::read(&origin).unwrap();
     common::assert_same_bytes(&img[1 << 20..(1 << 20) + data.len()], &newer, "the origin served again");
+}
+
+/// A command whose reader goes away before it prints (`strata ... | head -0`) ends quietly,
+/// as Unix tools do, instead of panicking on the closed pipe.
+#[test]
+fn printing_into_a_closed_pipe_is_no_panic() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (origin, log) = (d.path().join("o.img"), d.path().join("l.img"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["writecache", "create", "--origin", &format!("{}?size=8MiB", origin.display())])
+        .args(["--cache", &format!("{}?size=4MiB", log.display())])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    assert!(log.exists(), "the log was made before the print");
 }

@@ -35,15 +35,20 @@ pub enum CacheCommand {
     )]
     Set(SetArgs),
     /// Write back every dirty block of a running cache and wait, with progress.
+    #[command(after_help = "Example:\n  strata cache flush --admin 127.0.0.1:9810 vol")]
     Flush(ControlArgs),
     /// Switch a running cache to cleaner mode and wait until the origin is complete.
+    #[command(after_help = "Example:\n  strata cache detach --admin 127.0.0.1:9810 vol")]
     Detach(ControlArgs),
     /// Drop every clean block of a running cache (dirty ones stay); reads go to the origin
     /// until blocks are promoted again.
-    Invalidate(ControlArgs),
+    #[command(after_help = "Example:\n  strata cache invalidate --admin 127.0.0.1:9810 vol")]
+    Invalidate(VolumeArgs),
     /// Verify a cache device's metadata (offline).
+    #[command(after_help = "Example:\n  strata cache check /var/tmp/cache.img")]
     Check(PathArgs),
     /// Print a cache device's superblock and mappings (offline).
+    #[command(after_help = "Example:\n  strata cache dump /var/tmp/cache.img")]
     Dump(PathArgs),
 }
 
@@ -145,20 +150,27 @@ pub struct SetArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata cache flush --admin 127.0.0.1:9810 vol")]
 pub struct ControlArgs {
     /// The server's admin endpoint.
     #[arg(long, value_name = "HOST:PORT")]
     pub admin: String,
     /// Volume name.
     pub name: String,
-    /// Return at once instead of waiting for the dirty count to reach zero.
+    /// Return at once instead of waiting until every dirty block is written back.
     #[arg(long)]
     pub no_wait: bool,
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata cache check /var/tmp/cache.img")]
+pub struct VolumeArgs {
+    /// The server's admin endpoint.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: String,
+    /// Volume name.
+    pub name: String,
+}
+
+#[derive(Args, Debug)]
 pub struct PathArgs {
     /// The cache device.
     pub path: String,

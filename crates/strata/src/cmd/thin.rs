@@ -35,10 +35,13 @@ pub enum ThinCommand {
     /// Change a served pool's low-water mark or commit period.
     Set(SetArgs),
     /// List a pool's volumes: size, mapped and exclusive blocks.
+    #[command(after_help = "Example:\n  strata thin list /var/tmp/pool.meta")]
     List(PoolPath),
     /// Check a pool's metadata (the checks thin_check makes).
+    #[command(after_help = "Example:\n  strata thin check /var/tmp/pool.meta")]
     Check(PoolPath),
     /// Print a pool's metadata as thin_dump's XML.
+    #[command(after_help = "Example:\n  strata thin dump /var/tmp/pool.meta > pool.xml")]
     Dump(PoolPath),
 }
 

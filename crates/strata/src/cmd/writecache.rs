@@ -31,12 +31,16 @@ pub enum WritecacheCommand {
     )]
     Set(SetArgs),
     /// Write back every dirty block of a running log and wait.
+    #[command(after_help = "Example:\n  strata writecache flush --admin 127.0.0.1:9810 vol")]
     Flush(ControlArgs),
     /// Turn on the cleaner and wait until the origin holds everything (then the log can go).
+    #[command(after_help = "Example:\n  strata writecache detach --admin 127.0.0.1:9810 vol")]
     Detach(ControlArgs),
     /// Verify a log's superblock and entries (offline).
+    #[command(after_help = "Example:\n  strata writecache check /var/tmp/log.img")]
     Check(PathArgs),
     /// Print a log's superblock and entries as JSON (offline).
+    #[command(after_help = "Example:\n  strata writecache dump /var/tmp/log.img")]
     Dump(PathArgs),
 }
 
@@ -65,7 +69,6 @@ pub struct CreateArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata writecache detach --admin 127.0.0.1:9810 vol")]
 pub struct ControlArgs {
     /// The server's admin endpoint.
     #[arg(long, value_name = "HOST:PORT")]
@@ -75,7 +78,6 @@ pub struct ControlArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  strata writecache check /var/tmp/log.img")]
 pub struct PathArgs {
     /// The log's device.
     pub path: String,
