@@ -42,15 +42,24 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "tb" => 1_000_000_000_000,
         other => return Err(format!("size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB, TiB)")),
     };
-    let value: f64 = num.parse().map_err(|_| format!("size {s:?}: {num:?} is not a number"))?;
-    let bytes = value * mult as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("size {s:?} is out of range"));
+    // Exact: whole part and decimals in integers (a float would change large byte counts).
+    let not_a_number = || format!("size {s:?}: {num:?} is not a number");
+    let (whole, decimals) = num.split_once('.').unwrap_or((num, ""));
+    if (whole.is_empty() && decimals.is_empty()) || decimals.contains('.') {
+        return Err(not_a_number());
     }
-    if bytes.fract() != 0.0 {
+    let out_of_range = || format!("size {s:?} is out of range");
+    let digits = |d: &str| if d.is_empty() { Ok(0) } else { d.parse::<u128>().map_err(|_| out_of_range()) };
+    let scale = 10u128.checked_pow(decimals.len() as u32).ok_or_else(out_of_range)?;
+    let scaled = digits(whole)?
+        .checked_mul(scale)
+        .and_then(|w| w.checked_add(digits(decimals).ok()?))
+        .and_then(|v| v.checked_mul(mult as u128))
+        .ok_or_else(out_of_range)?;
+    if scaled % scale != 0 {
         return Err(format!("size {s:?} is not a whole number of bytes"));
     }
-    Ok(bytes as u64)
+    u64::try_from(scaled / scale).map_err(|_| out_of_range())
 }
 
 /// Parses a rate such as `32MiB/s` (the `/s` is optional) into bytes per second.
@@ -143,6 +152,19 @@ mod tests {
         assert!(parse_size("GiB").is_err());
         assert!(parse_size("4XB").is_err());
         assert!(parse_size("0.3").is_err());
+        // Exact at any size: no float in between.
+        assert_eq!(parse_size("4611686018427388416").unwrap(), (1 << 62) + 512);
+        assert_eq!(parse_size("18446744073709550592").unwrap(), u64::MAX - 1023);
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        assert!(parse_size("18446744073709551616").unwrap_err().contains("out of range"));
+        assert!(parse_size("16384PiB").unwrap_err().contains("out of range"));
+        assert_eq!(parse_size("0.5k").unwrap(), 512);
+        assert_eq!(parse_size(".5k").unwrap(), 512);
+        assert_eq!(
+            parse_size("1.000000000000000000001k").unwrap_err(),
+            "size \"1.000000000000000000001k\" is not a whole number of bytes"
+        );
+        assert!(parse_size("1.2.3k").is_err() && parse_size(".").is_err());
         assert_eq!(format_size(4 << 30), "4 GiB");
         assert_eq!(format_size(1536), "1.5 KiB");
     }

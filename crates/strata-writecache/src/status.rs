@@ -74,13 +74,24 @@ impl Tunables {
             "high_watermark" => t.high_watermark = num()?.min(1000) as u32,
             "low_watermark" => t.low_watermark = num()?.min(1000) as u32,
             "autocommit_time" => t.autocommit_time_ms = num()?,
-            "autocommit_blocks" => t.autocommit_blocks = num()?.max(1),
-            "writeback_jobs" => t.writeback_jobs = num()?.min(u32::MAX as u64) as u32,
+            "autocommit_blocks" => match num()? {
+                0 => return Err(bad("at least 1".into())),
+                n => t.autocommit_blocks = n,
+            },
+            "writeback_jobs" => {
+                t.writeback_jobs = u32::try_from(num()?).map_err(|_| bad(format!("at most {}", u32::MAX)))?
+            }
             "max_age" => t.max_age_ms = num()?,
             "writeback_running" => t.writeback_running = flag()?,
             "pause_writeback" => t.pause_writeback_ms = num()?,
             "cleaner" => t.cleaner = flag()?,
-            "readahead" => t.readahead_bytes = num()?.min(strata_policy::MAX_READAHEAD_BYTES),
+            "readahead" => {
+                let r = strata_io::units::parse_size(value).map_err(|e| bad(e.to_string()))?;
+                if r > strata_policy::MAX_READAHEAD_BYTES {
+                    return Err(bad(format!("at most {} bytes", strata_policy::MAX_READAHEAD_BYTES)));
+                }
+                t.readahead_bytes = r;
+            }
             _ => return Err(bad("unknown setting".into())),
         }
         if !t.valid() {
@@ -271,5 +282,13 @@ mod tests {
         assert!(t.set("cleaner", "maybe").is_err());
         assert!(t.set("nonsense", "1").is_err());
         assert_eq!((t.high_watermark, t.low_watermark, t.cleaner), (80, 10, false));
+        // Out of range: refused, never stored as something else.
+        let before = t;
+        assert!(t.set("autocommit_blocks", "0").is_err());
+        assert!(t.set("writeback_jobs", "99999999999").is_err());
+        assert!(t.set("readahead", "1TiB").is_err());
+        assert_eq!(t, before);
+        t.set("readahead", "64KiB").unwrap();
+        assert_eq!(t.readahead_bytes, 64 << 10);
     }
 }
