@@ -75,6 +75,9 @@ pub(crate) struct State {
     pub metadata_low: bool,
     /// The metadata is going back to the last commit (`abort`): mappings are not to be used.
     pub aborting: bool,
+    /// The first metadata block found unreadable or damaged while serving (its leaves are
+    /// read when first needed): requests that need it fail, the others go on.
+    pub damaged: Option<String>,
 }
 
 impl State {
@@ -147,7 +150,7 @@ pub const DELETE_STEPS_PER_COMMIT: usize = 8;
 /// The pool's state for `strata status` and the thin volumes' status.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PoolStatus {
-    /// ok, out_of_data_space, metadata_low or failed.
+    /// ok, out_of_data_space, metadata_low, failed or metadata_unreadable.
     pub mode: String,
     pub reason: Option<String>,
     pub transaction_id: u64,
@@ -223,6 +226,7 @@ impl Pool {
                 out_of_data: false,
                 metadata_low: false,
                 aborting: false,
+                damaged: None,
             }),
             commit_lock: tokio::sync::Mutex::new(()),
             flush_gate: tokio::sync::RwLock::new(()),
@@ -529,7 +533,18 @@ impl Pool {
     /// metadata device, checked (`meta::fetch`), into memory; `limits`: `Metadata::limits`.
     pub(crate) async fn fetch_nodes(&self, missing: Vec<(u64, u64)>, limits: (u64, u64)) -> Result<()> {
         let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
-        let got = futures::future::try_join_all(reads).await?;
+        let got = match futures::future::try_join_all(reads).await {
+            Ok(got) => got,
+            Err(e) => {
+                let mut st = self.state.write();
+                if st.damaged.is_none() {
+                    let why = format!("{e}: requests that need it fail; run `strata thin check` on the pool offline");
+                    eprintln!("strata: {}: metadata: {why}", self.describe);
+                    st.damaged = Some(why);
+                }
+                return Err(e);
+            }
+        };
         let nodes = missing.into_iter().map(|(b, _)| b).zip(got).collect();
         self.state.write().meta.load(nodes);
         Ok(())
@@ -688,6 +703,8 @@ impl Pool {
             ("out_of_data_space", Some("the data device is full: writes needing a new block fail".to_string()))
         } else if st.metadata_low {
             ("metadata_low", Some("the metadata device is nearly full: writes needing a new block fail".to_string()))
+        } else if let Some(why) = &st.damaged {
+            ("metadata_unreadable", Some(why.clone()))
         } else {
             ("ok", None)
         };

@@ -256,6 +256,45 @@ async fn a_write_that_fails_in_one_block_gives_back_the_blocks_of_the_others() {
     }
 }
 
+/// A mapping leaf damaged on disk (read only when a request needs it): requests that need it
+/// fail, the others go on, and status and the log say what was found.
+#[tokio::test]
+async fn a_leaf_found_damaged_while_serving_is_reported() {
+    let md = Arc::new(MemDev::new(4 << 20));
+    let data = Arc::new(MemDev::new(4000 * BS));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    for v in 0..3000 {
+        let b = m.alloc_data().unwrap();
+        m.insert(1, v, b).unwrap();
+    }
+    m.commit(&*md).await.unwrap();
+    // A leaf of volume 1's mapping tree under its root's second child (opening the pool
+    // reads the first leaf), and the first and last blocks it maps.
+    let mut at = m.tm.view(m.subtree(1).unwrap()).unwrap().val64(1);
+    let (first, last) = loop {
+        let n = m.tm.view(at).unwrap();
+        if n.leaf {
+            break (n.key(0), n.key(n.len - 1));
+        }
+        at = n.val64(0);
+    };
+    let mut byte = [0u8; 1];
+    md.read_into(at * 4096 + 3000, &mut byte).unwrap();
+    md.write_from(at * 4096 + 3000, &[byte[0] ^ 0x40]).unwrap();
+    let p = pool(&md, &data, PoolOptions::default()).await;
+    let dev = ThinDev::new(p.clone(), 1, Some(4000 * BS)).unwrap();
+    assert_eq!(p.status().mode, "ok", "nothing read yet");
+    assert!(dev.read(first * BS, Buf::zeroed(4096)).await.is_err());
+    assert!(dev.write(last * BS, pattern(1, 0, 4096), false).await.is_err());
+    let st = p.status();
+    assert_eq!(st.mode, "metadata_unreadable", "{st:?}");
+    assert!(st.reason.as_deref().is_some_and(|r| r.contains(&format!("block {at}"))), "{st:?}");
+    // Blocks the damaged leaf does not map still serve.
+    assert!(last < 2999);
+    dev.read(2999 * BS, Buf::zeroed(4096)).await.unwrap();
+}
+
 #[tokio::test]
 async fn only_flushes_and_fua_writes_after_provisioning_commit_and_one_commit_takes_them_all() {
     let (md, data, p, dev) = one_volume(64, 32).await;
