@@ -328,6 +328,13 @@ impl FileDev {
         let at = (offset - start) as usize;
         bounce[at..at + buf.len()].copy_from_slice(&buf);
         self.raw_write(start, bounce, fua).await?;
+        let size = self.size();
+        if !self.block_device && start + span > size {
+            // The bounce covered the last, partial sector of a file whose size is not a
+            // multiple of it, and so lengthened the file: cut it back, durably with FUA.
+            let cut = self.file.set_len(size).and_then(|()| if fua { self.file.sync_data() } else { Ok(()) });
+            cut.map_err(|e| self.os_err(e, "ftruncate after a write to the last sector", offset))?;
+        }
         Ok(buf)
     }
 
@@ -761,6 +768,31 @@ mod tests {
             // A request the device refused before touching anything latches nothing.
             dev.durability_failed(Error::new(ErrorKind::OutOfRange, "beyond the end"));
             dev.flush().await.unwrap();
+        });
+    }
+
+    /// A write into the last, partial sector of a file whose size is not a multiple of the
+    /// sector (with O_DIRECT, written as a whole sector) leaves the file its size.
+    #[test]
+    fn a_write_to_the_partial_last_sector_keeps_the_size() {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+            let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+            let path = dir.path().join("odd.img");
+            std::fs::write(&path, vec![1u8; 1000]).unwrap();
+            let dev = FileDev::open(&path, &FileOptions::default()).unwrap();
+            if !dev.is_direct() {
+                eprintln!("SKIP: the file system here refuses O_DIRECT, so no write is a whole sector");
+                return;
+            }
+            for fua in [false, true] {
+                dev.write(996, Buf::from_slice(&[2; 4]), fua).await.unwrap();
+                dev.write(500, Buf::from_slice(&[3; 20]), fua).await.unwrap();
+                let mut want = vec![1u8; 1000];
+                want[996..].fill(2);
+                want[500..520].fill(3);
+                assert_eq!(std::fs::read(&path).unwrap(), want, "fua {fua}");
+                assert_eq!(&dev.read(0, Buf::zeroed(1000)).await.unwrap()[..], &want[..]);
+            }
         });
     }
 
