@@ -354,8 +354,8 @@ fn one_damaged_superblock_copy_is_survived() {
 fn every_cache_command_has_help_with_an_example() {
     // Each example runs the command it is the help of.
     let targets = [
-        ("cache", &["create", "set", "flush", "detach", "invalidate", "check", "dump"][..]),
-        ("writecache", &["create", "set", "flush", "detach", "check", "dump"][..]),
+        ("cache", &["create", "set", "flush", "detach", "invalidate", "origin", "check", "dump"][..]),
+        ("writecache", &["create", "set", "flush", "detach", "origin", "check", "dump"][..]),
         ("thin", &["create", "snapshot", "delete", "list", "check", "dump", "extend"][..]),
     ];
     for (target, cmds) in targets {
@@ -514,4 +514,55 @@ fn printing_into_a_closed_pipe_is_no_panic() {
     let out = child.wait_with_output().unwrap();
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
     assert!(log.exists(), "the log was made before the print");
+}
+
+/// An origin restored from a backup (another inode) is refused as the wrong one until
+/// `strata cache origin` (or `writecache origin`) records it; the target then serves its
+/// data, dirty blocks included.
+#[test]
+fn a_restored_origin_is_recorded_with_the_origin_command() {
+    for target in ["cache", "writecache"] {
+        let d = common::tempdir();
+        let (origin, fast) = (d.path().join("origin.img"), d.path().join("fast.img"));
+        let o = strata(&[
+            target,
+            "create",
+            "--origin",
+            &format!("{}?size=16MiB", origin.display()),
+            "--cache",
+            &format!("{}?size=4MiB", fast.display()),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let spec = format!("vol={target}:{}", fast.display());
+        let serve = |dir| {
+            common::Server::start_opts(dir, common::ServerOpts { args: vec![spec.clone()], ..Default::default() })
+        };
+        let data = common::random_bytes(64 << 10, 3);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let srv = serve(tempfile::tempdir_in(d.path()).unwrap());
+        rt.block_on(async {
+            let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+            c.write(1 << 20, &data, true).await.unwrap();
+        });
+        srv.stop();
+        // Restored from a backup: the same bytes in another file, moved into place.
+        let copy = d.path().join("restored.img");
+        std::fs::copy(&origin, &copy).unwrap();
+        std::fs::rename(&copy, &origin).unwrap();
+        let why = serve_fails(d.path(), &format!("{target}:{}", fast.display()));
+        assert!(why.contains("wrong origin"), "{target}: {why}");
+        // Another size is refused; the restored one is recorded.
+        let small = d.path().join("small.img");
+        std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
+        let o = strata(&[target, "origin", fast.to_str().unwrap(), "--origin", small.to_str().unwrap()]);
+        assert!(!o.status.success() && stderr(&o).contains("bytes"), "{target}: {}", stderr(&o));
+        let o = strata(&[target, "origin", fast.to_str().unwrap(), "--origin", origin.to_str().unwrap()]);
+        assert!(o.status.success(), "{target}: {}", stderr(&o));
+        let srv = serve(tempfile::tempdir_in(d.path()).unwrap());
+        rt.block_on(async {
+            let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), "vol").await.unwrap();
+            common::assert_same_bytes(&c.read(1 << 20, data.len() as u32).await.unwrap(), &data, target);
+        });
+        srv.stop();
+    }
 }

@@ -10,7 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
-use strata_cache::format::Superblock;
+use strata_cache::format::{Superblock, MAX_ORIGIN_ID, MAX_ORIGIN_SPEC};
+use strata_cache::meta::Meta;
 use strata_cache::options::{
     DEFAULT_BLOCK_BYTES, DEFAULT_MIGRATION_BUDGET_BYTES_PER_S, DEFAULT_MODE, DEFAULT_READAHEAD_BYTES,
     DEFAULT_SEQUENTIAL_CUTOFF_BYTES, DEFAULT_WRITEBACK_PERCENT, MAX_BLOCK_BYTES, MAX_READAHEAD_BYTES,
@@ -44,6 +45,13 @@ pub enum CacheCommand {
     /// until blocks are promoted again.
     #[command(after_help = "Example:\n  strata cache invalidate --admin 127.0.0.1:9810 vol")]
     Invalidate(VolumeArgs),
+    /// Record another device as a cache's origin (offline): after the origin moved, was
+    /// restored from a backup or copied to another disk. Its size must match; the cache's
+    /// dirty blocks are written back to it.
+    #[command(
+        after_help = "Example:\n  strata cache origin /var/tmp/cache.img --origin /dev/disk/by-id/wwn-0x5000c500a1b2c3d4"
+    )]
+    Origin(OriginArgs),
     /// Verify a cache device's metadata (offline).
     #[command(after_help = "Example:\n  strata cache check /var/tmp/cache.img")]
     Check(PathArgs),
@@ -171,6 +179,18 @@ pub struct VolumeArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct OriginArgs {
+    /// The cache's own device.
+    pub path: String,
+    /// The origin now (any device spec; recorded with its identity).
+    #[arg(long, value_name = "SPEC")]
+    pub origin: Spec,
+    /// Record it even if it holds a strata cache, write log or thin pool's metadata.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct PathArgs {
     /// The cache device.
     pub path: String,
@@ -189,6 +209,22 @@ pub fn run(args: CacheArgs) -> Result<()> {
             CacheCommand::Detach(a) => control(a, "detach").await,
             CacheCommand::Invalidate(a) => {
                 println!("{}: {}", a.name, http::message(&a.admin, &a.name, "invalidate").await?);
+                Ok(())
+            }
+            CacheCommand::Origin(a) => {
+                let dev = cache_device(a.path.as_ref(), false)?;
+                let (mut meta, findings) = Meta::load(&*dev).await.with_context(|| a.path.clone())?;
+                if !findings.errors.is_empty() {
+                    bail!("{}: metadata is damaged ({}); nothing changed", a.path, findings.errors.join("; "));
+                }
+                let (spec, id) = origin_record(&a.origin, meta.sb.origin_bytes, a.force).await?;
+                if spec.len() > MAX_ORIGIN_SPEC || id.len() > MAX_ORIGIN_ID {
+                    bail!("the origin's spec or identity is too long to record; nothing changed");
+                }
+                meta.sb.origin_spec = spec;
+                meta.sb.origin_id = id;
+                meta.write_superblock(&*dev).await?;
+                println!("{}: origin {} (identity {})", a.path, meta.sb.origin_spec, meta.sb.origin_id);
                 Ok(())
             }
             CacheCommand::Check(a) => run_check(a).await,
@@ -248,6 +284,18 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     );
     println!("serve it with: strata serve --unix /tmp/strata.sock NAME=cache:{path}");
     Ok(())
+}
+
+/// Checks that `origin` can be recorded as the origin of a target made for `bytes` bytes
+/// (it opens, has that size, and holds no strata format unless `force`); returns its spec as
+/// recorded and its identity.
+pub async fn origin_record(origin: &Spec, bytes: u64, force: bool) -> Result<(String, String)> {
+    let dev = open(origin, true).await.with_context(|| format!("cannot open the origin {origin}"))?;
+    if dev.size() != bytes {
+        bail!("{origin} has {} bytes; the origin must have the {bytes} it was made for", dev.size());
+    }
+    strata_io::signature::check_origin(&*dev, force).await?;
+    Ok((origin.recordable().to_string(), origin.identity()))
 }
 
 /// Formats the file or block device `cache` as a cache of `origin`, recording the origin's

@@ -9,7 +9,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::time::Duration;
 use strata_io::units::{format_size, format_size_exact};
-use strata_writecache::format::{Superblock, BLOCK_BYTES_DEFAULT, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
+use strata_writecache::format::{
+    Superblock, BLOCK_BYTES_DEFAULT, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, ORIGIN_TEXT_BYTES_MAX,
+};
 use strata_writecache::offline::{self, CreateOptions};
 use strata_writecache::WritecacheStatus;
 
@@ -36,6 +38,13 @@ pub enum WritecacheCommand {
     /// Turn on the cleaner and wait until the origin holds everything (then the log can go).
     #[command(after_help = "Example:\n  strata writecache detach --admin 127.0.0.1:9810 vol")]
     Detach(ControlArgs),
+    /// Record another device as a log's origin (offline): after the origin moved, was restored
+    /// from a backup or copied to another disk. Its size must match; the log's dirty blocks
+    /// are written back to it.
+    #[command(
+        after_help = "Example:\n  strata writecache origin /var/tmp/log.img --origin /var/tmp/origin-restored.img"
+    )]
+    Origin(crate::cmd::cache::OriginArgs),
     /// Verify a log's superblock and entries (offline).
     #[command(after_help = "Example:\n  strata writecache check /var/tmp/log.img")]
     Check(PathArgs),
@@ -94,6 +103,18 @@ pub fn run(args: WritecacheArgs) -> Result<()> {
                 Ok(())
             }
             WritecacheCommand::Detach(a) => detach(a).await,
+            WritecacheCommand::Origin(a) => {
+                let dev = cache_device(a.path.as_ref(), false)?;
+                let mut sb = offline::superblock(&*dev, None).await.with_context(|| a.path.clone())?;
+                let (spec, id) = crate::cmd::cache::origin_record(&a.origin, sb.origin_bytes, a.force).await?;
+                if spec.len() + id.len() > ORIGIN_TEXT_BYTES_MAX {
+                    bail!("the origin's spec and identity exceed {ORIGIN_TEXT_BYTES_MAX} bytes; nothing changed");
+                }
+                (sb.origin_spec, sb.origin_id) = (spec, id);
+                dev.write(0, strata_io::Buf::from_slice(&sb.encode()), true).await?;
+                println!("{}: origin {} (identity {})", a.path, sb.origin_spec, sb.origin_id);
+                Ok(())
+            }
             WritecacheCommand::Check(a) => run_check(a).await,
             WritecacheCommand::Dump(a) => run_dump(a).await,
         }
