@@ -50,6 +50,7 @@ use strata_policy::{Op, Outcome};
 pub use strata_io::latency::{HddParams, SsdParams};
 
 use crate::sim::BlockAccess;
+use crate::trace::NAMESPACE_SHIFT;
 
 /// One device's latency model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -276,10 +277,59 @@ impl CostReport {
     }
 }
 
+/// Where each block lies on the modelled origin disk. A trace's devices, volumes or files
+/// (its namespaces, 256 TiB apart in byte offsets) lie end to end, each as long as its
+/// highest block: the disk is as large as the trace's devices together, and a trace's cost
+/// does not depend on how its devices are numbered.
+#[derive(Debug)]
+pub struct OriginLayout {
+    block_size: u64,
+    /// Per namespace in order: its first block number and where it starts on the disk.
+    parts: Vec<(u64, u64)>,
+    /// The disk's size in blocks.
+    blocks: u64,
+}
+
+impl OriginLayout {
+    /// One device of `blocks` blocks.
+    pub fn flat(blocks: u64, block_size: u64) -> OriginLayout {
+        OriginLayout { block_size, parts: vec![(0, 0)], blocks }
+    }
+
+    /// The layout of the namespaces `blocks` (a workload's accesses) fall in.
+    pub fn of(blocks: impl Iterator<Item = u64>, block_size: u64) -> OriginLayout {
+        let mut last = std::collections::BTreeMap::new();
+        for b in blocks {
+            let ns = ((b as u128 * block_size as u128) >> NAMESPACE_SHIFT) as u64;
+            let e = last.entry(ns).or_insert(b);
+            *e = (*e).max(b);
+        }
+        let (mut parts, mut at) = (Vec::with_capacity(last.len()), 0);
+        for (ns, max) in last {
+            let first = ((ns as u128) << NAMESPACE_SHIFT).div_ceil(block_size as u128) as u64;
+            parts.push((first, at));
+            at += max - first + 1;
+        }
+        if parts.is_empty() {
+            parts.push((0, 0));
+        }
+        OriginLayout { block_size, parts, blocks: at }
+    }
+
+    /// The byte offset of `block` on the disk.
+    #[inline]
+    fn offset(&self, block: u64) -> u64 {
+        let i = self.parts.partition_point(|&(first, _)| first <= block).saturating_sub(1);
+        let (first, at) = self.parts[i];
+        (at + block.saturating_sub(first)) * self.block_size
+    }
+}
+
 /// The cost model's state during one replay.
 #[derive(Debug)]
 pub struct CostState {
     block_size: u64,
+    layout: std::sync::Arc<OriginLayout>,
     origin: DeviceTimer,
     cache: DeviceTimer,
     /// Block → cache slot, kept only when the cache device is an HDD (where it matters).
@@ -295,11 +345,13 @@ pub struct CostState {
 }
 
 impl CostState {
-    /// For a cache of `capacity_blocks` in front of an origin of `origin_blocks`.
-    pub fn new(spec: &CostSpec, block_size: u64, origin_blocks: u64, capacity_blocks: usize) -> Self {
+    /// For a cache of `capacity_blocks` in front of the origin `layout` describes.
+    pub fn new(spec: &CostSpec, layout: std::sync::Arc<OriginLayout>, capacity_blocks: usize) -> Self {
+        let block_size = layout.block_size;
         CostState {
             block_size,
-            origin: DeviceTimer::new(spec.origin, origin_blocks.max(1) * block_size),
+            origin: DeviceTimer::new(spec.origin, layout.blocks.max(1) * block_size),
+            layout,
             cache: DeviceTimer::new(spec.cache, capacity_blocks.max(1) as u64 * block_size),
             slots: matches!(spec.cache, DeviceModel::Hdd(_)).then(HashMap::new),
             next_slot: 0,
@@ -362,7 +414,7 @@ impl CostState {
     pub fn charge(&mut self, a: &BlockAccess, out: Outcome) {
         let bs = self.block_size;
         let bytes = a.bytes as u64;
-        let at = a.block * bs;
+        let at = self.layout.offset(a.block);
         // Block accesses of one request come in a row, with the request's time.
         let in_request =
             self.prev.is_some_and(|(b, t, op)| b.wrapping_add(1) == a.block && t == a.time_ns && op == a.op);
@@ -407,7 +459,7 @@ impl CostState {
     /// it (no seek of its own) and it is written to its cache slot.
     pub fn readahead(&mut self, block: u64) {
         let bs = self.block_size;
-        self.origin.io_continuing(block * bs, bs, false, true);
+        self.origin.io_continuing(self.layout.offset(block), bs, false, true);
         let off = self.place(block, None);
         self.cache.io(off, bs, true);
     }
@@ -416,7 +468,7 @@ impl CostState {
     pub fn writeback(&mut self, block: u64) {
         let off = self.slot_offset(block);
         self.cache.io(off, self.block_size, false);
-        self.origin.io(block * self.block_size, self.block_size, true);
+        self.origin.io(self.layout.offset(block), self.block_size, true);
         self.writebacks += 1;
     }
 
@@ -498,7 +550,7 @@ mod tests {
             "ssd?read_us=100&write_us=50&channels=1&mib_s=400,ssd?read_us=10&write_us=20&channels=1&mib_s=400"
                 .parse()
                 .unwrap();
-        let mut s = CostState::new(&spec, 4096, 16, 4);
+        let mut s = CostState::new(&spec, std::sync::Arc::new(OriginLayout::flat(16, 4096)), 4);
         let w = |block, bytes, full, t| BlockAccess { block, time_ns: t, bytes, op: Op::Write, full };
         s.charge(&w(1, 512, false, 1), Outcome::Promote { evict: None });
         s.charge(&w(2, 4096, true, 2), Outcome::Promote { evict: None });
@@ -528,7 +580,7 @@ mod tests {
     fn blocks_of_one_request_are_one_io_per_device() {
         let spec: CostSpec =
             "hdd?seek_min_ms=4&seek_max_ms=4&rpm=6000&mib_s=4,ssd?read_us=100&channels=1&mib_s=400".parse().unwrap();
-        let mut s = CostState::new(&spec, 4096, 16, 8);
+        let mut s = CostState::new(&spec, std::sync::Arc::new(OriginLayout::flat(16, 4096)), 8);
         let r = |block, bytes, t| BlockAccess { block, time_ns: t, bytes, op: Op::Read, full: bytes == 4096 };
         s.charge(&r(4, 4096, 9), Outcome::Miss);
         s.charge(&r(5, 4096, 9), Outcome::Miss);

@@ -370,15 +370,16 @@ pub fn parse_cache_sizes(spec: &str, footprint: u64, block_size: u64) -> Result<
 pub fn parse_policy_list(spec: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for p in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let names: Vec<String> = match p {
+        let p = p.to_ascii_lowercase();
+        let names: Vec<String> = match p.as_str() {
             "all" => strata_policy::POLICIES.iter().map(|p| p.name.to_string()).collect(),
             "default" => vec![strata_policy::DEFAULT_POLICY.to_string()],
-            _ => vec![p.to_ascii_lowercase()],
+            _ => vec![p],
         };
         for n in names {
             if strata_policy::find(&n).is_none() {
                 let known: Vec<&str> = strata_policy::POLICIES.iter().map(|p| p.name).collect();
-                return Err(format!("unknown policy '{n}'; known: {}", known.join(", ")));
+                return Err(format!("unknown policy '{n}'; known: {}, or all or default", known.join(", ")));
             }
             if !out.contains(&n) {
                 out.push(n);
@@ -431,6 +432,9 @@ pub fn run_matrix(
     let total = (tasks.len() * workload.accesses.len()) as u64;
     let results = std::sync::Mutex::new(Vec::with_capacity(tasks.len()));
     let junk_base = workload.max_block + 1;
+    let layout = opts.cost.as_ref().map(|_| {
+        Arc::new(crate::cost::OriginLayout::of(workload.accesses.iter().map(|a| a.block), workload.block_size))
+    });
     let jobs = opts.jobs.clamp(1, tasks.len().max(1));
     let finished = AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -444,7 +448,7 @@ pub fn run_matrix(
                 let mut policy = make_policy(name, size, &opts.params, next_use.as_ref()).expect("names checked above");
                 let junk = if opts.prefill_junk { prefill_junk(policy.as_mut(), junk_base) } else { 0 };
                 let mut cost = opts.cost.as_ref().map(|spec| {
-                    let mut c = CostState::new(spec, workload.block_size, workload.max_block + 1, size);
+                    let mut c = CostState::new(spec, layout.clone().expect("made with the cost spec"), size);
                     c.prefilled(junk_base, junk);
                     c
                 });

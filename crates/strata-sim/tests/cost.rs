@@ -125,3 +125,47 @@ fn csv_keeps_the_old_columns_first() {
     let table = report::table(&run(&w, &["lru"], &[2], Some("hdd,ssd")), &w, &[(2, "2".into())]);
     assert!(table.lines().next().unwrap().ends_with("cache busy s"), "{table}");
 }
+
+/// A trace's devices lie end to end on the modelled origin: the same requests on device 0
+/// or device 5 (block numbers 256 TiB apart) cost the same, and a request on a second
+/// device adds its own seek, not one across 256 TiB.
+#[test]
+fn the_origin_cost_does_not_depend_on_device_numbers() {
+    let ns = |dev: u64| (dev << strata_sim::trace::NAMESPACE_SHIFT) / 4096;
+    let on = |dev: u64, blocks: &[u64]| {
+        let accesses: Vec<BlockAccess> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| BlockAccess {
+                block: ns(dev) + b,
+                time_ns: i as u64 * 1_000_000,
+                bytes: 4096,
+                op: Op::Read,
+                full: true,
+            })
+            .collect();
+        let max_block = accesses.iter().map(|a| a.block).max().unwrap();
+        Workload {
+            accesses,
+            requests: blocks.len() as u64,
+            block_size: 4096,
+            footprint: blocks.len() as u64,
+            max_block,
+        }
+    };
+    let cost = |w: &Workload| run(w, &["lru"], &[1], Some("hdd,ssd"))[0].cost.clone().unwrap();
+    let blocks = [0, 1000, 20, 50_000, 7, 100_000];
+    let (a, b) = (cost(&on(0, &blocks)), cost(&on(5, &blocks)));
+    assert!(close(a.origin_busy_s, b.origin_busy_s) && close(a.mean_read_us(), b.mean_read_us()), "{a:?} {b:?}");
+    let mut two = on(0, &blocks);
+    let other = on(1, &[0]);
+    two.accesses.push(BlockAccess { time_ns: 10_000_000, ..other.accesses[0] });
+    two.max_block = other.max_block;
+    let c = cost(&two);
+    assert!(
+        c.origin_busy_s < a.origin_busy_s * 1.4,
+        "one more read cost {} s over {}",
+        c.origin_busy_s,
+        a.origin_busy_s
+    );
+}

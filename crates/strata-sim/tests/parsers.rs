@@ -146,6 +146,26 @@ fn guesses_formats() {
     assert!(matches!(trace::parse_str("hello world\n", None), Err(TraceError::UnknownFormat(_))));
     // A guessed format still reports the right line for a bad record further down.
     assert_eq!(error_line("100 8 0 1\n100 8 0 2\n\nbad\n", None), 4);
+    // A byte-order mark (a CSV saved on Windows) and a long comment block before the records.
+    let bom = "\u{feff}version,time,op,size,lbn\n1,5633898,2a,512,42932745\n";
+    let (r, f) = trace::parse_str(bom, None).unwrap();
+    assert_eq!((f, r.len()), (Format::Cloudphysics, 1));
+    assert_eq!(parse("\u{feff}100 8 0 1\n", Format::Lis).len(), 1);
+    let commented = format!("{}100 8 0 1\n", "# a comment\n".repeat(40));
+    assert_eq!(trace::parse_str(&commented, None).unwrap().1, Format::Lis);
+}
+
+/// A request whose length runs past its device's 256 TiB, into the next device's offsets
+/// (or past 2^64), is a malformed record: its blocks are never made.
+#[test]
+fn a_request_longer_than_its_device_is_refused() {
+    assert_eq!(error_line("1,h,0,Read,0,18446744073709551615,1\n", Some(Format::Msr)), 1);
+    let edge = (1u64 << NAMESPACE_SHIFT) - 4096;
+    assert_eq!(parse(&format!("1,h,0,Read,{edge},4096,1\n"), Format::Msr).len(), 1);
+    assert_eq!(error_line(&format!("1,h,0,Read,0,8,1\n1,h,0,Read,{edge},8192,1\n"), Some(Format::Msr)), 2);
+    // blkparse times that overflow nanoseconds.
+    let line = "  8,0    3        1     18446744074.000000000   697  Q   W 223490 + 8 [kjournald]\n";
+    assert_eq!(error_line(line, Some(Format::Blkparse)), 1);
 }
 
 #[test]

@@ -131,3 +131,24 @@ fn cost_option_parses_and_runs() {
         run(args(&list).unwrap()).unwrap();
     }
 }
+
+/// Options that used to be taken and ignored or to exhaust memory: --ops with a synthetic
+/// workload is refused; a size far above the footprint (which some policies would allocate
+/// whole) and more windows than accesses run at what the trace can use; ALL and DEFAULT
+/// are policy lists in any case.
+#[test]
+fn options_beyond_what_the_trace_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("two.lis");
+    std::fs::write(&path, "0 8 0 1\n8 8 0 2\n").unwrap();
+    let trace = path.to_str().unwrap();
+    let synthetic = ["--synthetic", "uniform", "--blocks", "100", "--requests", "1000", "--ops", "read"];
+    let err = run(args(&synthetic).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("--rwmix-read"), "{err}");
+    // 2^30 blocks of arc, lirs, opt or smq would need tens of GiB.
+    run(args(&[trace, "--policy", "arc,lirs,opt,smq", "--size", "1073741822", "-j", "1"]).unwrap()).unwrap();
+    run(args(&[trace, "--policy", "lru", "--size", "1", "--windows", "1000000000000"]).unwrap()).unwrap();
+    run(args(&[trace, "--policy", "ALL,Default", "--size", "1"]).unwrap()).unwrap();
+    let err = run(args(&[trace, "--size", "100", "--prefill", "junk"]).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("4 times the footprint"), "{err}");
+}

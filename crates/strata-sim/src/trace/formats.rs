@@ -198,7 +198,7 @@ fn parse_seconds(s: &str) -> Result<u64, String> {
         return Err(format!("time '{s}' is not SECONDS.NANOSECONDS"));
     }
     let nanos: u64 = if frac.is_empty() { 0 } else { num::<u64>(frac, "time")? * 10u64.pow(9 - frac.len() as u32) };
-    Ok(secs * 1_000_000_000 + nanos)
+    secs.checked_mul(1_000_000_000).and_then(|n| n.checked_add(nanos)).ok_or_else(|| format!("time '{s}' overflows"))
 }
 
 /// libCacheSim's block CSV (the CloudPhysics sample): `version,time,op,size,lbn`; `op` a

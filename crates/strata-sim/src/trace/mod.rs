@@ -135,11 +135,15 @@ impl<R: BufRead> Requests<R> {
         let format = match format {
             Some(f) => f,
             None => {
-                for _ in 0..32 {
+                // 32 records, past any number of comments and blank lines (up to 64 Ki lines).
+                let mut records = 0;
+                while records < 32 && pending.len() < 1 << 16 {
                     let mut line = String::new();
                     if reader.read_line(&mut line)? == 0 {
                         break;
                     }
+                    let text = clean(&line);
+                    records += usize::from(!text.is_empty() && !text.starts_with('#'));
                     pending.push_back(line);
                 }
                 guess_format(pending.iter().map(String::as_str))?
@@ -174,11 +178,11 @@ impl<R: BufRead> Iterator for Requests<R> {
                 }
             };
             self.line += 1;
-            let text = line.trim();
+            let text = clean(&line);
             if text.is_empty() || text.starts_with('#') {
                 continue;
             }
-            match self.parser.parse(text) {
+            match self.parser.parse(text).and_then(|r| r.map(within_its_namespace).transpose()) {
                 Ok(Some(r)) => return Some(Ok(r)),
                 Ok(None) => continue,
                 Err(message) => {
@@ -188,6 +192,22 @@ impl<R: BufRead> Iterator for Requests<R> {
             }
         }
         None
+    }
+}
+
+/// A line without its surrounding white space and a byte-order mark (CSV files saved on
+/// Windows begin with one).
+fn clean(line: &str) -> &str {
+    line.trim().trim_start_matches('\u{feff}').trim_start()
+}
+
+/// A request that ends inside its device (namespace): a length that would run past 256 TiB,
+/// into the next device, is a malformed record, not a request to split into blocks.
+fn within_its_namespace(r: Request) -> Result<Request, String> {
+    let start = r.offset & ((1 << NAMESPACE_SHIFT) - 1);
+    match start.checked_add(r.len) {
+        Some(end) if end <= 1 << NAMESPACE_SHIFT => Ok(r),
+        _ => Err(format!("a request of {} bytes at offset {start} runs past 256 TiB", r.len)),
     }
 }
 
@@ -205,7 +225,7 @@ fn is_uint(s: &str) -> bool {
 pub fn guess_format<'a>(lines: impl Iterator<Item = &'a str>) -> Result<Format, TraceError> {
     let mut first = None;
     for raw in lines {
-        let line = raw.trim();
+        let line = clean(raw);
         if line.is_empty() || line.starts_with('#') {
             continue;
         }

@@ -176,6 +176,9 @@ pub fn run(args: SimArgs) -> Result<()> {
     // What the summary line names, and the shorter name a plot's title carries.
     let (workload, source, title) = match (&args.synthetic, &args.trace) {
         (Some(p), _) => {
+            if args.ops != Ops::All {
+                bail!("--ops filters a trace's requests; a synthetic workload's mix is --rwmix-read");
+            }
             let bs = block_size(&args, 4096)?;
             if args.blocks == 0 {
                 bail!("--blocks must be at least 1");
@@ -203,22 +206,36 @@ pub fn run(args: SimArgs) -> Result<()> {
         bail!("the trace has no {} requests", if args.ops == Ops::Read { "read" } else { "read or write" });
     }
     let sizes = sim::parse_cache_sizes(&args.size, workload.footprint, workload.block_size).map_err(|e| anyhow!(e))?;
+    // A cache larger than the footprint holds what one of the footprint's size does: the
+    // policies are built at most that large (some allocate their whole capacity at once).
+    // Prefilled with junk, the extra room matters, up to a bound.
+    let footprint = workload.footprint as usize;
+    let prefill = args.prefill == Some(Prefill::Junk);
+    if prefill && sizes.iter().any(|&(b, _)| b > 4 * footprint) {
+        bail!("with --prefill junk, sizes are at most 4 times the footprint ({} blocks)", 4 * footprint);
+    }
     let params = Params { seed: args.seed, origin_blocks: Some(workload.max_block + 1), ..Params::default() };
     let readahead_bytes = parse_size(&args.readahead).map_err(|e| anyhow!("--readahead: {e}"))?;
     let readahead = sim::Readahead { per: readahead_bytes / workload.block_size, limit: workload.max_block + 1 };
     let opts = MatrixOptions {
         params,
-        windows: args.windows.unwrap_or(0),
-        prefill_junk: args.prefill == Some(Prefill::Junk),
+        // No more windows than accesses (an empty window says nothing).
+        windows: args.windows.unwrap_or(0).min(workload.accesses.len()),
+        prefill_junk: prefill,
         jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
         progress: args.progress || std::io::stderr().is_terminal(),
         cost: args.cost,
         readahead,
     };
-    let size_blocks: Vec<usize> = sizes.iter().map(|(b, _)| *b).collect();
+    let size_blocks: Vec<usize> = sizes.iter().map(|&(b, _)| if prefill { b } else { b.min(footprint) }).collect();
     let mut summary = report::summary(&source, &workload);
     if let Some(c) = &args.cost {
         summary.push_str(&format!("\ncost model: {c}"));
+    }
+    if !prefill && sizes.iter().any(|&(b, _)| b > footprint) {
+        summary.push_str(&format!(
+            "\nsizes above the footprint are simulated at it ({footprint} blocks): a larger cache holds the same"
+        ));
     }
     if readahead.per > 1 {
         summary.push_str(&format!("\nreadahead: {} blocks per window", readahead.per));
