@@ -12,10 +12,11 @@
 //! the device is back within about a second of the server. A request whose connection broke
 //! is sent again (NBD writes are idempotent) until `outage` has passed since it was issued,
 //! then fails with EIO: it never hangs and never gets a wrong answer. Writes acknowledged
-//! since the last completed flush are kept (bounded by `replay_bytes`; more forces a flush)
-//! and written again on every new connection before it takes requests, so a server that
-//! lost unflushed writes when it restarted gets them back before the flush that covers them
-//! is sent again.
+//! since the last completed flush, FUA writes included, are kept (bounded by `replay_bytes`;
+//! more forces a flush) and written again on every new connection before it takes requests,
+//! in the order they were acknowledged (overlapping ones one after another), so a server
+//! that lost unflushed writes when it restarted gets them back before the flush that covers
+//! them is sent again, and one that kept them is left with the newest data.
 
 use crate::client::{choose, greet, split, start_tls, BoxStream, ExportInfo, ReadBox, Want, WriteBox};
 use crate::errno;
@@ -524,6 +525,9 @@ struct Health {
     tls_cipher: Option<String>,
 }
 
+/// Most log entries a replay has in flight at once.
+const REPLAY_BATCH: usize = 64;
+
 /// A write acknowledged and not yet covered by a completed flush.
 #[derive(Clone)]
 struct Logged {
@@ -857,21 +861,39 @@ impl Inner {
     }
 
     /// Writes the replay log on `c` before it takes requests, with every request held off.
+    /// Entries go out in the order they were acknowledged: many at once, but one that
+    /// overlaps an entry still in flight waits for it (a server may apply requests in flight
+    /// in any order, and the later write must land last).
     async fn replay(&self, c: &Conn) -> std::result::Result<(), String> {
         let _alone = self.gate.write().await;
         let entries: Vec<Logged> = self.log.lock().entries.iter().cloned().collect();
-        let calls = entries.iter().map(|e| {
-            let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
-            let kind = if e.data.is_some() { CMD_WRITE } else { CMD_WRITE_ZEROES };
-            let req = Request { flags: 0, kind, cookie, offset: e.offset, length: e.len as u32 };
-            c.call(req, e.data.as_deref().map(|d| &d[..]), None)
-        });
-        for r in futures::future::join_all(calls).await {
-            match r {
-                Ok(_) => {}
-                Err(Failure::Server(e, m)) => return Err(format!("replaying writes: errno {e} {m}")),
-                Err(Failure::Lost(why)) => return Err(format!("replaying writes: {why}")),
+        let mut rest = &entries[..];
+        while !rest.is_empty() {
+            let mut batch: Vec<(u64, u64)> = Vec::new();
+            let n = rest
+                .iter()
+                .take_while(|e| {
+                    let (start, end) = (e.offset, e.offset + e.len);
+                    let alone = batch.len() < REPLAY_BATCH && !batch.iter().any(|&(s, t)| start < t && s < end);
+                    batch.push((start, end));
+                    alone
+                })
+                .count()
+                .max(1);
+            let calls = rest[..n].iter().map(|e| {
+                let cookie = self.cookie.fetch_add(1, Ordering::Relaxed);
+                let kind = if e.data.is_some() { CMD_WRITE } else { CMD_WRITE_ZEROES };
+                let req = Request { flags: 0, kind, cookie, offset: e.offset, length: e.len as u32 };
+                c.call(req, e.data.as_deref().map(|d| &d[..]), None)
+            });
+            for r in futures::future::join_all(calls).await {
+                match r {
+                    Ok(_) => {}
+                    Err(Failure::Server(e, m)) => return Err(format!("replaying writes: errno {e} {m}")),
+                    Err(Failure::Lost(why)) => return Err(format!("replaying writes: {why}")),
+                }
             }
+            rest = &rest[n..];
         }
         Ok(())
     }
@@ -993,7 +1015,9 @@ impl Inner {
             let at = offset + (i * piece) as u64;
             self.request(CMD_WRITE, flags, at, chunk.len() as u32, Some(chunk)).await?;
             self.bytes_written.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            Ok::<bool, Error>(!fua_wire && self.logged(at, Some(chunk), chunk.len() as u64))
+            // A FUA write is logged too, though durable: a replay of an older write to the
+            // same blocks must be followed by it, never left over it.
+            Ok::<bool, Error>(self.logged(at, Some(chunk), chunk.len() as u64))
         });
         let over = futures::future::try_join_all(pieces).await?.into_iter().any(|o| o);
         if (fua && !fua_wire) || over {

@@ -125,6 +125,47 @@ async fn a_server_that_lost_unflushed_writes_gets_them_again_before_the_flush() 
     stop(server).await;
 }
 
+/// A replay never leaves older data over newer: a FUA write (durable at once) after an
+/// unflushed write of the same block is written again after it; overlapping writes go out
+/// in the order they were acknowledged, though the server may apply requests in flight in
+/// any order (here its device delays all but the last).
+#[tokio::test]
+async fn a_replay_leaves_the_newest_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    let kept = Arc::new(MemDev::new(SIZE));
+    let server = serve(kept.clone(), &sock, Limits::default());
+    // One connection: each new one replays the log.
+    let dev = RemoteDev::open(spec(&sock, Tuning { connections: Some(1), ..Tuning::default() })).await.unwrap();
+    dev.write(0, pattern(1, 0, 4096), false).await.unwrap();
+    dev.write(0, pattern(2, 0, 4096), true).await.unwrap();
+    stop(server).await;
+    // The restarted server kept everything; the replay must not undo the FUA write.
+    let server = serve(kept.clone(), &sock, Limits::default());
+    dev.flush().await.unwrap();
+    let mut got = vec![0u8; 4096];
+    kept.read_into(0, &mut got).unwrap();
+    assert!(got == pattern(2, 0, 4096)[..], "an older write was replayed over the FUA write");
+    stop(server).await;
+
+    // Many writes of one block; the restarted server lost them all, and its device
+    // delays all of them but the last, which would land first.
+    let server = serve(kept.clone(), &sock, Limits::default());
+    dev.flush().await.unwrap();
+    for i in 0..64 {
+        dev.write(65536, pattern(10 + i, 0, 4096), false).await.unwrap();
+    }
+    stop(server).await;
+    let (slow, faults) = FaultDev::new(MemDev::new(SIZE));
+    faults.add(Rule::delay(Ops::WRITE, Duration::from_millis(5)).times(63));
+    let slow = Arc::new(slow);
+    let server = serve(slow.clone(), &sock, Limits::default());
+    dev.flush().await.unwrap();
+    let got = slow.read(65536, Buf::zeroed(4096)).await.unwrap();
+    assert!(got[..] == pattern(73, 0, 4096)[..], "the replay left an older write last");
+    stop(server).await;
+}
+
 #[tokio::test]
 async fn past_the_outage_limit_requests_fail_with_eio() {
     let dir = tempfile::tempdir().unwrap();
