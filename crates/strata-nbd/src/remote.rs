@@ -646,8 +646,9 @@ impl RemoteDev {
         };
         let (stream, info, cipher) = match tokio::time::timeout(spec.tuning.timeout, connect(&spec)).await {
             Ok(Ok(c)) => c,
+            // TLS refused or failed: a setting to fix, not an outage (nor a read-only device).
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                return Err(Error::new(ErrorKind::ReadOnly, format!("{shown}: {e}")));
+                return Err(Error::new(ErrorKind::Invalid, format!("{shown}: {e}")));
             }
             Ok(Err(e)) if is_unreachable(e.kind()) => return Err(eio(unreachable(e.to_string()))),
             Ok(Err(e)) => return Err(eio(format!("{shown}: {e}"))),

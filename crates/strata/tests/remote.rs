@@ -462,20 +462,15 @@ fn x509_with_client_certificates_and_an_untrusted_one_refused() {
     let (good, rogue) = (keys.path().join("pki"), keys.path().join("rogue"));
     x509(&good, "strata test CA", &["server", "client"]);
     x509(&rogue, "someone else", &["client"]);
-    let srv = Server::start_opts(
-        tempdir(),
-        ServerOpts {
-            args: vec![
-                "--tls".into(),
-                "require".into(),
-                "--tls-certificates".into(),
-                good.display().to_string(),
-                "--tls-verify-peer".into(),
-                "vol=mem:16MiB".into(),
-            ],
-            ..Default::default()
-        },
-    );
+    // A server of `vol` requiring TLS with the good certificates, and `extra` flags.
+    let tls_server = |extra: &[&str]| {
+        let mut args: Vec<String> = vec!["--tls".into(), "require".into(), "--tls-certificates".into()];
+        args.push(good.display().to_string());
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args.push("vol=mem:16MiB".into());
+        Server::start_opts(tempdir(), ServerOpts { args, ..Default::default() })
+    };
+    let srv = tls_server(&["--tls-verify-peer"]);
     let sock = srv.sock.clone().unwrap();
     // strata as the client, presenting the CA's client certificate.
     let origin = format!("nbds+unix:///vol?socket={}&tls-certificates={}", sock.display(), good.display());
@@ -504,15 +499,26 @@ fn x509_with_client_certificates_and_an_untrusted_one_refused() {
     std::fs::copy(good.join("ca-cert.pem"), rogue.join("ca-cert.pem")).unwrap();
     let o = qemu(&rogue, &srv.path().join("rogue.img"));
     assert!(!o.status.success(), "a client with an untrusted certificate got in");
+    // strata serving `origin` as a volume: whether it could open it.
+    let serves = |origin: &str, sock: &str| {
+        let mut serve = Command::new(env!("CARGO_BIN_EXE_strata"));
+        serve.args(["serve", "--unix"]).arg(keys.path().join(sock)).arg(format!("v={origin}"));
+        output(&mut serve, CMD_TIMEOUT).status.success()
+    };
     let rogue_origin = format!("nbds+unix:///vol?socket={}&tls-certificates={}", sock.display(), rogue.display());
-    let o = output(
-        Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(["serve", "--unix"])
-            .arg(keys.path().join("x.sock"))
-            .arg(format!("v={rogue_origin}")),
-        CMD_TIMEOUT,
+    assert!(!serves(&rogue_origin, "x.sock"), "strata with an untrusted certificate got in");
+    // A client with a PSK proves the server by the key alone: a server without the key (one
+    // with a certificate only, asking for none) is refused, whatever certificate it shows.
+    let certs_only = tls_server(&[]);
+    let psk = keys.path().join("keys.psk");
+    std::fs::write(&psk, "alice:00112233445566778899aabbccddeeff\n").unwrap();
+    let psk_origin = format!(
+        "nbds+unix:///vol?socket={}&tls-psk-file={}",
+        certs_only.sock.as_ref().unwrap().display(),
+        psk.display()
     );
-    assert!(!o.status.success(), "strata with an untrusted certificate got in");
+    assert!(!serves(&psk_origin, "p.sock"), "a PSK client took a server that has no key");
+    certs_only.stop();
     // The server kept serving.
     let o = qemu(&good, &srv.path().join("again.img"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
