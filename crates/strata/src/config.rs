@@ -117,6 +117,11 @@ impl Config {
                         toml::Value::Float(x) => x.to_string(),
                         other => bail!("[qos.{g}] {k} = {other}: expected a string or a number"),
                     };
+                    // A value goes into the spec as it is: one that could end it or start
+                    // another option is refused, not read as more settings.
+                    if value.contains(['&', '?', '@', '=']) || g.contains(['&', '?', '@', '=']) {
+                        bail!("[qos.{g}] {k} = {value:?}: a group name or value holds no '&', '?', '@' or '='");
+                    }
                     opts.push(format!("{k}={value}"));
                 }
                 let q = if opts.is_empty() { String::new() } else { format!("?{}", opts.join("&")) };
@@ -130,6 +135,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_qos_value_cannot_set_another_option() {
+        let cfg = Config::parse(
+            r#"
+            [[volume]]
+            name = "a"
+            spec = "mem:1MiB"
+            group = "g"
+            [qos.g]
+            weight = "5&rbps=1"
+            "#,
+        )
+        .unwrap();
+        let why = format!("{:#}", cfg.spec(&cfg.volumes[0]).unwrap_err());
+        assert!(why.contains("holds no '&'"), "{why}");
+    }
 
     #[test]
     fn a_volume_in_a_group_is_served_through_qos() {

@@ -99,6 +99,10 @@ impl Admin {
     /// (or created) for a name that cannot be served.
     pub async fn add(&self, name: &str, spec: &Spec, read_only: bool) -> anyhow::Result<Arc<Volume>> {
         strata_nbd::check_name(name).map_err(anyhow::Error::msg)?;
+        // As on the command line (`NAME=SPEC`), wherever the name comes from.
+        if name.is_empty() || name.contains(['=', '/', '?']) {
+            bail!("volume name {name:?}: a name is not empty and holds no '=', '/' or '?'");
+        }
         if self.volumes.read().iter().any(|v| v.name == name) {
             bail!("an export named {name:?} is already served");
         }

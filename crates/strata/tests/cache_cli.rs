@@ -566,3 +566,18 @@ fn a_restored_origin_is_recorded_with_the_origin_command() {
         srv.stop();
     }
 }
+
+/// Durations that are no number of seconds are usage errors, not panics.
+#[test]
+fn seconds_that_are_not_a_duration_are_refused() {
+    for bad in ["inf", "1e30", "nan", "-1"] {
+        let seconds = format!("--seconds={bad}");
+        for args in
+            [vec!["load", "--unix", "/nonexistent.sock", &seconds], vec!["qos", "calibrate", "mem:8MiB", &seconds]]
+        {
+            let o = strata(&args);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+            assert!(stderr(&o).contains("number of seconds") && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+        }
+    }
+}

@@ -175,3 +175,24 @@ fn export_names_defaults_and_read_only_specs() {
     });
     assert_eq!(srv.status()["volumes"][1]["read_only"], true);
 }
+
+/// A config file's volume names follow the command line's rules: an empty name (which
+/// would hide behind the default export) or one with '/' is refused.
+#[test]
+fn config_volume_names_follow_the_command_lines_rules() {
+    let dir = common::tempdir();
+    for name in ["", "a/b"] {
+        let cfg = dir.path().join("strata.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[[volume]]\nname = \"x\"\nspec = \"mem:1MiB\"\n[[volume]]\nname = \"{name}\"\nspec = \"mem:2MiB\"\n"
+            ),
+        )
+        .unwrap();
+        let mut serve = Command::new(env!("CARGO_BIN_EXE_strata"));
+        serve.args(["serve", "--unix", dir.path().join("s.sock").to_str().unwrap(), "--config", cfg.to_str().unwrap()]);
+        let why = refused(common::output(&mut serve, std::time::Duration::from_secs(30)));
+        assert!(why.contains("a name is not empty"), "{name:?}: {why}");
+    }
+}

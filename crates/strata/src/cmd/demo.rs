@@ -21,8 +21,8 @@ use strata_nbd::{Export, Limits, Server};
 #[derive(Args, Debug)]
 #[command(after_help = "Example:\n  strata demo --seconds 60\n  strata demo --dir /tmp/strata-demo --data 512MiB")]
 pub struct DemoArgs {
-    /// Where the demo keeps its files and socket (recreated on every run; scratch, outside
-    /// any work tree).
+    /// Where the demo keeps its files and socket (emptied on every run: a directory that
+    /// holds anything but an earlier demo run's files is refused).
     #[arg(long, default_value = "/var/tmp/strata-demo")]
     pub dir: PathBuf,
     /// Seconds of load through the cache.
@@ -38,12 +38,52 @@ pub struct DemoArgs {
 
 type Vol = Arc<StatsDev<Arc<dyn BlockDev>>>;
 
+/// The file that marks a directory as the demo's own.
+const MARKER: &str = ".strata-demo";
+
+/// Makes `dir` the demo's for this run: created if missing; refused if it holds anything but
+/// an earlier demo run's files (never a user's), or if another demo is running there (its
+/// marker is locked); else emptied. The marker stays locked while the returned file is open.
+fn claim_dir(dir: &Path) -> Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let marker = dir.join(MARKER);
+    let others: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<PathBuf>>>()?
+        .into_iter()
+        .filter(|p| p != &marker)
+        .collect();
+    if !others.is_empty() && !marker.exists() {
+        bail!(
+            "{} holds files that are not a strata demo's ({} entries); give --dir a new or empty directory",
+            dir.display(),
+            others.len()
+        );
+    }
+    let claim = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&marker)
+        .with_context(|| format!("creating {}", marker.display()))?;
+    // SAFETY: flock on a file we hold open.
+    if unsafe { libc::flock(claim.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("another strata demo is running in {}", dir.display());
+    }
+    for p in others {
+        let gone = if p.is_dir() && !p.is_symlink() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        gone.with_context(|| format!("removing {} (left by an earlier demo)", p.display()))?;
+    }
+    Ok(claim)
+}
+
 pub fn run(args: DemoArgs) -> Result<()> {
     if crate::which("fio").is_none() {
         bail!("the demo drives the volume with fio; install it (scripts/setup.sh does)");
     }
-    let _ = std::fs::remove_dir_all(&args.dir);
-    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
+    let _claim = claim_dir(&args.dir)?;
     let dir = args.dir.canonicalize()?;
     let sock = dir.join("nbd.sock");
     let origin_file = FileSpec::new(dir.join("origin.img"));
@@ -185,4 +225,32 @@ fn phase(
     }
     let report = crate::fio_json(&out.stdout)?;
     Ok(PhaseResult { iops: report["jobs"][0]["read"]["iops"].as_f64().unwrap_or(0.0), samples })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The demo empties only a directory of its own, and never one another demo is using.
+    #[test]
+    fn the_demo_takes_only_a_directory_of_its_own() {
+        let base = tempfile::tempdir().unwrap();
+        let user = base.path().join("precious");
+        std::fs::create_dir_all(user.join("sub")).unwrap();
+        std::fs::write(user.join("thesis.txt"), "mine").unwrap();
+        let why = claim_dir(&user).unwrap_err().to_string();
+        assert!(why.contains("not a strata demo's"), "{why}");
+        assert_eq!(std::fs::read_to_string(user.join("thesis.txt")).unwrap(), "mine");
+        assert!(user.join("sub").is_dir() && !user.join(MARKER).exists());
+
+        let demo = base.path().join("demo");
+        let first = claim_dir(&demo).unwrap();
+        std::fs::write(demo.join("cache.img"), "old run").unwrap();
+        let why = claim_dir(&demo).unwrap_err().to_string();
+        assert!(why.contains("another strata demo"), "{why}");
+        assert!(demo.join("cache.img").exists(), "a running demo's files are left alone");
+        drop(first);
+        let _again = claim_dir(&demo).unwrap();
+        assert!(!demo.join("cache.img").exists() && demo.join(MARKER).exists());
+    }
 }

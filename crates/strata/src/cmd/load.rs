@@ -41,7 +41,7 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 32)]
     pub iodepth: usize,
     /// How long to run.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = super::seconds_arg)]
     pub seconds: f64,
     /// Set FUA on every write.
     #[arg(long)]

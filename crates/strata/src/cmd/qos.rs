@@ -36,8 +36,8 @@ Writes put back the data a read just got: run it while nothing else writes the d
 pub struct CalibrateArgs {
     /// The device to measure.
     pub spec: Spec,
-    /// Seconds spent on each of the six figures.
-    #[arg(long, default_value_t = 2.0)]
+    /// Seconds spent on each of the six figures (at least 0.01).
+    #[arg(long, default_value_t = 2.0, value_parser = super::seconds_arg)]
     pub seconds: f64,
     /// Requests in flight (default: 1 on a rotational device, 32 otherwise).
     #[arg(long)]
