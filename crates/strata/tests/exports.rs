@@ -108,6 +108,22 @@ fn a_volume_that_fails_to_open_at_start_leaves_the_others_closed_cleanly() {
     assert!(why.contains("volume b") && why.contains("cannot claim"), "{why}");
     let check = ok(strata(&["cache", "check", cache.to_str().unwrap()]));
     assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");
+    // The same when a listener cannot bind after the volumes opened (the admin port taken);
+    // the socket bound before it is removed.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = dir.path().join("s.sock");
+    let why = refused(strata(&[
+        "serve",
+        "--unix",
+        sock.to_str().unwrap(),
+        "--admin",
+        &taken.local_addr().unwrap().to_string(),
+        &format!("a=cache:{}", cache.display()),
+    ]));
+    assert!(why.contains("binding admin"), "{why}");
+    let check = ok(strata(&["cache", "check", cache.to_str().unwrap()]));
+    assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");
+    assert!(!sock.exists(), "the socket was left behind");
 }
 
 #[test]

@@ -224,37 +224,55 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // sees the socket.
         let stop = stop_signal()?;
         let mut tasks = Vec::new();
-        if let Some(path) = &unix {
-            if let Ok(found) = std::fs::symlink_metadata(path) {
-                // A socket left by a previous run: remove it only if nobody answers on it.
-                // Anything else at that path is the user's, not ours to remove.
-                if !std::os::unix::fs::FileTypeExt::is_socket(&found.file_type()) {
-                    bail!("{} exists and is not a socket; give --unix a path that is free or a socket", path.display());
+        let mut bound_unix = false;
+        let listening: Result<()> = async {
+            if let Some(path) = &unix {
+                if let Ok(found) = std::fs::symlink_metadata(path) {
+                    // A socket left by a previous run: remove it only if nobody answers on it.
+                    // Anything else at that path is the user's, not ours to remove.
+                    if !std::os::unix::fs::FileTypeExt::is_socket(&found.file_type()) {
+                        bail!("{} exists and is not a socket; give --unix a path that is free or a socket", path.display());
+                    }
+                    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                        bail!("{} is in use by a running server", path.display());
+                    }
+                    std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
                 }
-                if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                    bail!("{} is in use by a running server", path.display());
+                let l = tokio::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+                let s = server.clone();
+                tasks.push(tokio::spawn(async move { s.serve_unix(l).await }));
+                bound_unix = true;
+                eprintln!("strata: serving NBD on unix:{}", path.display());
+            }
+            if let Some(addr) = &tcp {
+                let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+                let s = server.clone();
+                tasks.push(tokio::spawn(async move { s.serve_tcp(l).await }));
+                eprintln!("strata: serving NBD on tcp:{addr}");
+            }
+            if let Some(addr) = &admin_addr {
+                let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin {addr}"))?;
+                let loopback = l.local_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
+                if !loopback && admin.token.is_none() {
+                    eprintln!("strata: warning: the admin endpoint {addr} is reachable beyond this host without a token (--admin-token-file)");
                 }
-                std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+                tokio::spawn(http::serve(l, admin.clone()));
+                eprintln!("strata: admin endpoint on http://{addr}/status and /metrics");
             }
-            let l = tokio::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-            let s = server.clone();
-            tasks.push(tokio::spawn(async move { s.serve_unix(l).await }));
-            eprintln!("strata: serving NBD on unix:{}", path.display());
+            Ok(())
         }
-        if let Some(addr) = &tcp {
-            let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-            let s = server.clone();
-            tasks.push(tokio::spawn(async move { s.serve_tcp(l).await }));
-            eprintln!("strata: serving NBD on tcp:{addr}");
-        }
-        if let Some(addr) = &admin_addr {
-            let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin {addr}"))?;
-            let loopback = l.local_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
-            if !loopback && admin.token.is_none() {
-                eprintln!("strata: warning: the admin endpoint {addr} is reachable beyond this host without a token (--admin-token-file)");
+        .await;
+        if let Err(e) = listening {
+            // Close the volumes opened, as when one fails to open: a cache left open would be
+            // marked unclean (every restart of a unit whose port is taken would do it).
+            server.shutdown();
+            for v in admin.volumes() {
+                let _ = admin.remove(&v.name, true).await;
             }
-            tokio::spawn(http::serve(l, admin.clone()));
-            eprintln!("strata: admin endpoint on http://{addr}/status and /metrics");
+            if let (true, Some(path)) = (bound_unix, &unix) {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
         }
         for v in &admin.volumes() {
             eprintln!("strata: export {:?}: {} bytes, {}", v.name, v.dev.size(), v.dev.describe());
