@@ -41,6 +41,10 @@ type Vol = Arc<StatsDev<Arc<dyn BlockDev>>>;
 /// The file that marks a directory as the demo's own.
 const MARKER: &str = ".strata-demo";
 
+/// The files a demo run makes (a directory holding only these is an earlier run's, marked
+/// or not: runs before the marker left none).
+const MADE: [&str; 3] = ["origin.img", "cache.img", "nbd.sock"];
+
 /// Makes `dir` the demo's for this run: created if missing; refused if it holds anything but
 /// an earlier demo run's files (never a user's), or if another demo is running there (its
 /// marker is locked); else emptied. The marker stays locked while the returned file is open.
@@ -55,7 +59,8 @@ fn claim_dir(dir: &Path) -> Result<std::fs::File> {
         .into_iter()
         .filter(|p| p != &marker)
         .collect();
-    if !others.is_empty() && !marker.exists() {
+    let made = |p: &PathBuf| p.file_name().is_some_and(|n| MADE.iter().any(|m| n == *m));
+    if !marker.exists() && !others.iter().all(made) {
         bail!(
             "{} holds files that are not a strata demo's ({} entries); give --dir a new or empty directory",
             dir.display(),
@@ -242,6 +247,13 @@ mod tests {
         assert!(why.contains("not a strata demo's"), "{why}");
         assert_eq!(std::fs::read_to_string(user.join("thesis.txt")).unwrap(), "mine");
         assert!(user.join("sub").is_dir() && !user.join(MARKER).exists());
+
+        // An earlier run's files without the marker (runs before it left none) are taken.
+        let old = base.path().join("old");
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::write(old.join("cache.img"), "old run").unwrap();
+        drop(claim_dir(&old).unwrap());
+        assert!(!old.join("cache.img").exists());
 
         let demo = base.path().join("demo");
         let first = claim_dir(&demo).unwrap();
