@@ -16,6 +16,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 use strata_io::metrics::{latency_histogram, MetricKind, Sample};
+use strata_io::query::{percent_decode, percent_encode};
 use strata_io::stats::{StatsDev, LATENCY_BUCKETS_US, OPS};
 use strata_io::BlockDev;
 use strata_nbd::{Export, Server};
@@ -38,6 +39,12 @@ pub struct Admin {
     opener: Opener,
     /// When set, every request must carry `Authorization: Bearer TOKEN`.
     pub token: Option<String>,
+}
+
+/// A volume name as every way of naming one takes it (`NAME=SPEC`, a config file, the
+/// admin endpoint): not empty, and no `=`, `/` or `?`.
+pub fn volume_name_ok(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['=', '/', '?'])
 }
 
 /// The environment variable the admin commands (`strata status`, `cache set`, ...) read a
@@ -100,7 +107,7 @@ impl Admin {
     pub async fn add(&self, name: &str, spec: &Spec, read_only: bool) -> anyhow::Result<Arc<Volume>> {
         strata_nbd::check_name(name).map_err(anyhow::Error::msg)?;
         // As on the command line (`NAME=SPEC`), wherever the name comes from.
-        if name.is_empty() || name.contains(['=', '/', '?']) {
+        if !volume_name_ok(name) {
             bail!("volume name {name:?}: a name is not empty and holds no '=', '/' or '?'");
         }
         if self.volumes.read().iter().any(|v| v.name == name) {
@@ -283,7 +290,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 ("GET", "/status") => ("200 OK", "application/json", admin.status_text()),
                 ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
                 ("POST", r) if r.strip_prefix("/volumes/").and_then(|n| n.strip_suffix("/message")).is_some() => {
-                    let name = decoded(&r["/volumes/".len()..r.len() - "/message".len()]);
+                    let name = name_in_path(&r["/volumes/".len()..r.len() - "/message".len()]);
                     match admin.volumes().iter().find(|v| v.name == name) {
                         None => ("404 Not Found", "text/plain", format!("no volume named {name:?}\n")),
                         Some(v) => match v.dev.message(body.trim()).await {
@@ -305,7 +312,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 }
                 ("DELETE", r) if r.starts_with("/exports/") => {
                     let force = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "force"));
-                    match admin.remove(&decoded(&r["/exports/".len()..]), force).await {
+                    match admin.remove(&name_in_path(&r["/exports/".len()..]), force).await {
                         Ok(()) => ("200 OK", "text/plain", "removed\n".to_string()),
                         Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
                     }
@@ -326,6 +333,12 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
             let _ = stream.shutdown().await;
         });
     }
+}
+
+/// A volume name from a request path, percent-encoding undone (`percent_encode` on the
+/// client side); a segment that does not decode is taken as it is.
+fn name_in_path(segment: &str) -> String {
+    percent_decode(segment).unwrap_or_else(|_| segment.to_string())
 }
 
 /// Reads one request: its head, method, path and body (bounded sizes).
@@ -390,44 +403,18 @@ pub async fn add_export(addr: &str, named: &str, read_only: bool) -> anyhow::Res
 
 /// Removes export `name` from a running server.
 pub async fn remove_export(addr: &str, name: &str, force: bool) -> anyhow::Result<String> {
-    request(addr, "DELETE", &format!("/exports/{}{}", encoded(name), if force { "?force" } else { "" }), "").await
+    request(
+        addr,
+        "DELETE",
+        &format!("/exports/{}{}", percent_encode(name, true), if force { "?force" } else { "" }),
+        "",
+    )
+    .await
 }
 
 /// Sends a control message to a volume of a running server.
 pub async fn message(addr: &str, volume: &str, msg: &str) -> anyhow::Result<String> {
-    request(addr, "POST", &format!("/volumes/{}/message", encoded(volume)), msg).await
-}
-
-/// A volume name as one segment of a request path: every byte but letters, digits and
-/// `-._~` percent-encoded (names may hold spaces, `/`, `?` or any other character).
-fn encoded(name: &str) -> String {
-    name.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A path segment's name, percent-decoding undone (a malformed escape is kept as it is).
-fn decoded(segment: &str) -> String {
-    let b = segment.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
-        match (b[i], hex) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    request(addr, "POST", &format!("/volumes/{}/message", percent_encode(volume, true)), msg).await
 }
 
 async fn request(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<String> {

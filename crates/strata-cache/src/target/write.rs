@@ -139,12 +139,11 @@ impl Inner {
                     };
                     // Writeback keeps the data (to fall back on); writethrough has it in the origin.
                     let r: Result<Option<Buf>> = if writeback {
-                        let keep = partial.as_ref().map(|d| Buf::from_slice(d));
                         match self.cache.write(self.slot_offset(s), block_data, fua).await {
                             Ok(d) => Ok(Some(d)),
                             Err(e) => {
                                 self.cache_write_failed(b, s, &e);
-                                match keep {
+                                match partial {
                                     // The piece alone goes to the origin, as to an uncached block.
                                     Some(d) => return self.write_origin(b, within, d, fua).await.map(|_| None),
                                     None => return Err(e),

@@ -126,7 +126,7 @@ pub struct ServeArgs {
 /// Parses `NAME=SPEC`.
 pub fn parse_named(arg: &str) -> Result<(String, Spec), String> {
     match arg.split_once('=') {
-        Some((name, spec)) if !name.is_empty() && !spec.is_empty() && !name.contains(['/', '?']) => {
+        Some((name, spec)) if crate::http::volume_name_ok(name) && !spec.is_empty() => {
             Ok((name.to_string(), spec.parse().map_err(|e: strata_io::Error| e.to_string())?))
         }
         _ => Err(format!("expected NAME=SPEC (e.g. vol0=/var/lib/strata/vol0.img), got {arg:?}")),
