@@ -91,6 +91,46 @@ async fn writes_the_cache_device_fails_still_reach_the_origin() {
     }
 }
 
+/// In writeback, the first write the cache device refuses succeeds too: a whole block
+/// promoted on a write miss, and a clean cached block rewritten (whole or in part), each
+/// goes to the origin instead, and the cached copy is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_cache_device_refuses_in_writeback_reaches_the_origin() {
+    for case in ["whole block, uncached", "whole block, clean cached", "part of a clean cached block"] {
+        let r = rig("writethrough").await;
+        r.dev.write(2 * BLOCK, fill(8), false).await.unwrap(); // promoted, clean
+        assert_eq!(status(&r.dev).cached_blocks, 1, "{case}");
+        r.dev.message("mode writeback").await.unwrap();
+        r.cache_faults.add(Rule::write_error(r.data.clone()).no_space().always());
+        let mut want = vec![8u8; BLOCK as usize];
+        let b = match case {
+            "whole block, uncached" => {
+                want = vec![5; BLOCK as usize];
+                r.dev.write(9 * BLOCK, fill(5), true).await.unwrap();
+                9
+            }
+            "whole block, clean cached" => {
+                want = vec![5; BLOCK as usize];
+                r.dev.write(2 * BLOCK, fill(5), true).await.unwrap();
+                2
+            }
+            _ => {
+                want[512..1536].fill(6);
+                r.dev.write(2 * BLOCK + 512, Buf::from_slice(&[6; 1024]), true).await.unwrap();
+                2
+            }
+        };
+        let s = status(&r.dev);
+        assert!(s.degraded && s.faults.iter().any(|f| f.contains("cache slot")), "{case}: {s:?}");
+        let untouched = u64::from(b != 2); // block 2 stays cached when another is written
+        assert_eq!((s.dirty_blocks, s.cached_blocks), (0, untouched), "{case}");
+        assert_eq!(read(&r.dev, b).await.unwrap(), want, "{case}");
+        let on_origin = r.origin.read(b * BLOCK, Buf::zeroed(BLOCK as usize)).await.unwrap();
+        assert_eq!(on_origin.to_vec(), want, "{case}: on the origin");
+        r.dev.check_invariants().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dirty_block_unreadable_is_reported_never_dropped() {
     let r = rig("writeback").await;

@@ -25,6 +25,16 @@ enum WritePlan {
     NeedSlot,
 }
 
+/// What became of one piece of a write.
+pub(super) enum Piece {
+    /// Written. With FUA, the table change that must be durable before the write is
+    /// acknowledged (the mapping of the slot that holds its data), if any.
+    Done(Option<u64>),
+    /// The cache device failed to take it and nothing else holds it: the caller, which still
+    /// has the bytes, writes them to the origin (`Inner::write_around`).
+    Refused,
+}
+
 impl Inner {
     pub(super) async fn write(self: &Arc<Self>, offset: u64, buf: Buf, fua: bool) -> Result<Buf> {
         strata_io::check_range("cache write", offset, buf.len() as u64, self.origin_bytes)
@@ -42,8 +52,13 @@ impl Inner {
         let pieces = self.pieces(offset, buf.len() as u64);
         let needs = futures_join(pieces.iter().map(|&(b, within, n)| {
             let start = (b * self.block + within - offset) as usize;
-            let data = Buf::from_slice(&buf[start..start + n as usize]);
-            self.write_piece(b, within, data, fua, bypass)
+            let bytes = &buf[start..start + n as usize];
+            async move {
+                match self.write_piece(b, within, Buf::from_slice(bytes), fua, bypass).await? {
+                    Piece::Done(need) => Ok(need),
+                    Piece::Refused => self.write_around(b, within, Buf::from_slice(bytes), fua).await,
+                }
+            }
         }))
         .await?;
         // A FUA write is durable only together with the mapping that finds its data.
@@ -53,8 +68,12 @@ impl Inner {
         Ok(buf)
     }
 
-    /// Writes one piece. With `fua`, returns the table change that must be durable before
-    /// the write is acknowledged (the mapping of the slot that holds its data), if any.
+    /// The origin takes a piece the cache device refused (`Piece::Refused`).
+    pub(super) async fn write_around(&self, b: u64, within: u64, data: Buf, fua: bool) -> Result<Option<u64>> {
+        self.write_origin(b, within, data, fua).await.map(|_| None)
+    }
+
+    /// Writes one piece.
     pub(super) fn write_piece(
         self: &Arc<Self>,
         b: u64,
@@ -62,7 +81,7 @@ impl Inner {
         data: Buf,
         fua: bool,
         bypass: bool,
-    ) -> BoxFut<'_, Result<Option<u64>>> {
+    ) -> BoxFut<'_, Result<Piece>> {
         Box::pin(async move {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;
@@ -80,7 +99,7 @@ impl Inner {
                     let r = self.cache.write(self.slot_offset(s) + within, data, fua).await;
                     self.refs[s as usize].fetch_sub(1, Relaxed);
                     r?;
-                    Ok(slot_change(s))
+                    Ok(Piece::Done(slot_change(s)))
                 }
                 WritePlan::Both(s) => {
                     // The slot stays the block's current copy: with FUA it must be durable too.
@@ -92,9 +111,9 @@ impl Inner {
                     self.refs[s as usize].fetch_sub(1, Relaxed);
                     a?;
                     c?;
-                    Ok(slot_change(s))
+                    Ok(Piece::Done(slot_change(s)))
                 }
-                WritePlan::Origin => self.write_origin(b, within, data, fua).await.map(|_| None),
+                WritePlan::Origin => self.write_origin(b, within, data, fua).await.map(|_| Piece::Done(None)),
                 WritePlan::NeedSlot => unreachable!("resolved above"),
                 WritePlan::Replace(old) => {
                     drop(guard);
@@ -143,11 +162,11 @@ impl Inner {
                             Ok(d) => Ok(Some(d)),
                             Err(e) => {
                                 self.cache_write_failed(b, s, &e);
-                                match partial {
-                                    // The piece alone goes to the origin, as to an uncached block.
-                                    Some(d) => return self.write_origin(b, within, d, fua).await.map(|_| None),
-                                    None => return Err(e),
-                                }
+                                // The piece alone goes to the origin, as to an uncached block.
+                                return match partial {
+                                    Some(d) => self.write_around(b, within, d, fua).await.map(Piece::Done),
+                                    None => Ok(Piece::Refused),
+                                };
                             }
                         }
                     } else {
@@ -162,7 +181,7 @@ impl Inner {
                         if let (Ok(_), Err(e)) = (&a, &c) {
                             // The origin has the write: only the promotion is lost.
                             self.cache_write_failed(b, s, e);
-                            return Ok(None);
+                            return Ok(Piece::Done(None));
                         }
                         a.and(c).map(|_| None)
                     };
@@ -176,7 +195,7 @@ impl Inner {
                                 }
                                 st.zeroed.remove(&b);
                                 Counters::bump(&self.counters.promotions);
-                                return Ok((writeback && fua).then(|| st.meta.changes()));
+                                return Ok(Piece::Done((writeback && fua).then(|| st.meta.changes())));
                             }
                             // The policy dropped the block while its data was on the way (it
                             // was chosen as another promotion's victim): the slot goes back,
@@ -187,7 +206,7 @@ impl Inner {
                             }
                             Ok(None) => {
                                 st.release(s);
-                                return Ok(None);
+                                return Ok(Piece::Done(None));
                             }
                             Err(e) => {
                                 st.policy.remove(b);
@@ -197,7 +216,7 @@ impl Inner {
                         }
                     };
                     // `homeless` is the whole block (merged if the write was partial).
-                    self.write_origin(b, 0, homeless, fua).await.map(|_| None)
+                    self.write_origin(b, 0, homeless, fua).await.map(|_| Piece::Done(None))
                 }
             }
         })
@@ -219,7 +238,7 @@ impl Inner {
         bypass: bool,
         old: u32,
         exclusive: OwnedRwLockWriteGuard<()>,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Piece> {
         let release_old = || self.refs[old as usize].fetch_sub(1, Relaxed);
         let (current, writeback, fresh) = {
             let st = self.state.lock();
@@ -270,30 +289,37 @@ impl Inner {
         release_old();
         if writeback {
             let r = self.cache.write(self.slot_offset(new), block_data, fua).await;
-            if let Err(e) = &r {
-                self.state.lock().fault(format!("a write of block {b} into cache slot {new} failed: {e}"));
-            }
             let homeless = {
                 let mut st = self.state.lock();
                 match r {
                     Err(e) => {
+                        // The old slot is clean (the origin holds what it holds): it goes,
+                        // and the write goes to the origin as to an uncached block.
+                        st.fault(format!("a write of block {b} into cache slot {new} failed: {e}"));
                         st.release(new);
-                        return Err(e);
+                        if st.map.get(&b) == Some(&old) {
+                            st.policy.remove(b);
+                            st.demote(b, &self.counters);
+                        }
+                        None
                     }
                     Ok(d) if st.map.get(&b) != Some(&old) => {
                         // Evicted or invalidated meanwhile: the data lives only in `new`.
                         st.release(new);
-                        d
+                        Some(d)
                     }
                     Ok(_) => {
                         st.unmap(b);
                         st.map_to(b, new, true);
                         st.policy.set_dirty(b);
-                        return Ok(fua.then(|| st.meta.changes()));
+                        return Ok(Piece::Done(fua.then(|| st.meta.changes())));
                     }
                 }
             };
-            return self.write_origin(b, 0, homeless, fua).await.map(|_| None);
+            return match homeless {
+                Some(d) => self.write_origin(b, 0, d, fua).await.map(|_| Piece::Done(None)),
+                None => self.write_around(b, within, data, fua).await.map(Piece::Done),
+            };
         }
         self.state.lock().unmap(b);
         let (a, c) = tokio::join!(
@@ -310,7 +336,7 @@ impl Inner {
                 st.policy.remove(b);
             }
         }
-        a.map(|_| None)
+        a.map(|_| Piece::Done(None))
     }
 
     /// A promotion's write into slot `s` failed: the slot goes back, the block is not cached,
