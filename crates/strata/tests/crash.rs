@@ -84,6 +84,31 @@ fn crashtest_command_reports_counts() {
     assert_eq!(out.status.success(), clean, "exit status follows the counts: {why}");
 }
 
+/// Options a mode does not use, and a target's modes given to another, are refused before
+/// anything runs: a run never reports on what it did not test.
+#[test]
+fn crashtest_refuses_what_its_mode_does_not_test() {
+    for (args, why) in [
+        (&["--mode", "faults", "--target", "thin"][..], "--target does not apply to --mode faults"),
+        (&["--mode", "faults", "--points", "3"][..], "--points does not apply to --mode faults"),
+        (&["--mode", "kill", "--clients", "4"][..], "--clients does not apply to --mode kill"),
+        (&["--mode", "kill", "--cache-mode", "writethrough"][..], "one mode only"),
+        (&["--mode", "kill", "--target", "thin", "--cache-mode", "eager"][..], "the modes zeroing, skip-zeroing"),
+        (&["--mode", "powercut", "--target", "writecache", "--cache-mode", "writeback"][..], "default, eager, paused"),
+        (&["--mode", "ext4", "--minutes", "1"][..], "--minutes does not apply to --mode ext4"),
+        (&["--mode", "soak", "--steps", "10"][..], "--steps does not apply to --mode soak"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .arg("crashtest")
+            .args(args)
+            .args(["--dir", "/nonexistent/strata-crashtest-refused"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(why), "{args:?}: {stderr}");
+    }
+}
+
 /// The power-cut suite at a small scale: every cache mode, 4 clients, devices that complete
 /// requests late and out of order, live mode switches, failed flushes (see
 /// `strata::crashtest::powercut_run`).

@@ -66,8 +66,10 @@ Example:
   strata crashtest --mode ext4 --points 0 --seed 1
   nice -n 19 strata crashtest --mode soak --minutes 30 --rate-iops 1500")]
 pub struct CrashtestArgs {
-    #[arg(long, default_value_t = 20)]
-    pub points: u64,
+    /// Points to run [default: 20] (powercut: per mode; ext4: flush points, 0 for every
+    /// one). Not for faults (always its 18 cells) or soak (one point per kill).
+    #[arg(long)]
+    pub points: Option<u64>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[arg(long, value_enum, default_value = "powercut")]
@@ -75,9 +77,10 @@ pub struct CrashtestArgs {
     /// Scratch directory (points that fail are kept there).
     #[arg(long, default_value = "/var/tmp/strata-crashtest")]
     pub dir: PathBuf,
-    /// Workload steps per point (powercut: requests of all clients together).
-    #[arg(long, default_value_t = 400)]
-    pub steps: usize,
+    /// Powercut and kill: workload steps per point (powercut: requests of all clients
+    /// together) [default: 400].
+    #[arg(long)]
+    pub steps: Option<usize>,
     /// Powercut and kill: the target crashed: the cache, the write log (writecache), or a thin
     /// volume of a pool, snapshotted at flush boundaries while it is written (thin).
     #[arg(long, default_value = "cache", value_parser = ["cache", "writecache", "thin"])]
@@ -89,21 +92,77 @@ pub struct CrashtestArgs {
     /// alternately).
     #[arg(long, default_value = "all", value_parser = ["writeback", "writethrough", "writearound", "passthrough", "cleaner", "default", "eager", "paused", "zeroing", "skip-zeroing", "all"])]
     pub cache_mode: String,
-    /// Powercut: clients issuing requests at once.
-    #[arg(long, default_value_t = 4)]
-    pub clients: usize,
-    /// Powercut: most a device takes to complete a write or flush, in microseconds.
-    #[arg(long, default_value_t = 1500)]
-    pub max_delay_us: u64,
-    /// How long the soak runs.
-    #[arg(long, default_value_t = 30)]
-    pub minutes: u64,
-    /// The soak's fio IOPS cap (reads and writes together).
-    #[arg(long, default_value_t = 1500)]
-    pub rate_iops: u32,
+    /// Powercut: clients issuing requests at once [default: 4].
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// Powercut: most a device takes to complete a write or flush, in microseconds
+    /// [default: 1500].
+    #[arg(long)]
+    pub max_delay_us: Option<u64>,
+    /// Soak: how long it runs [default: 30].
+    #[arg(long)]
+    pub minutes: Option<u64>,
+    /// Soak: fio's IOPS cap, reads and writes together [default: 1500].
+    #[arg(long)]
+    pub rate_iops: Option<u32>,
+}
+
+impl CrashtestArgs {
+    fn points(&self) -> u64 {
+        self.points.unwrap_or(20)
+    }
+
+    fn steps(&self) -> usize {
+        self.steps.unwrap_or(400)
+    }
+
+    fn clients(&self) -> usize {
+        self.clients.unwrap_or(4).max(1)
+    }
+
+    /// Refuses an option the mode does not use, or a target's mode another target has, so a
+    /// run never reports on something it did not test.
+    fn check(&self, target_modes: &[String]) -> Result<()> {
+        let mode = format!("{:?}", self.mode).to_lowercase();
+        let given = |name: &str, set: bool, modes: &[CrashMode]| {
+            let applies = modes.iter().any(|m| std::mem::discriminant(m) == std::mem::discriminant(&self.mode));
+            match set && !applies {
+                true => Err(anyhow::anyhow!("--{name} does not apply to --mode {mode}")),
+                false => Ok(()),
+            }
+        };
+        use CrashMode::*;
+        given("points", self.points.is_some(), &[Powercut, Kill, Ext4])?;
+        given("steps", self.steps.is_some(), &[Powercut, Kill])?;
+        given("clients", self.clients.is_some(), &[Powercut])?;
+        given("max-delay-us", self.max_delay_us.is_some(), &[Powercut])?;
+        given("minutes", self.minutes.is_some(), &[Soak])?;
+        given("rate-iops", self.rate_iops.is_some(), &[Soak])?;
+        given("target", self.target != "cache", &[Powercut, Kill])?;
+        given("cache-mode", self.cache_mode != "all", &[Powercut, Kill])?;
+        if self.cache_mode != "all" && !target_modes.contains(&self.cache_mode) {
+            anyhow::bail!(
+                "--mode {mode} --target {} runs {}, not {}",
+                self.target,
+                match target_modes.is_empty() {
+                    true => "one mode only (leave --cache-mode out)".to_string(),
+                    false => format!("the modes {}", target_modes.join(", ")),
+                },
+                self.cache_mode
+            );
+        }
+        Ok(())
+    }
 }
 
 pub fn run(a: CrashtestArgs) -> Result<()> {
+    let target_modes = match (a.mode, a.target.as_str()) {
+        (CrashMode::Powercut, "writecache") => WritecacheTarget.modes(),
+        (CrashMode::Powercut, "thin") | (CrashMode::Kill, "thin") => ThinTarget::MODES.map(String::from).to_vec(),
+        (CrashMode::Powercut, _) => CacheTarget.modes(),
+        _ => Vec::new(),
+    };
+    a.check(&target_modes)?;
     let setup = KillSetup {
         target: match a.target.as_str() {
             "writecache" => Killed::Writecache,
@@ -114,7 +173,7 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         dir: a.dir.clone(),
         origin_bytes: 16 << 20,
         cache_bytes: 8 << 20,
-        steps: a.steps,
+        steps: a.steps(),
         skip_zeroing: match a.cache_mode.as_str() {
             "zeroing" => Some(false),
             "skip-zeroing" => Some(true),
@@ -141,8 +200,8 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         let s = SoakSetup {
             strata: setup.strata,
             dir: a.dir.join("soak"),
-            duration: std::time::Duration::from_secs(a.minutes * 60),
-            rate_iops: a.rate_iops,
+            duration: std::time::Duration::from_secs(a.minutes.unwrap_or(30) * 60),
+            rate_iops: a.rate_iops.unwrap_or(1500),
             seed: a.seed,
         };
         let r = rt.block_on(soak(&s))?;
@@ -153,7 +212,7 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         ThinTarget::new()?;
     }
     let (mut lost, mut failures) = (0u64, 0u64);
-    for i in 0..a.points {
+    for i in 0..a.points() {
         let seed = a.seed + i;
         let out = match a.mode {
             CrashMode::Kill => rt.block_on(kill_point(&setup, seed))?,
@@ -170,15 +229,15 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
             eprintln!("seed {seed}: ok ({} sectors verified)", out.verdict.sectors);
         }
     }
-    finish(a.points, lost, failures)
+    finish(a.points(), lost, failures)
 }
 
 fn run_powercut<T: CrashTarget>(a: &CrashtestArgs, rt: &tokio::runtime::Runtime, target: &T) -> Result<()> {
     let modes = if a.cache_mode == "all" { target.modes() } else { vec![a.cache_mode.clone()] };
     let setup = PowercutSetup {
-        clients: a.clients.max(1),
-        steps: (a.steps / a.clients.max(1)).max(4),
-        max_delay: std::time::Duration::from_micros(a.max_delay_us),
+        clients: a.clients(),
+        steps: (a.steps() / a.clients()).max(4),
+        max_delay: std::time::Duration::from_micros(a.max_delay_us.unwrap_or(1500)),
         ..PowercutSetup::default()
     };
     let (mut points, mut lost, mut failures, mut unstable) = (0, 0, 0, 0);
@@ -186,7 +245,7 @@ fn run_powercut<T: CrashTarget>(a: &CrashtestArgs, rt: &tokio::runtime::Runtime,
     for mode in &modes {
         let (mut m_lost, mut m_failures, mut m_unstable) = (0, 0, 0);
         let started = std::time::Instant::now();
-        for i in 0..a.points {
+        for i in 0..a.points() {
             let seed = a.seed + i;
             let out = rt.block_on(powercut_run(target, &setup, mode, seed))?;
             m_lost += out.verdict.lost;
@@ -205,11 +264,11 @@ fn run_powercut<T: CrashTarget>(a: &CrashtestArgs, rt: &tokio::runtime::Runtime,
                 }
             }
         }
-        let per = started.elapsed().as_secs_f64() / a.points.max(1) as f64;
-        let line = format!("{mode}: {} points, {m_lost} lost writes, {m_failures} check failures, {m_unstable} unstable reads ({per:.2} s per point)", a.points);
+        let per = started.elapsed().as_secs_f64() / a.points().max(1) as f64;
+        let line = format!("{mode}: {} points, {m_lost} lost writes, {m_failures} check failures, {m_unstable} unstable reads ({per:.2} s per point)", a.points());
         eprintln!("{line}");
         lines.push(line);
-        points += a.points;
+        points += a.points();
         lost += m_lost;
         failures += m_failures;
         unstable += m_unstable;
@@ -258,7 +317,7 @@ fn run_ext4(a: &CrashtestArgs, rt: &tokio::runtime::Runtime) -> Result<()> {
             seed: a.seed,
             stack,
         };
-        let sum = rt.block_on(ext4::replay(&s, a.points as usize))?;
+        let sum = rt.block_on(ext4::replay(&s, a.points() as usize))?;
         eprintln!(
             "{} volume: {} flush points, {} cut, {} fsynced paths checked",
             stack.name(),

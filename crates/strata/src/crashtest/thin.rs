@@ -29,6 +29,9 @@ const VOLUME: u32 = 1;
 pub struct ThinTarget;
 
 impl ThinTarget {
+    /// Its modes: new blocks zeroed or not (dm-thin's `skip_block_zeroing`).
+    pub const MODES: [&str; 2] = ["zeroing", "skip-zeroing"];
+
     /// The target, once `thin_check` is known to run (every point needs it).
     pub fn new() -> anyhow::Result<ThinTarget> {
         match std::process::Command::new("thin_check").arg("-V").output() {
@@ -78,7 +81,7 @@ impl CrashTarget for ThinTarget {
     type Vol = ThinDev;
 
     fn modes(&self) -> Vec<String> {
-        ["zeroing", "skip-zeroing"].iter().map(|m| m.to_string()).collect()
+        ThinTarget::MODES.map(String::from).to_vec()
     }
 
     async fn create(
