@@ -20,6 +20,8 @@ pub struct Counters {
     pub writebacks: AtomicU64,
     /// Origin writes that write-back made (adjacent dirty blocks merge into one).
     pub writeback_writes: AtomicU64,
+    /// Write-backs that failed; their blocks stay dirty.
+    pub writeback_errors: AtomicU64,
     pub bypassed: AtomicU64,
     /// Partial writes to uncached blocks in writethrough, sent to the origin alone.
     pub partial_writes_around: AtomicU64,

@@ -144,6 +144,8 @@ cache_status! {
     writebacks: u64 = counter("strata_cache_writebacks_total"), "Dirty blocks written back to the origin.";
     writeback_writes: u64 = counter("strata_cache_writeback_writes_total"),
         "Origin writes made by write-back: adjacent dirty blocks go in one.";
+    writeback_errors: u64 = counter("strata_cache_writeback_errors_total"),
+        "Write-backs that failed (the origin refused the write, or the slot could not be read); the blocks stay dirty.";
     dirty_blocks: u64 = gauge("strata_cache_dirty_blocks"), "Cached blocks newer than the origin.";
     cached_blocks: u64 = gauge("strata_cache_cached_blocks"), "Cache blocks holding an origin block.";
     cache_blocks: u64 = gauge("strata_cache_capacity_blocks"), "Cache blocks in all.";

@@ -454,6 +454,60 @@ fn one_server_refuses_a_cache_beside_its_origin_raw() {
     srv.stop();
 }
 
+/// `cache flush`, `cache detach` and `writecache detach` fail, rather than wait forever, once
+/// the origin refuses write-back; the blocks stay dirty and readable.
+#[test]
+fn flush_and_detach_fail_when_the_origin_refuses_write_back() {
+    let d = common::tempdir();
+    assert!(create(d.path(), &["--mode", "writeback"]).status.success());
+    let (origin2, log) = (d.path().join("origin2.img"), d.path().join("log.img"));
+    let o = strata(&[
+        "writecache",
+        "create",
+        "--origin",
+        &format!("{}?size=32MiB", origin2.display()),
+        "--cache",
+        &format!("{}?size=8MiB", log.display()),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let failing = |target: &str, path: &Path, origin: &Path| {
+        format!("{target}:{}?origin=fault:write:eio:always@{}", path.display(), origin.display())
+    };
+    let args = vec![
+        format!("vol={}", failing("cache", &d.path().join("cache.img"), &d.path().join("origin.img"))),
+        format!("log={}", failing("writecache", &log, &origin2)),
+    ];
+    let srv = common::Server::start_opts(
+        tempfile::tempdir_in(d.path()).unwrap(),
+        common::ServerOpts { admin: true, args, ..Default::default() },
+    );
+    let data = common::random_bytes(256 << 10, 9);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for name in ["vol", "log"] {
+        rt.block_on(async {
+            let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), name).await.unwrap();
+            c.write(1 << 20, &data, false).await.unwrap();
+            c.flush().await.unwrap();
+        });
+    }
+    let admin = srv.admin.clone().unwrap();
+    for args in [["cache", "flush"], ["cache", "detach"], ["writecache", "detach"]] {
+        let name = if args[0] == "cache" { "vol" } else { "log" };
+        let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
+        c.args(args).args(["--admin", &admin, name]);
+        let o = common::output(&mut c, std::time::Duration::from_secs(60));
+        let e = stderr(&o);
+        assert!(!o.status.success() && e.contains("write-back failed") && e.contains("still dirty"), "{args:?}: {e}");
+    }
+    for name in ["vol", "log"] {
+        rt.block_on(async {
+            let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), name).await.unwrap();
+            common::assert_same_bytes(&c.read(1 << 20, data.len() as u32).await.unwrap(), &data, name);
+        });
+    }
+    srv.stop();
+}
+
 /// A detached cache served again after its origin was written without it reads what the
 /// origin holds now, not its old clean copies, and writes none of them back.
 #[test]

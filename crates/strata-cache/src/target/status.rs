@@ -28,6 +28,7 @@ impl Inner {
             demotions: c.demotions.load(R),
             writebacks: c.writebacks.load(R),
             writeback_writes: c.writeback_writes.load(R),
+            writeback_errors: c.writeback_errors.load(R),
             dirty_blocks: st.policy.dirty_len() as u64,
             cached_blocks: st.map.len() as u64,
             cache_blocks: sb.slots,

@@ -83,6 +83,7 @@ impl Inner {
         let put_back = |picked: &[(u64, u32, u32)], fault: Option<String>| {
             let mut st = self.state.lock();
             if let Some(f) = fault {
+                Counters::bump(&self.counters.writeback_errors);
                 st.fault(f);
             }
             for &(b, _, _) in picked {

@@ -321,22 +321,16 @@ async fn control(a: ControlArgs, what: &str) -> Result<()> {
     if a.no_wait {
         return Ok(());
     }
-    let dirty = |v: http::ServerStatus| -> Option<u64> {
-        let target = v.volumes.into_iter().find(|x| x.name == a.name)?.target?;
-        Some(strata_cache::CacheStatus::from_json(target)?.dirty_blocks)
-    };
-    let start = dirty(http::status(&a.admin).await?).context("that volume is not a cache")?;
-    let bar = ProgressBar::new(start.max(1));
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} blocks written back  {msg}")?);
-    loop {
-        let d = dirty(http::status(&a.admin).await?).unwrap_or(0);
-        bar.set_position(start.saturating_sub(d));
-        if d == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bar.finish_with_message("done");
+    wait_written_back(&a.admin, &a.name, |target| {
+        let s = strata_cache::CacheStatus::from_json(target).context("that volume is not a cache")?;
+        Ok(Drain {
+            dirty: s.dirty_blocks,
+            errors: s.writeback_errors,
+            stopped: s.stopped,
+            last_error: s.faults.into_iter().next(),
+        })
+    })
+    .await?;
     if what == "detach" {
         println!(
             "{}: the origin is complete; stop the server and remove the cache device, or serve the origin directly",
@@ -345,6 +339,56 @@ async fn control(a: ControlArgs, what: &str) -> Result<()> {
     } else {
         println!("{}: no dirty blocks", a.name);
     }
+    Ok(())
+}
+
+/// Where a volume's write-back stands, from its status.
+pub struct Drain {
+    pub dirty: u64,
+    /// Write-backs failed since the volume opened.
+    pub errors: u64,
+    /// Why the volume stopped serving, if it did.
+    pub stopped: Option<String>,
+    pub last_error: Option<String>,
+}
+
+/// Waits, with a progress bar, until volume `name` has no dirty block. Fails once write-back
+/// fails (its error count rises; the volume keeps its blocks dirty and tries again in the
+/// background) or the volume stops, rather than wait for what may never come.
+pub async fn wait_written_back(
+    admin: &str,
+    name: &str,
+    read: impl Fn(serde_json::Value) -> Result<Drain>,
+) -> Result<()> {
+    let drain = || async {
+        let v = http::status(admin).await?;
+        let target = v.volumes.into_iter().find(|x| x.name == name).and_then(|x| x.target);
+        read(target.with_context(|| format!("no volume {name:?} with a target"))?)
+    };
+    let first = drain().await?;
+    let bar = ProgressBar::new(first.dirty.max(1));
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} blocks written back  {msg}")?);
+    loop {
+        let d = drain().await?;
+        bar.set_position(first.dirty.saturating_sub(d.dirty));
+        if d.dirty == 0 {
+            break;
+        }
+        if let Some(why) = d.stopped {
+            bar.abandon();
+            bail!("{name}: stopped ({why}); {} blocks still dirty", d.dirty);
+        }
+        if d.errors > first.errors {
+            bar.abandon();
+            bail!(
+                "{name}: write-back failed: {}; {} blocks still dirty, tried again in the background (see `strata status`)",
+                d.last_error.as_deref().unwrap_or("no error recorded"),
+                d.dirty
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bar.finish_with_message("done");
     Ok(())
 }
 

@@ -1,13 +1,12 @@
 //! `strata writecache`: create a write log in front of an origin, tune a running one, write
 //! back its dirty blocks, detach it, and check or dump its entries offline.
 
-use crate::cmd::cache::{send_settings, Bytes, SetArgs};
+use crate::cmd::cache::{send_settings, wait_written_back, Bytes, Drain, SetArgs};
 use crate::http;
 use crate::open::{cache_device, open, open_file};
 use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use std::time::Duration;
 use strata_io::units::{format_size, format_size_exact};
 use strata_writecache::format::{
     Superblock, BLOCK_BYTES_DEFAULT, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, ORIGIN_TEXT_BYTES_MAX,
@@ -156,16 +155,11 @@ async fn detach(a: ControlArgs) -> Result<()> {
     // setting is kept across restarts).
     http::message(&a.admin, &a.name, "cleaner on").await?;
     http::message(&a.admin, &a.name, "writeback_running on").await?;
-    loop {
-        let v = http::status(&a.admin).await?;
-        let target = v.volumes.into_iter().find(|x| x.name == a.name).and_then(|x| x.target);
-        let s: WritecacheStatus =
-            serde_json::from_value(target.context("no such volume")?).context("that volume is not a writecache")?;
-        if s.dirty_blocks == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_written_back(&a.admin, &a.name, |target| {
+        let s: WritecacheStatus = serde_json::from_value(target).context("that volume is not a writecache")?;
+        Ok(Drain { dirty: s.dirty_blocks, errors: s.writeback_errors, stopped: s.stopped, last_error: s.last_error })
+    })
+    .await?;
     http::message(&a.admin, &a.name, "flush").await?;
     println!("{}: the origin is complete; stop the server and serve the origin directly", a.name);
     Ok(())
