@@ -106,8 +106,15 @@ pub struct Scan {
     pub newest: FxHashMap<u64, (u32, Entry)>,
     /// Valid entries older than their block's newest: (slot, entry).
     pub older: Vec<(u32, Entry)>,
-    /// Slots whose entry cannot be trusted: torn, data not matching, block out of range.
+    /// Slots whose entry recovery clears: data the last commit did not finish, a second
+    /// entry for one write.
     pub garbage: Vec<u32>,
+    /// Slots whose entry is damaged: a checksum that fails or a block past the origin. An
+    /// entry never crosses a sector, so no crash tears one: the block it held is unknown,
+    /// and recovery refuses to guess (`clear_damaged` after `check --repair`).
+    pub damaged: Vec<u32>,
+    /// What is wrong with each of `damaged`.
+    pub damage: Vec<String>,
     pub max_seq: u64,
     pub max_commit: u32,
     /// Human-readable findings about garbage entries (what `check` prints).
@@ -135,13 +142,12 @@ pub async fn scan(cache: &dyn BlockDev, sb: &Superblock) -> Result<Scan> {
                 Ok(None) => {}
                 Ok(Some(e)) if e.block < origin_blocks => all.push((s as u32, e)),
                 Ok(Some(e)) => {
-                    out.findings
-                        .push(format!("slot {s}: block {} beyond the origin ({origin_blocks} blocks)", e.block));
-                    out.garbage.push(s as u32);
+                    out.damage.push(format!("slot {s}: block {} beyond the origin ({origin_blocks} blocks)", e.block));
+                    out.damaged.push(s as u32);
                 }
                 Err(crate::format::TornEntry) => {
-                    out.findings.push(format!("slot {s}: entry checksum mismatch (torn or corrupt)"));
-                    out.garbage.push(s as u32);
+                    out.damage.push(format!("slot {s}: entry checksum mismatch"));
+                    out.damaged.push(s as u32);
                 }
             }
         }
@@ -187,4 +193,42 @@ pub async fn scan(cache: &dyn BlockDev, sb: &Superblock) -> Result<Scan> {
         }
     }
     Ok(out)
+}
+
+impl Scan {
+    /// Refuses a log with damaged entries: serving it would read an older copy, or the
+    /// origin's, of whatever block such an entry held.
+    pub fn refuse_damage(&self, cache: &dyn BlockDev) -> Result<()> {
+        if self.damaged.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<&str> = self.damage.iter().map(String::as_str).take(4).collect();
+        Err(Error::new(
+            ErrorKind::Invalid,
+            format!(
+                "{}: {} damaged entries ({}{}): the blocks they held are unknown; `strata writecache check --repair` clears them, losing those blocks' logged data",
+                cache.describe(),
+                self.damaged.len(),
+                shown.join("; "),
+                if self.damaged.len() > shown.len() { "; ..." } else { "" }
+            ),
+        ))
+    }
+}
+
+/// Clears the entries of `slots` (a repair that accepts losing what they held), durably.
+pub async fn clear_damaged(cache: &dyn BlockDev, sb: &Superblock, slots: &[u32]) -> Result<()> {
+    let mut pages: Vec<u64> = slots.iter().map(|&s| s as u64 / ENTRIES_PER_PAGE).collect();
+    pages.sort_unstable();
+    pages.dedup();
+    for p in pages {
+        let at = sb.entries_offset() + p * ENTRY_PAGE_BYTES;
+        let mut page = cache.read(at, Buf::zeroed(ENTRY_PAGE_BYTES as usize)).await?;
+        for &s in slots.iter().filter(|&&s| s as u64 / ENTRIES_PER_PAGE == p) {
+            let i = (s as u64 % ENTRIES_PER_PAGE * ENTRY_BYTES) as usize;
+            Entry::encode_free(&mut page[i..]);
+        }
+        cache.write(at, page, false).await?;
+    }
+    cache.flush().await
 }

@@ -44,9 +44,11 @@ pub enum WritecacheCommand {
         after_help = "Example:\n  strata writecache origin /var/tmp/log.img --origin /var/tmp/origin-restored.img"
     )]
     Origin(crate::cmd::cache::OriginArgs),
-    /// Verify a log's superblock and entries (offline).
-    #[command(after_help = "Example:\n  strata writecache check /var/tmp/log.img")]
-    Check(PathArgs),
+    /// Verify a log's superblock and entries (offline); exits 1 if an entry is damaged.
+    #[command(
+        after_help = "Example:\n  strata writecache check /var/tmp/log.img\n  strata writecache check --repair /var/tmp/log.img"
+    )]
+    Check(CheckArgs),
     /// Print a log's superblock and entries as JSON (offline).
     #[command(after_help = "Example:\n  strata writecache dump /var/tmp/log.img")]
     Dump(PathArgs),
@@ -89,6 +91,16 @@ pub struct ControlArgs {
 pub struct PathArgs {
     /// The log's device.
     pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The log's device.
+    pub path: String,
+    /// Clear damaged entries, so the log opens again: the logged data of the blocks they held
+    /// is lost (those blocks read as the log's older copy, or the origin's).
+    #[arg(long)]
+    pub repair: bool,
 }
 
 pub fn run(args: WritecacheArgs) -> Result<()> {
@@ -175,13 +187,27 @@ fn describe(sb: &Superblock) -> String {
     )
 }
 
-async fn run_check(a: PathArgs) -> Result<()> {
-    let dev = cache_device(a.path.as_ref(), true)?;
+async fn run_check(a: CheckArgs) -> Result<()> {
+    let dev = cache_device(a.path.as_ref(), !a.repair)?;
     let sb = offline::superblock(&*dev, None).await.with_context(|| a.path.clone())?;
     let scan = offline::scan(&*dev, &sb).await.with_context(|| a.path.clone())?;
     println!("{}: superblock ok ({})", a.path, describe(&sb));
     for f in &scan.findings {
         println!("{}: cleared on open: {f}", a.path);
+    }
+    for f in &scan.damage {
+        println!("{}: damaged: {f}", a.path);
+    }
+    if !scan.damaged.is_empty() {
+        if !a.repair {
+            bail!(
+                "{}: {} damaged entries: the log does not open; `--repair` clears them, losing the logged data of the blocks they held",
+                a.path,
+                scan.damaged.len()
+            );
+        }
+        offline::clear_damaged(&*dev, &sb, &scan.damaged).await.with_context(|| a.path.clone())?;
+        println!("{}: cleared {} damaged entries", a.path, scan.damaged.len());
     }
     println!(
         "{}: entries ok: {} blocks logged, {} older copies awaiting clearing, last commit {}",
@@ -210,6 +236,7 @@ async fn run_dump(a: PathArgs) -> Result<()> {
         "blocks": newest.into_iter().map(entry).collect::<Vec<_>>(),
         "older": scan.older.iter().map(|(s, e)| entry((e.block, *s, e.seq, e.commit, e.flags))).collect::<Vec<_>>(),
         "untrusted": scan.findings,
+        "damaged": scan.damage,
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
