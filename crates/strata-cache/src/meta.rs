@@ -24,6 +24,8 @@ pub struct Meta {
     changes: u64,
     /// Per slot: the number of its last change.
     slot_changed: Vec<u64>,
+    /// Slots whose entry `load` found wrong (its findings' errors), for `repair`.
+    damaged: Vec<u32>,
 }
 
 /// Pages to write for one commit, prepared under the state lock and written outside it.
@@ -56,6 +58,7 @@ impl Meta {
             commit_seq: 1,
             changes: 0,
             slot_changed: vec![0; sb.slots as usize],
+            damaged: Vec::new(),
             layout,
             sb,
         }
@@ -184,14 +187,25 @@ impl Meta {
             let (a, b) = (copy(0), copy(1));
             let chosen = match (&a, &b) {
                 (Ok((sa, _)), Ok((sb_, _))) => Some(if sa >= sb_ { 0 } else { 1 }),
-                (Ok(_), Err(p)) | (Err(p), Ok(_)) => {
-                    if *p != PageProblem::NeverWritten {
-                        findings
-                            .repaired
-                            .push(format!("table page {page}: one copy unusable ({p:?}); using the other"));
-                        rewrite.push(page);
+                (Ok((seq, _)), Err(p)) | (Err(p), Ok((seq, _))) => {
+                    let bad = if a.is_ok() { 1 } else { 0 };
+                    // A crash tears only a copy its last commit was writing, and never zeroes
+                    // one (both are written when the cache is made). After a clean shutdown,
+                    // or zeroed, the copy was damaged since: it may have been the newer, and
+                    // the other older than what was acknowledged.
+                    if sb.clean_shutdown || *p == PageProblem::NeverWritten {
+                        findings.errors.push(format!(
+                            "table page {page}: copy {bad} damaged ({p:?}); copy {} (commit {seq}) may be older than what was acknowledged",
+                            bad ^ 1
+                        ));
+                    } else {
+                        findings.repaired.push(format!(
+                            "table page {page}: copy {bad} unusable ({p:?}), as a commit under way at a crash leaves it; using copy {}",
+                            bad ^ 1
+                        ));
                     }
-                    Some(if a.is_ok() { 0 } else { 1 })
+                    rewrite.push(page);
+                    Some(bad ^ 1)
                 }
                 (Err(pa), Err(pb)) => {
                     findings.errors.push(format!("table page {page}: both copies unusable ({pa:?}, {pb:?})"));
@@ -220,6 +234,7 @@ impl Meta {
             commit_seq,
             changes: 0,
             slot_changed: vec![0; slots],
+            damaged: Vec::new(),
             entries,
             layout,
             sb,
@@ -242,6 +257,7 @@ impl Meta {
             if !e.valid {
                 if e.dirty {
                     findings.errors.push(format!("slot {slot}: dirty bit on an unmapped slot"));
+                    self.damaged.push(slot);
                 }
                 continue;
             }
@@ -250,6 +266,7 @@ impl Meta {
                     "slot {slot}: maps origin block {} beyond the origin's {origin_blocks} blocks",
                     e.origin_block
                 ));
+                self.damaged.push(slot);
                 continue;
             }
             match owner.get(&e.origin_block).copied() {
@@ -263,6 +280,7 @@ impl Meta {
                             "slots {other} and {slot} both map origin block {} with the same generation",
                             e.origin_block
                         ));
+                        self.damaged.extend([other, slot]);
                         continue;
                     }
                     let (keep, lose) = if e.generation > o.generation { (slot, other) } else { (other, slot) };
@@ -275,6 +293,18 @@ impl Meta {
                 }
             }
         }
+    }
+
+    /// Accepts what `load` found wrong: unmaps every slot whose entry was wrong (the origin's
+    /// copy of its block is read from then on) and marks every page to be written, so that
+    /// two commits rewrite both copies of each. Returns the slots unmapped.
+    pub fn repair(&mut self) -> usize {
+        let damaged = std::mem::take(&mut self.damaged);
+        for &s in &damaged {
+            self.set(s, 0, false, false);
+        }
+        self.touch_all();
+        damaged.len()
     }
 
     /// Writes the superblock into the copy not holding the current one.

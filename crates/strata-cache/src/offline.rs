@@ -90,6 +90,32 @@ pub async fn check(dev: &dyn BlockDev) -> Result<(Superblock, Findings)> {
     Ok((meta.sb, findings))
 }
 
+/// `strata cache check --repair`: accepts the damage `check` finds (unmapping the slots
+/// whose entries are wrong, and whatever a page with both copies damaged held), rewrites
+/// both copies of every table page, and checks again. Returns the findings before, and the
+/// number of slots unmapped.
+pub async fn repair(dev: &dyn BlockDev) -> Result<(Findings, usize)> {
+    let (mut meta, findings) = Meta::load(dev).await?;
+    if findings.errors.is_empty() {
+        return Ok((findings, 0));
+    }
+    let unmapped = meta.repair();
+    for _ in 0..2 {
+        let batch = meta.prepare_commit();
+        for (_, off, _, bytes) in &batch.pages {
+            dev.write(*off, Buf::from_slice(bytes), false).await?;
+        }
+        meta.commit_done(&batch);
+        meta.touch_all();
+    }
+    dev.flush().await?;
+    let (_, after) = Meta::load(dev).await?;
+    if !after.errors.is_empty() {
+        return Err(invalid(format!("still damaged after the repair: {}", after.errors.join("; "))));
+    }
+    Ok((findings, unmapped))
+}
+
 /// `strata cache dump`: superblock and every mapped slot, as JSON.
 pub async fn dump(dev: &dyn BlockDev) -> Result<serde_json::Value> {
     let (meta, findings) = Meta::load(dev).await?;

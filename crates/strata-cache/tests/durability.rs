@@ -354,3 +354,62 @@ async fn recovery_rewrites_a_torn_table_copy() {
         findings.errors
     );
 }
+
+/// A damaged table copy that no crash explains is an error, not a silent fall back to the
+/// other copy (which may be older than what was acknowledged): a zeroed copy (both are
+/// written when the cache is made, and a torn write never zeroes one), or any damaged copy
+/// after a clean shutdown. A checksum failure after a crash stays a repair: its commit may
+/// have been under way. `offline::repair` accepts the damage and rewrites both copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_table_copy_no_crash_explains_is_an_error() {
+    use strata_cache::format::{decode_page, PAGE};
+    for (case, clean, zero, both) in [
+        ("flipped after a crash", false, false, false),
+        ("zeroed after a crash", false, true, false),
+        ("flipped after a clean shutdown", true, false, false),
+        ("both copies flipped after a crash", false, false, true),
+    ] {
+        let r = rig("writeback").await;
+        write_block(&r.dev, B, 2, true).await;
+        if clean {
+            r.dev.shutdown().await.unwrap();
+        }
+        let (origin, cache) = (r.origin.clone(), r.cache.clone());
+        drop(r);
+        let (meta, _) = Meta::load(&*cache).await.unwrap();
+        let offsets = [meta.layout.page_offset(0, 0), meta.layout.page_offset(0, 1)];
+        let mut copies = Vec::new();
+        for off in offsets {
+            copies.push(cache.read(off, Buf::zeroed(PAGE)).await.unwrap().to_vec());
+        }
+        let seq = |bytes: &[u8]| decode_page(0, bytes).map(|p| p.0).unwrap_or(0);
+        let newer = usize::from(seq(&copies[1]) > seq(&copies[0]));
+        let mut bad = copies[newer].clone();
+        match zero {
+            true => bad.fill(0),
+            false => bad[100] ^= 0xff,
+        }
+        cache.write(offsets[newer], Buf::from_slice(&bad), true).await.unwrap();
+        if both {
+            let mut bad = copies[newer ^ 1].clone();
+            bad[100] ^= 0xff;
+            cache.write(offsets[newer ^ 1], Buf::from_slice(&bad), true).await.unwrap();
+        }
+        let (_, findings) = Meta::load(&*cache).await.unwrap();
+        let want = if clean || zero || both { (1, 0) } else { (0, 1) };
+        assert_eq!((findings.errors.len(), findings.repaired.len()), want, "{case}: {findings:?}");
+        if findings.errors.is_empty() {
+            continue;
+        }
+        let (_, unmapped) = strata_cache::offline::repair(&*cache).await.unwrap();
+        assert_eq!(unmapped, 0, "{case}: no entry was wrong, a page copy was");
+        let (meta, findings) = Meta::load(&*cache).await.unwrap();
+        assert!(findings.errors.is_empty() && findings.repaired.is_empty(), "{case}: {findings:?}");
+        let dev = CacheDev::open(cache.clone(), origin, meta, OpenOptions::default()).await.unwrap();
+        let b = read_block(&dev, B).await;
+        assert!(b == fill(1) || b == fill(2), "{case}: the origin's copy or the older mapping's");
+        if both {
+            assert_eq!(b, fill(1), "{case}: the page's mappings are gone: the origin's copy");
+        }
+    }
+}

@@ -240,7 +240,7 @@ async fn open_cache(opener: &Opener, path: &Path, origin: Option<&Spec>) -> Resu
         Meta::load(&*cache).await.map_err(|e| Error::new(e.kind, format!("{shown}: {}", e.context)))?;
     if !findings.errors.is_empty() {
         return Err(invalid(format!(
-            "{shown}: metadata is damaged ({}); run `strata cache check {shown}`",
+            "{shown}: metadata is damaged ({}); `strata cache check {shown}` shows it, and `--repair` accepts the loss and rewrites it",
             findings.errors.join("; ")
         )));
     }

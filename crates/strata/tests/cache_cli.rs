@@ -339,15 +339,7 @@ fn one_damaged_superblock_copy_is_survived() {
     let c = strata(&["cache", "check", cache.to_str().unwrap()]);
     assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stdout));
     serve_and_stop(d.path(), &spec);
-    // Damage a table page copy: the other copy carries it.
-    let mut img = std::fs::read(&cache).unwrap();
-    img[8192 + 64] ^= 0xff;
-    std::fs::write(&cache, &img).unwrap();
-    let c = strata(&["cache", "check", cache.to_str().unwrap()]);
-    let out = String::from_utf8_lossy(&c.stdout);
-    // Page 0 was written twice by now (format, open), so one copy survives.
-    assert!(c.status.success(), "{out}");
-    assert!(out.contains("table page 0"), "{out}");
+    // A damaged table page copy is another matter: see `a_damaged_table_is_refused_until_repaired`.
 }
 
 #[test]
@@ -506,6 +498,43 @@ fn flush_and_detach_fail_when_the_origin_refuses_write_back() {
         });
     }
     srv.stop();
+}
+
+/// A table page copy damaged after a clean shutdown: `check` fails and names it, the cache
+/// does not open, and `check --repair` rewrites the table so it opens again.
+#[test]
+fn a_damaged_table_is_refused_until_repaired() {
+    let d = common::tempdir();
+    assert!(create(d.path(), &[]).status.success());
+    let cache = d.path().join("cache.img");
+    let path = cache.to_str().unwrap();
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&cache).unwrap();
+    let at = 8192 + 100; // table page 0, copy 0
+    let mut byte = [0u8];
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(at)).unwrap();
+    std::io::Read::read_exact(&mut f, &mut byte).unwrap();
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(at)).unwrap();
+    std::io::Write::write_all(&mut f, &[byte[0] ^ 0x40]).unwrap();
+    drop(f);
+    let c = strata(&["cache", "check", path]);
+    let out = String::from_utf8_lossy(&c.stdout).into_owned();
+    assert!(!c.status.success() && out.contains("table page 0: copy 0 damaged"), "{out}");
+    let e = serve_args_fail(d.path(), &[format!("vol=cache:{path}")]);
+    assert!(e.contains("--repair"), "{e}");
+    let r = strata(&["cache", "check", "--repair", path]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(
+        String::from_utf8_lossy(&r.stdout).contains("repaired: 0 slots unmapped"),
+        "{}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    let c = strata(&["cache", "check", path]);
+    assert!(c.status.success() && String::from_utf8_lossy(&c.stdout).contains("metadata ok"), "{}", stderr(&c));
+    common::Server::start_opts(
+        tempfile::tempdir_in(d.path()).unwrap(),
+        common::ServerOpts { args: vec![format!("vol=cache:{path}")], ..Default::default() },
+    )
+    .stop();
 }
 
 /// A detached cache served again after its origin was written without it reads what the

@@ -52,9 +52,11 @@ pub enum CacheCommand {
         after_help = "Example:\n  strata cache origin /var/tmp/cache.img --origin /dev/disk/by-id/wwn-0x5000c500a1b2c3d4"
     )]
     Origin(OriginArgs),
-    /// Verify a cache device's metadata (offline).
-    #[command(after_help = "Example:\n  strata cache check /var/tmp/cache.img")]
-    Check(PathArgs),
+    /// Verify a cache device's metadata (offline); exits 1 if it is damaged.
+    #[command(
+        after_help = "Example:\n  strata cache check /var/tmp/cache.img\n  strata cache check --repair /var/tmp/cache.img"
+    )]
+    Check(CheckArgs),
     /// Print a cache device's superblock and mappings (offline).
     #[command(after_help = "Example:\n  strata cache dump /var/tmp/cache.img")]
     Dump(PathArgs),
@@ -197,6 +199,17 @@ pub struct PathArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub path: PathArgs,
+    /// Accept the damage found, so the cache opens again: slots whose entries are wrong are
+    /// unmapped (their blocks read as the origin's copy, losing what only the cache held)
+    /// and both copies of every table page are rewritten.
+    #[arg(long, conflicts_with = "json")]
+    pub repair: bool,
 }
 
 pub fn run(args: CacheArgs) -> Result<()> {
@@ -392,9 +405,20 @@ pub async fn wait_written_back(
     Ok(())
 }
 
-async fn run_check(a: PathArgs) -> Result<()> {
-    let dev = cache_device(a.path.as_ref(), true)?;
+async fn run_check(CheckArgs { path: a, repair }: CheckArgs) -> Result<()> {
+    let dev = cache_device(a.path.as_ref(), !repair)?;
     let (sb, findings) = offline::check(&*dev).await.with_context(|| a.path.clone())?;
+    if repair && !findings.errors.is_empty() {
+        for e in &findings.errors {
+            println!("{}: damaged: {e}", a.path);
+        }
+        let (_, unmapped) = offline::repair(&*dev).await.with_context(|| a.path.clone())?;
+        println!(
+            "{}: repaired: {unmapped} slots unmapped (their blocks read as the origin's copy), every table page rewritten",
+            a.path
+        );
+        return Ok(());
+    }
     if a.json {
         println!(
             "{}",
