@@ -683,6 +683,7 @@ impl BlockDev for FileDev {
             rotational: self.rotational,
             can_discard: true,
             can_fast_zero: !self.block_device,
+            read_only: self.read_only,
         }
     }
 

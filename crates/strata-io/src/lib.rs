@@ -70,6 +70,9 @@ pub struct Geometry {
     pub can_discard: bool,
     /// `write_zeroes` with `fast_only` can succeed.
     pub can_fast_zero: bool,
+    /// The device takes no writes (a file opened read-only, a read-only remote export):
+    /// exported read-only.
+    pub read_only: bool,
 }
 
 impl Default for Geometry {
@@ -80,6 +83,7 @@ impl Default for Geometry {
             rotational: false,
             can_discard: true,
             can_fast_zero: true,
+            read_only: false,
         }
     }
 }

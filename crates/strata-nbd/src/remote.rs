@@ -1143,6 +1143,7 @@ impl BlockDev for RemoteDev {
             rotational: i.has(TFLAG_ROTATIONAL),
             can_discard: i.has(TFLAG_SEND_TRIM),
             can_fast_zero: i.has(TFLAG_SEND_WRITE_ZEROES) && i.has(TFLAG_SEND_FAST_ZERO),
+            read_only: i.has(TFLAG_READ_ONLY),
         }
     }
 

@@ -307,6 +307,7 @@ impl BlockDev for ThinDev {
             rotational: self.pool.data.geometry().rotational,
             can_discard: true,
             can_fast_zero: true,
+            read_only: self.pool.data.geometry().read_only,
         }
     }
 

@@ -102,7 +102,8 @@ impl Admin {
     }
 
     /// Opens `spec` and offers it as export `name` (wrapped in request counters).
-    /// A spec that is read-only by itself (`?ro`) makes a read-only export. Nothing is opened
+    /// A spec that is read-only by itself (`?ro`), or a device that is, makes a read-only
+    /// export. Nothing is opened
     /// (or created) for a name that cannot be served.
     pub async fn add(&self, name: &str, spec: &Spec, read_only: bool) -> anyhow::Result<Arc<Volume>> {
         strata_nbd::check_name(name).map_err(anyhow::Error::msg)?;
@@ -115,6 +116,8 @@ impl Admin {
         }
         let read_only = read_only || spec.read_only();
         let dev = self.opener.open(spec, read_only).await.with_context(|| format!("volume {name}"))?;
+        // A device that takes no writes by itself (a read-only remote export) is exported so.
+        let read_only = read_only || dev.geometry().read_only;
         let dev = Arc::new(StatsDev::new(dev));
         let export = Export { name: name.to_string(), description: dev.describe(), dev: dev.clone(), read_only };
         if let Err(e) = self.server.add(export) {

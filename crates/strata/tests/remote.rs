@@ -145,6 +145,32 @@ fn a_client_of_nbdkit_memory_file_and_delay() {
     assert_same_bytes(&std::fs::read(&file).unwrap(), &random_bytes(SIZE as usize, 11), "nbdkit's file");
 }
 
+/// A remote export that is read-only is exported read-only: clients see the flag (and so
+/// do not offer writes) and a write gets an error, as with a `?ro` file.
+#[test]
+fn a_read_only_remote_is_exported_read_only() {
+    if !tools("read_only_remote", &["nbdkit", "nbdinfo"]) {
+        return;
+    }
+    let (_dir, sock, file) = peer_dir("ro");
+    let k = Peer::nbdkit(&sock, &["-r", "file", &format!("file={}", file.display())]);
+    let srv = Server::start_opts(
+        tempdir(),
+        ServerOpts { admin: true, args: vec![format!("r={}", k.uri())], ..Default::default() },
+    );
+    let can = |what: &str| Command::new("nbdinfo").args(["--can", what, &srv.uri("r")]).status().unwrap().success();
+    assert!(!can("write"), "the export offers writes");
+    assert!(!can("trim") && !can("zero"), "a read-only export offers trim or zeroing");
+    assert!(can("read"));
+    assert_eq!(srv.status()["volumes"][0]["read_only"], true);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), "r").await.unwrap();
+        assert!(c.write(0, &[1; 4096], false).await.is_err(), "a write to a read-only export succeeded");
+    });
+    srv.stop();
+}
+
 #[test]
 fn a_client_of_qemu_nbd_and_of_another_strata() {
     if !tools("qemu_nbd_client", &["qemu-nbd", "nbdcopy", "nbdinfo", "qemu-img"]) {

@@ -238,6 +238,7 @@ impl BlockDev for CacheDev {
             rotational: false,
             can_discard: true,
             can_fast_zero: o.can_fast_zero,
+            read_only: o.read_only || c.read_only,
         }
     }
 

@@ -222,6 +222,7 @@ impl BlockDev for WritecacheDev {
             rotational: false,
             can_discard: true,
             can_fast_zero: false,
+            read_only: self.inner.origin.geometry().read_only,
         }
     }
 
