@@ -558,6 +558,10 @@ struct Inner {
     health: Mutex<Health>,
     /// Requests take it shared for one attempt; a replay takes it alone.
     gate: tokio::sync::RwLock<()>,
+    /// Writes, zeroes and trims take it shared; a read-modify-write (a write the server's
+    /// minimum block does not divide) takes it alone, so no write to its blocks lands
+    /// between its read and its write, to be overwritten by the block as it was read.
+    rmw: tokio::sync::RwLock<()>,
     log: Mutex<ReplayLog>,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
@@ -663,6 +667,7 @@ impl RemoteDev {
             ));
         }
         let inner = Arc::new(Inner {
+            rmw: tokio::sync::RwLock::new(()),
             info,
             slots: (0..n).map(|_| Mutex::new(None)).collect(),
             up: watch::channel(0).0,
@@ -1000,15 +1005,21 @@ impl Inner {
 
     async fn write_from(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let len = data.len() as u64;
-        if !self.aligned(offset, len) {
-            // Read-modify-write of the aligned range around it.
-            let (start, end) = self.widen(offset, len);
-            let mut wide = vec![0u8; (end - start) as usize];
-            self.read_into(start, &mut wide).await?;
-            let at = (offset - start) as usize;
-            wide[at..at + data.len()].copy_from_slice(data);
-            return Box::pin(self.write_from(start, &wide, fua)).await;
+        if self.aligned(offset, len) {
+            let _shared = self.rmw.read().await;
+            return self.write_aligned(offset, data, fua).await;
         }
+        // Read-modify-write of the aligned range around it.
+        let _alone = self.rmw.write().await;
+        let (start, end) = self.widen(offset, len);
+        let mut wide = vec![0u8; (end - start) as usize];
+        self.read_into(start, &mut wide).await?;
+        let at = (offset - start) as usize;
+        wide[at..at + data.len()].copy_from_slice(data);
+        self.write_aligned(start, &wide, fua).await
+    }
+
+    async fn write_aligned(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let fua_wire = fua && self.has(TFLAG_SEND_FUA);
         let flags = if fua_wire { CMD_FLAG_FUA } else { 0 };
         let piece = self.max_piece() as usize;
@@ -1030,6 +1041,7 @@ impl Inner {
     /// Runs `cmd` (TRIM or WRITE_ZEROES) over `[offset, offset+len)` in pieces of at most
     /// 1 GiB (the length field is 32 bits).
     async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64) -> Result<()> {
+        let _shared = self.rmw.read().await;
         let piece = (1u64 << 30).max(self.min());
         let mut at = offset;
         while at < offset + len {

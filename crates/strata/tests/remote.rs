@@ -171,6 +171,47 @@ fn a_read_only_remote_is_exported_read_only() {
     srv.stop();
 }
 
+/// Writes of part of a block of a server whose minimum block is 4 KiB are read-modify-written:
+/// many of them in flight at once, to different sectors of the same blocks, lose none.
+#[test]
+fn concurrent_partial_writes_to_a_server_with_4k_blocks_lose_nothing() {
+    if !tools("remote_rmw", &["nbdkit"]) {
+        return;
+    }
+    let (_dir, sock, _) = peer_dir("k4");
+    let policy =
+        ["blocksize-minimum=4096", "blocksize-preferred=4096", "blocksize-maximum=1M", "blocksize-error-policy=error"];
+    let mut args = vec!["--filter=blocksize-policy", "memory", "16M"];
+    args.extend(policy);
+    let k = Peer::nbdkit(&sock, &args);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let spec: strata::spec::Spec = k.uri().parse().unwrap();
+        let dev = strata::open::open(&spec, false).await.unwrap();
+        assert_eq!(dev.geometry().min_block_bytes, 4096);
+        let mut sectors: Vec<u64> = (0..128).collect();
+        let mut want = vec![0u8; 128 * 512];
+        for round in 0..4u8 {
+            // A different order each round, 32 writes of 512 bytes in flight at a time.
+            sectors.rotate_left(37);
+            sectors.reverse();
+            for batch in sectors.chunks(32) {
+                let writes = batch.iter().map(|&s| {
+                    let data = vec![(s as u8).wrapping_mul(7) ^ round; 512];
+                    want[s as usize * 512..(s as usize + 1) * 512].copy_from_slice(&data);
+                    dev.write(s * 512, strata_io::Buf::from_slice(&data), false)
+                });
+                for r in futures::future::join_all(writes).await {
+                    r.unwrap();
+                }
+            }
+        }
+        dev.flush().await.unwrap();
+        let got = dev.read(0, strata_io::Buf::zeroed(want.len())).await.unwrap();
+        assert_same_bytes(&got, &want, "sectors written at once into shared 4 KiB blocks");
+    });
+}
+
 #[test]
 fn a_client_of_qemu_nbd_and_of_another_strata() {
     if !tools("qemu_nbd_client", &["qemu-nbd", "nbdcopy", "nbdinfo", "qemu-img"]) {
