@@ -213,10 +213,15 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Block size constraints we advertise: (minimum, preferred, maximum).
+/// Block size constraints we advertise: (minimum, preferred, maximum). The minimum also
+/// divides the export's size (the protocol's SHOULD): a client that honours it can then reach
+/// the last bytes of a file whose size is not a multiple of its sectors (the device takes
+/// such requests through its read-modify-write path).
 pub fn block_sizes(export: &Export, max_request: u32) -> (u32, u32, u32) {
     let g = export.dev.geometry();
-    let min = g.min_block_bytes.clamp(1, 65536).next_power_of_two();
+    let size = export.dev.size();
+    let divides_size = if size == 0 { 65536 } else { 1u64 << size.trailing_zeros().min(16) } as u32;
+    let min = g.min_block_bytes.clamp(1, 65536).next_power_of_two().min(divides_size);
     let pref = g.preferred_block_bytes.max(min).max(512);
     (min, pref, max_request.max(pref))
 }

@@ -268,6 +268,42 @@ fn nbdinfo_size_block_sizes_and_map() {
     qemu_io_ok(&uri, &[format!("read -P 0x5a {} {}", 4 * MIB, MIB), format!("read -P 0 {} {}", 5 * MIB, MIB)]);
 }
 
+/// A file whose size is not a multiple of 512 (1,000,000 bytes): the advertised minimum block
+/// divides the size, so clients that honour it reach the last bytes. `nbdcopy` and
+/// `qemu-img convert` copy it whole, and a write of its last bytes reads back, the file's
+/// size unchanged.
+#[test]
+fn a_file_of_odd_size_is_reachable_to_its_last_byte() {
+    let dir = tempdir();
+    let file = dir.path().join("odd.img");
+    let data = random_bytes(1_000_000, 3);
+    std::fs::write(&file, &data).unwrap();
+    let srv = Server::start_opts(
+        tempfile::tempdir_in(dir.path()).unwrap(),
+        ServerOpts { args: vec![format!("odd={}", file.display())], ..Default::default() },
+    );
+    let uri = srv.uri("odd");
+    let info = json_in(&run_ok(Command::new("nbdinfo").args(["--json", &uri])));
+    let e = &info["exports"][0];
+    assert_eq!(e["export-size"], 1_000_000, "{e}");
+    assert_eq!(1_000_000 % e["block_size_minimum"].as_u64().unwrap(), 0, "{e}");
+    let out = srv.path().join("copy.bin");
+    run_ok(Command::new("nbdcopy").arg(&uri).arg(&out));
+    assert_same_bytes(&std::fs::read(&out).unwrap(), &data, "nbdcopy of the whole export");
+    let converted = srv.path().join("converted.raw");
+    run_ok(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &uri]).arg(&converted));
+    // qemu's block layer counts whole sectors: its copy ends with the rest of the last one.
+    let copy = std::fs::read(&converted).unwrap();
+    assert_same_bytes(&copy[..data.len()], &data, "qemu-img convert of the whole export");
+    assert!(copy.len() < data.len() + 512 && copy[data.len()..].iter().all(|&b| b == 0), "{}", copy.len());
+    qemu_io_ok(&uri, &["write -P 0x77 999936 64".to_string(), "read -P 0x77 999936 64".to_string()]);
+    srv.stop();
+    let after = std::fs::read(&file).unwrap();
+    assert_eq!(after.len(), 1_000_000, "the file's size");
+    assert_same_bytes(&after[..999_936], &data[..999_936], "the file before its last 64 bytes");
+    assert_eq!(&after[999_936..], &[0x77; 64][..], "its last 64 bytes");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. nbdcopy
 
