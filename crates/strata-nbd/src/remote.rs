@@ -707,6 +707,9 @@ impl RemoteDev {
 async fn maintain(inner: Arc<Inner>, i: usize, mut conn: Option<Arc<Conn>>) {
     let shown = inner.spec.uri();
     let mut backoff = Duration::from_millis(50);
+    // A slot's first connection (made in the background for all but the first) is no
+    // reconnection.
+    let mut connected_before = conn.is_some();
     loop {
         if let Some(c) = conn.take() {
             let mut died = c.died.subscribe();
@@ -730,7 +733,8 @@ async fn maintain(inner: Arc<Inner>, i: usize, mut conn: Option<Arc<Conn>>) {
         };
         match tokio::time::timeout(timeout, attempt).await {
             Ok(Ok(c)) => {
-                inner.health.lock().reconnects += 1;
+                inner.health.lock().reconnects += u64::from(connected_before);
+                connected_before = true;
                 inner.publish(i, c.clone());
                 conn = Some(c);
             }

@@ -54,6 +54,15 @@ async fn random_io_matches_the_reference_aligned_unaligned_and_split() {
         check_model(&dev, &random_ops(seed, 400, SIZE, &w)).await.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     }
     check_all_blocks_at_once(&dev).await.unwrap();
+    // Three connections up, made in the background, and no reconnection among them.
+    for _ in 0..500 {
+        if dev.status().unwrap()["connections_up"] == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = dev.status().unwrap();
+    assert_eq!((status["connections_up"].as_u64(), status["reconnects"].as_u64()), (Some(3), Some(0)), "{status}");
     // Holes come through BLOCK_STATUS.
     dev.write_zeroes(0, SIZE, ZeroFlags { may_unmap: true, fast_only: false }).await.unwrap();
     let ext = dev.block_status(4096, 8192).await.unwrap();
