@@ -420,8 +420,20 @@ pub async fn message(addr: &str, volume: &str, msg: &str) -> anyhow::Result<Stri
     request(addr, "POST", &format!("/volumes/{}/message", percent_encode(volume, true)), msg).await
 }
 
+/// A TCP address as given on the command line: without a host (`9810`, `:9810`), loopback.
+pub fn tcp_addr(s: &str) -> String {
+    if s.starts_with(':') {
+        format!("127.0.0.1{s}")
+    } else if s.parse::<u16>().is_ok() {
+        format!("127.0.0.1:{s}")
+    } else {
+        s.to_string()
+    }
+}
+
 async fn request(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
     use anyhow::Context;
+    let addr = &tcp_addr(addr);
     let unreachable =
         || format!("cannot reach the admin endpoint at {addr} (is `strata serve --admin {addr}` running?)");
     // Other requests may take long to answer (a forced removal waits for its connections),

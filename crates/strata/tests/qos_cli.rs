@@ -91,6 +91,12 @@ fn two_groups_on_one_disk_from_a_config() {
         let o = strata(&args);
         assert!(!o.status.success(), "{bad:?}: {}", text(&o));
     }
+    // A port alone (or `:PORT`) means loopback, for the client commands as for `serve`.
+    let port = admin.rsplit_once(':').unwrap().1.to_string();
+    for given in [port.clone(), format!(":{port}")] {
+        let o = strata(&["status", "--admin", &given]);
+        assert!(o.status.success() && text(&o).contains("db"), "--admin {given}: {}", text(&o));
+    }
     let o = strata(&["qos", "status", "--admin", &admin]);
     let shown = text(&o);
     assert!(o.status.success(), "{shown}");

@@ -129,18 +129,9 @@ pub fn parse_named(arg: &str) -> Result<(String, Spec), String> {
         Some((name, spec)) if crate::http::volume_name_ok(name) && !spec.is_empty() => {
             Ok((name.to_string(), spec.parse().map_err(|e: strata_io::Error| e.to_string())?))
         }
-        _ => Err(format!("expected NAME=SPEC (e.g. vol0=/var/lib/strata/vol0.img), got {arg:?}")),
-    }
-}
-
-/// TCP addresses without a host bind loopback.
-fn tcp_addr(s: &str) -> String {
-    if s.starts_with(':') {
-        format!("127.0.0.1{s}")
-    } else if s.parse::<u16>().is_ok() {
-        format!("127.0.0.1:{s}")
-    } else {
-        s.to_string()
+        _ => Err(format!(
+            "expected NAME=SPEC (e.g. vol0=/var/lib/strata/vol0.img; a name is not empty and holds no '/' or '?'), got {arg:?}"
+        )),
     }
 }
 
@@ -150,8 +141,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => Config::default(),
     };
     let unix = args.unix.clone().or(cfg.unix.clone());
-    let tcp = args.tcp.clone().or(cfg.tcp.clone()).map(|s| tcp_addr(&s));
-    let admin_addr = args.admin.clone().or(cfg.admin.clone()).map(|s| tcp_addr(&s));
+    let tcp = args.tcp.clone().or(cfg.tcp.clone()).map(|s| crate::http::tcp_addr(&s));
+    let admin_addr = args.admin.clone().or(cfg.admin.clone()).map(|s| crate::http::tcp_addr(&s));
     let all_ro = args.read_only || cfg.read_only;
     let mut wanted = Vec::new();
     for v in &cfg.volumes {
