@@ -148,7 +148,13 @@ pub trait BlockDev: Send + Sync + 'static {
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
         let msg = msg.to_string();
         Box::pin(async move {
-            Err(Error::new(ErrorKind::Unsupported, format!("{}: no messages accepted ({msg:?})", self.describe())))
+            Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{}: not a cache, write log, thin or qos volume: it takes no messages ({msg:?})",
+                    self.describe()
+                ),
+            ))
         })
     }
 

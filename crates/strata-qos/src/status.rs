@@ -18,6 +18,9 @@ pub struct QosStatus {
     pub depth: usize,
     pub slice_ms: f64,
     pub idle_ms: f64,
+    /// A request waiting longer than this is served next, whatever its group's share.
+    #[serde(default)]
+    pub max_wait_ms: f64,
     pub groups: Vec<GroupStatus>,
 }
 
@@ -77,6 +80,7 @@ pub fn status(qos: &Qos, own: GroupId) -> QosStatus {
         depth: tuning.depth,
         slice_ms: tuning.slice as f64 / 1e6,
         idle_ms: tuning.idle as f64 / 1e6,
+        max_wait_ms: tuning.max_wait as f64 / 1e6,
         groups: reports.iter().map(GroupStatus::from).collect(),
     }
 }

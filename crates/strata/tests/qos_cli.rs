@@ -100,7 +100,10 @@ fn two_groups_on_one_disk_from_a_config() {
     let o = strata(&["qos", "status", "--admin", &admin]);
     let shown = text(&o);
     assert!(o.status.success(), "{shown}");
-    assert!(shown.contains("cost: the hdd model's own figures, depth 1, slice 100 ms, idle 8 ms"), "{shown}");
+    assert!(
+        shown.contains("cost: the hdd model's own figures, depth 1, slice 100 ms, idle 8 ms, max wait 10000 ms"),
+        "{shown}"
+    );
     let db_line = shown.lines().find(|l| l.trim_start().starts_with("db ")).unwrap();
     assert!(db_line.contains(" 300 ") && db_line.ends_with("rbps=20MiB"), "{shown}");
     assert!(shown.lines().any(|l| l.trim_start().starts_with("batch ") && l.ends_with("riops=500")), "{shown}");

@@ -124,7 +124,7 @@ impl Inner {
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "unknown message {key:?} (mode, policy, migration_budget, sequential_cutoff, readahead, writeback_percent, flush, invalidate, detach)"
+                        "unknown message {key:?} (mode, policy, migration-budget, sequential-cutoff, readahead, writeback-percent, flush, invalidate, detach)"
                     )))
                 }
             }

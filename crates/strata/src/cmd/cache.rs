@@ -196,15 +196,15 @@ pub struct OriginArgs {
 pub struct PathArgs {
     /// The cache device.
     pub path: String,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct CheckArgs {
-    #[command(flatten)]
-    pub path: PathArgs,
+    /// The cache device.
+    pub path: String,
+    /// Print the verdict as JSON.
+    #[arg(long)]
+    pub json: bool,
     /// Accept the damage found, so the cache opens again: slots whose entries are wrong are
     /// unmapped (their blocks read as the origin's copy, losing what only the cache held)
     /// and both copies of every table page are rewritten.
@@ -405,7 +405,8 @@ pub async fn wait_written_back(
     Ok(())
 }
 
-async fn run_check(CheckArgs { path: a, repair }: CheckArgs) -> Result<()> {
+async fn run_check(a: CheckArgs) -> Result<()> {
+    let repair = a.repair;
     let dev = cache_device(a.path.as_ref(), !repair)?;
     let (sb, findings) = offline::check(&*dev).await.with_context(|| a.path.clone())?;
     if repair && !findings.errors.is_empty() {

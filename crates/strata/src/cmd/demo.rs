@@ -31,7 +31,8 @@ pub struct DemoArgs {
     /// Seconds of load on the origin alone.
     #[arg(long, default_value_t = 10)]
     pub origin_seconds: u64,
-    /// The region the workload reads (the cache is made this big too).
+    /// The region the workload reads (the cache gets as many blocks, and 8 MiB more for its
+    /// metadata).
     #[arg(long, default_value = "256MiB", value_parser = |s: &str| strata_io::units::parse_size(s))]
     pub data: u64,
 }
@@ -138,19 +139,25 @@ pub fn run(args: DemoArgs) -> Result<()> {
     })?;
     let _ = std::fs::remove_file(&sock);
     let status = cached.status().unwrap_or_default();
-    let first =
-        cached_run.samples.iter().take(20).map(|s| s.1).sum::<f64>() / cached_run.samples.len().clamp(1, 20) as f64;
+    // The first and last 10 s (samples every 0.5 s), or halves of a shorter run.
     let n = cached_run.samples.len();
-    let last = cached_run.samples.iter().skip(n.saturating_sub(20)).map(|s| s.1).sum::<f64>() / n.clamp(1, 20) as f64;
+    let w = (n / 2).clamp(1, 20);
+    let mean = |s: &[(f64, f64, f64)]| s.iter().map(|s| s.1).sum::<f64>() / s.len().max(1) as f64;
+    let (first, last) = (mean(&cached_run.samples[..w.min(n)]), mean(&cached_run.samples[n.saturating_sub(w)..]));
+    let span = format!("{} s", w as f64 / 2.0);
     println!("\n{:<34} {:>10} {:>10}", "", "IOPS", "vs origin");
     let row = |name: &str, iops: f64| println!("{name:<34} {iops:>10.0} {:>9.1}x", iops / origin_run.iops.max(1.0));
     row("origin alone (hdd model)", origin_run.iops);
-    row("cached, first 10 s (warming)", first);
-    row("cached, last 10 s (warm)", last);
+    row(&format!("cached, first {span} (warming)"), first);
+    row(&format!("cached, last {span} (warm)"), last);
     row("cached, whole run", cached_run.iops);
+    let (ratio, over) = match args.seconds >= 10 {
+        true => (status["hit_ratio_10s"].as_f64(), "the last 10 s"),
+        false => (status["hit_ratio_total"].as_f64(), "the run"),
+    };
     println!(
-        "\nhit ratio {:.1}% over the last 10 s; {} promotions; cache {} of {} blocks used",
-        status["hit_ratio_10s"].as_f64().unwrap_or(0.0) * 100.0,
+        "\nhit ratio {:.1}% over {over}; {} promotions; cache {} of {} blocks used",
+        ratio.unwrap_or(0.0) * 100.0,
         status["promotions"],
         status["cached_blocks"],
         status["cache_blocks"]

@@ -37,7 +37,7 @@ pub struct CalibrateArgs {
     /// The device to measure.
     pub spec: Spec,
     /// Seconds spent on each of the six figures (at least 0.01).
-    #[arg(long, default_value_t = 2.0, value_parser = super::seconds_arg)]
+    #[arg(long, default_value_t = 2.0, value_parser = phase_seconds)]
     pub seconds: f64,
     /// Requests in flight (default: 1 on a rotational device, 32 otherwise).
     #[arg(long)]
@@ -45,6 +45,13 @@ pub struct CalibrateArgs {
     /// Measure reads only (the write figures are then the read ones).
     #[arg(long)]
     pub read_only: bool,
+}
+
+fn phase_seconds(s: &str) -> Result<f64, String> {
+    match super::seconds_arg(s)? {
+        v if v < 0.01 => Err(format!("at least 0.01 seconds per figure, got {s:?}")),
+        v => Ok(v),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -96,7 +103,7 @@ pub fn run(args: QosArgs) -> Result<()> {
 async fn run_calibrate(a: CalibrateArgs) -> Result<()> {
     let dev = open(&a.spec, a.read_only).await.with_context(|| format!("opening {}", a.spec))?;
     let depth = a.depth.unwrap_or(if dev.geometry().rotational { 1 } else { 32 }).max(1);
-    let c = Calibration { phase: Duration::from_secs_f64(a.seconds.max(0.01)), depth, writes: !a.read_only };
+    let c = Calibration { phase: Duration::from_secs_f64(a.seconds), depth, writes: !a.read_only };
     eprintln!("strata: calibrating {} ({} s per figure, {depth} in flight)", dev.describe(), a.seconds);
     let m = calibrate(&*dev, &c).await?;
     println!("rbps={} rseqiops={} rrandiops={}", m.rbps, m.rseqiops, m.rrandiops);
@@ -126,8 +133,8 @@ pub fn render(status: &http::ServerStatus) -> String {
         }
         let _ = writeln!(
             out,
-            "{}\n  cost: {}, depth {}, slice {} ms, idle {} ms",
-            q.device, q.cost_model, q.depth, q.slice_ms, q.idle_ms
+            "{}\n  cost: {}, depth {}, slice {} ms, idle {} ms, max wait {} ms",
+            q.device, q.cost_model, q.depth, q.slice_ms, q.idle_ms, q.max_wait_ms
         );
         let _ = writeln!(
             out,

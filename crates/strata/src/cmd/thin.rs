@@ -34,7 +34,7 @@ pub enum ThinCommand {
     Extend(ExtendArgs),
     /// Change a served pool's low-water mark or commit period.
     Set(SetArgs),
-    /// List a pool's volumes: size, mapped and exclusive blocks.
+    /// List a pool's volumes: size, and the bytes mapped and held by that volume alone.
     #[command(after_help = "Example:\n  strata thin list /var/tmp/pool.meta")]
     List(PoolPath),
     /// Check a pool's metadata (the checks thin_check makes).
