@@ -94,11 +94,11 @@ pub struct ServeArgs {
     /// Read settings from a TOML file (flags given as well take precedence).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Most NBD connections at once.
-    #[arg(long, value_name = "N")]
+    /// Most NBD connections at once (default 1024; at least 1).
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub max_connections: Option<usize>,
-    /// Most requests in flight per connection.
-    #[arg(long, value_name = "N")]
+    /// Most requests in flight per connection (default 128; at least 1).
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub max_inflight: Option<usize>,
     /// TLS (NBD STARTTLS): off, on (offered), or require (nothing but STARTTLS and ABORT is
     /// answered before it); off when not given. Needs --tls-certificates and/or --tls-psk.
@@ -121,6 +121,13 @@ pub struct ServeArgs {
     /// Volumes to export, as NAME=SPEC. The first is also the default export.
     #[arg(value_name = "NAME=SPEC", value_parser = parse_named)]
     pub volumes: Vec<(String, Spec)>,
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of at least 1, got {s:?}")),
+    }
 }
 
 /// Parses `NAME=SPEC`.
