@@ -328,6 +328,12 @@ impl ServerTls {
             return Err(Error::new(ErrorKind::InvalidInput, "--tls-verify-peer needs --tls-certificates DIR"));
         }
         if let Some(file) = psk {
+            if certificates.is_some() {
+                // A TLS 1.2 client with only a key (GnuTLS's, in libnbd and qemu) also offers
+                // certificate suites; picked, it cannot go on. PSK suites first, ours.
+                b.set_cipher_list("PSK:HIGH:!aNULL:!MD5").map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_options(openssl::ssl::SslOptions::CIPHER_SERVER_PREFERENCE);
+            }
             let keys: HashMap<Vec<u8>, Vec<u8>> =
                 read_psk_file(file)?.into_iter().map(|(id, k)| (id.into_bytes(), k)).collect();
             b.set_psk_server_callback(move |_, identity, key_out| {

@@ -300,6 +300,38 @@ fn tls_server(dir_keys: &Path) -> (Server, PathBuf) {
     (srv, keys)
 }
 
+/// A server with both a PSK file and certificates takes libnbd's clients of each kind (a
+/// GnuTLS client with a key only offers certificate suites too, which it cannot complete).
+#[test]
+fn a_tls_server_with_keys_and_certificates_takes_both_kinds_of_client() {
+    if !tools("tls_both", &["nbdinfo", "psktool", "openssl"]) {
+        return;
+    }
+    let keys_dir = tempdir();
+    let certs = keys_dir.path().join("certs");
+    x509(&certs, "ca", &["server"]);
+    let keys = keys_dir.path().join("keys.psk");
+    run_ok(Command::new("psktool").args(["-u", "alice", "-p"]).arg(&keys));
+    let args = ["--tls", "require", "--tls-psk", keys.to_str().unwrap(), "--tls-certificates", certs.to_str().unwrap()];
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    args.push("vol=mem:16MiB".into());
+    let srv = Server::start_opts(tempdir(), ServerOpts { args, ..Default::default() });
+    let sock = srv.sock.clone().unwrap();
+    for uri in [
+        format!("nbds+unix://alice@/vol?socket={}&tls-psk-file={}", sock.display(), keys.display()),
+        format!(
+            "nbds+unix:///vol?socket={}&tls-certificates={}&tls-hostname=localhost",
+            sock.display(),
+            certs.display()
+        ),
+    ] {
+        let o = output(Command::new("nbdinfo").args(["--size", &uri]), CMD_TIMEOUT);
+        let why = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "16777216", "{uri}: {why}");
+    }
+    srv.stop();
+}
+
 #[test]
 fn a_tls_server_for_nbdinfo_nbdcopy_and_qemu_img() {
     if !tools("tls_server", &["nbdinfo", "nbdcopy", "psktool", "qemu-img"]) {
