@@ -79,6 +79,12 @@ impl Qos {
         }
         let mut st = self.state.lock();
         let group = match st.sched.group(name) {
+            // Left by volumes since removed: this volume's spec gives its settings.
+            Some(g) if st.sched.members(g) == 0 => {
+                let settings = opts.apply(&GroupSettings::default())?;
+                st.sched.set(g, settings);
+                g
+            }
             Some(g) => {
                 let current = st.sched.settings(g).clone();
                 if opts.apply(&current)? != current {
@@ -98,6 +104,7 @@ impl Qos {
                 st.sched.add_group(name, settings)
             }
         };
+        st.sched.join(group);
         let stream = st.sched.own_stream(group);
         Ok(QosDev { qos: self.clone(), group, stream, connection: false })
     }
@@ -258,7 +265,7 @@ impl QosDev {
         let mut st = self.qos.state.lock();
         let gid = match group {
             None => self.group,
-            Some(name) => st.sched.group(name).ok_or_else(|| {
+            Some(name) => st.sched.group(name).filter(|&g| st.sched.members(g) > 0).ok_or_else(|| {
                 Error::new(ErrorKind::Invalid, format!("qos: unknown group {name:?} on {}", self.qos.dev.describe()))
             })?,
         };
@@ -274,8 +281,9 @@ impl QosDev {
 
 impl Drop for QosDev {
     fn drop(&mut self) {
-        if self.connection {
-            self.qos.with(|s| s.close_stream(self.stream));
+        match self.connection {
+            true => self.qos.with(|s| s.close_stream(self.stream)),
+            false => self.qos.with(|s| s.leave(self.group)),
         }
     }
 }
@@ -338,4 +346,31 @@ impl BlockDev for QosDev {
 /// A snapshot of the scheduler for status and metrics.
 pub(crate) fn snapshot(qos: &Qos) -> (Vec<crate::sched::GroupReport>, Tuning, String, String) {
     qos.with(|s| (s.groups().map(|g| s.report(g)).collect(), s.tuning(), s.cost_model().describe(), qos.dev.describe()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group whose volumes were all removed is not shown or set, and the next volume to
+    /// join it gives its settings, as a new group's; a group with a volume keeps its own.
+    #[tokio::test]
+    async fn a_group_left_by_its_volumes_takes_the_next_ones_settings() {
+        let qos = Qos::new(Arc::new(strata_io::mem::MemDev::new(1 << 20)), &DeviceOptions::default(), None);
+        let weight = |w: &str| QosOptions { group: vec![("weight".into(), w.into())], ..QosOptions::default() };
+        let a = qos.join("ga", &weight("300")).unwrap();
+        let b = qos.join("gb", &QosOptions::default()).unwrap();
+        a.message("weight 50").await.unwrap();
+        assert!(qos.join("ga", &weight("300")).is_err(), "a group with a volume keeps its settings");
+        let shown = |d: &QosDev| -> Vec<String> {
+            crate::status::status(&d.qos, d.group).groups.into_iter().map(|g| g.name).collect()
+        };
+        assert_eq!(shown(&b), ["ga", "gb"]);
+        drop(a);
+        assert_eq!(shown(&b), ["gb"]);
+        assert!(b.message("group ga weight 5").await.is_err(), "a group without volumes is not set");
+        let a = qos.join("ga", &weight("300")).unwrap();
+        assert_eq!(qos.with(|s| s.settings(a.group).weight), 300);
+        assert_eq!(shown(&b), ["ga", "gb"]);
+    }
 }

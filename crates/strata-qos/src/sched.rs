@@ -141,6 +141,8 @@ pub struct GroupReport {
     pub streams: usize,
     /// Those of them that are seeky now (they share the group's slices).
     pub seeky_streams: usize,
+    /// Volumes in the group; a group with none is left from volumes removed.
+    pub members: usize,
     /// The recent latency is above the group's target.
     pub latency_missed: bool,
 }
@@ -242,6 +244,8 @@ struct Group {
     /// When a request of the group last completed.
     last_done: Nanos,
     counters: GroupCounters,
+    /// Volumes in the group (`join`, `leave`).
+    members: usize,
 }
 
 impl Group {
@@ -398,11 +402,28 @@ impl Scheduler {
             latency_ewma_ns: 0.0,
             last_done: 0,
             counters: GroupCounters { latency_buckets: vec![0; LATENCY_BUCKETS_US.len() + 1], ..Default::default() },
+            members: 0,
         };
         g.set_buckets();
         self.groups.push(g);
         self.groups[id.0].own = self.open_stream(id);
         id
+    }
+
+    /// A volume enters group `g`.
+    pub fn join(&mut self, g: GroupId) {
+        self.groups[g.0].members += 1;
+    }
+
+    /// A volume of group `g` is gone.
+    pub fn leave(&mut self, g: GroupId) {
+        self.groups[g.0].members -= 1;
+    }
+
+    /// Volumes in group `g`: none once its last was removed (its settings are then a new
+    /// volume's to give).
+    pub fn members(&self, g: GroupId) -> usize {
+        self.groups[g.0].members
     }
 
     pub fn group(&self, name: &str) -> Option<GroupId> {
@@ -968,6 +989,7 @@ impl Scheduler {
             inflight: gr.inflight,
             streams: gr.streams.len(),
             seeky_streams: gr.streams.iter().filter(|&&s| self.stream(s).seeky()).count(),
+            members: gr.members,
             latency_missed: gr.latency_missed(),
         }
     }

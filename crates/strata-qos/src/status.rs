@@ -81,7 +81,8 @@ pub fn status(qos: &Qos, own: GroupId) -> QosStatus {
         slice_ms: tuning.slice as f64 / 1e6,
         idle_ms: tuning.idle as f64 / 1e6,
         max_wait_ms: tuning.max_wait as f64 / 1e6,
-        groups: reports.iter().map(GroupStatus::from).collect(),
+        // Groups whose volumes were all removed are not shown (nor set: see `message`).
+        groups: reports.iter().filter(|r| r.members > 0).map(GroupStatus::from).collect(),
     }
 }
 
