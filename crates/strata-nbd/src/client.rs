@@ -98,11 +98,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         self.request(CMD_WRITE_ZEROES, if no_hole { CMD_FLAG_NO_HOLE } else { 0 }, offset, len, &[]).await
     }
 
-    /// Sends NBD_CMD_DISC and closes.
+    /// Sends NBD_CMD_DISC, closes its side, and waits for the server to close its own (as
+    /// libnbd's `nbd_shutdown` does): the connection is then gone for the server too.
     pub async fn disconnect(mut self) -> Result<()> {
         let req = Request { flags: 0, kind: CMD_DISC, cookie: 0, offset: 0, length: 0 };
         self.stream.write_all(&req.encode()).await?;
-        self.stream.shutdown().await
+        self.stream.shutdown().await?;
+        let mut rest = [0u8; 512];
+        while self.stream.read(&mut rest).await? > 0 {}
+        Ok(())
     }
 }
 

@@ -190,7 +190,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let export = neg.export.clone();
+    let export = neg.export;
     let (min, _, max) = block_sizes(&export, shared.limits.max_request_bytes);
     let conn = Conn {
         structured: neg.structured,
@@ -323,6 +323,12 @@ where
             },
         }
     }
+    // Let go of the export before the client can see the connection end: a removal waiting
+    // on this connection (`Removed::closed`) then finds the device released, and one the
+    // client makes next finds no connection left.
+    drop(s);
+    drop(export);
+    drop(retired);
     let _ = wr.shutdown().await;
 }
 

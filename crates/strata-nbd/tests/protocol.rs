@@ -694,3 +694,85 @@ async fn reused_buffers_never_carry_one_requests_bytes_into_another_reply() {
     c.s.read_exact(&mut got).await.unwrap();
     assert!(got.iter().all(|&b| b == 0));
 }
+
+/// A device whose connection handles take a moment to let go of it (as a file's lock is
+/// released when its last handle closes), and say when they have.
+struct Handle {
+    mem: Arc<MemDev>,
+    released: Arc<std::sync::atomic::AtomicBool>,
+    /// A connection's handle (made by `connect`), not the export's device.
+    connection: bool,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if self.connection {
+            std::thread::sleep(Duration::from_millis(50));
+            self.released.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl BlockDev for Handle {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn describe(&self) -> String {
+        "handle".into()
+    }
+    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, IoResult<Buf>> {
+        self.mem.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, IoResult<Buf>> {
+        self.mem.write(offset, buf, fua)
+    }
+    fn flush(&self) -> BoxFut<'_, IoResult<()>> {
+        self.mem.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, IoResult<()>> {
+        self.mem.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, IoResult<()>> {
+        self.mem.write_zeroes(offset, len, flags)
+    }
+    fn connect(&self) -> Option<Arc<dyn BlockDev>> {
+        Some(Arc::new(Handle { mem: self.mem.clone(), released: self.released.clone(), connection: true }))
+    }
+}
+
+/// A forced removal is over only once its connections have let go of the device: nothing of
+/// the export is held when `Removed::closed` returns (so its files can be opened again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_closes_once_connections_have_let_go_of_the_device() {
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dev = Handle { mem: Arc::new(MemDev::new(SIZE)), released: released.clone(), connection: false };
+    let export = Export { name: "h".into(), description: String::new(), dev: Arc::new(dev), read_only: false };
+    let server = Server::new(vec![export], Limits::default()).unwrap();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    server.spawn_connection(theirs);
+    let mut c = strata_nbd::client::Client::handshake(ours, "h").await.unwrap();
+    c.read(0, 4096).await.unwrap();
+    let removed = server.remove("h", true).unwrap();
+    removed.closed().await;
+    assert!(released.load(std::sync::atomic::Ordering::SeqCst), "the connection still held the device");
+    assert_eq!(Arc::strong_count(&removed.export), 1, "the connection still held the export");
+}
+
+/// A client that has disconnected (sent NBD_CMD_DISC and seen the server close) no longer
+/// counts: the export can be removed without force at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnected_client_no_longer_holds_its_export() {
+    let mem: Arc<dyn BlockDev> = Arc::new(MemDev::new(SIZE));
+    let export = || Export { name: "d".into(), description: String::new(), dev: mem.clone(), read_only: false };
+    let server = Server::new(vec![export()], Limits::default()).unwrap();
+    for round in 0..1000 {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        server.spawn_connection(theirs);
+        let mut c = strata_nbd::client::Client::handshake(ours, "d").await.unwrap();
+        c.read(0, 4096).await.unwrap();
+        c.disconnect().await.unwrap();
+        let removed = server.remove("d", false).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        removed.closed().await;
+        server.add(export()).unwrap();
+    }
+}

@@ -138,6 +138,7 @@ impl Admin {
     pub async fn remove(&self, name: &str, force: bool) -> anyhow::Result<()> {
         let removed = self.server.remove(name, force).map_err(anyhow::Error::msg)?;
         removed.closed().await;
+        drop(removed);
         let volume = {
             let mut volumes = self.volumes.write();
             let i = volumes.iter().position(|v| v.name == name).context("volume not in the list")?;
@@ -145,6 +146,15 @@ impl Admin {
         };
         if !volume.read_only {
             volume.dev.shutdown().await.with_context(|| format!("flushing {name}"))?;
+        }
+        // Answered only once the device is closed and its files' claims released, so the same
+        // spec can be added again at once: wait out whoever still holds it for a moment (a
+        // status request listing volumes, a client listing exports).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while (Arc::strong_count(&volume) > 1 || Arc::strong_count(&volume.dev) > 1)
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         Ok(())
     }

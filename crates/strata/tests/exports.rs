@@ -212,3 +212,49 @@ fn config_volume_names_follow_the_command_lines_rules() {
         assert!(why.contains("a name is not empty"), "{name:?}: {why}");
     }
 }
+
+/// A removal is answered once the export is gone for good: its file released (the same spec
+/// can be added again at once, even when clients were reading as it was forced away), and a
+/// client that has just disconnected no longer counts as one.
+#[test]
+fn a_removed_export_can_be_added_again_at_once() {
+    let srv = Server::start_opts(
+        common::tempdir(),
+        ServerOpts { admin: true, args: vec!["keep=mem:1MiB".into()], ..Default::default() },
+    );
+    let (admin, sock) = (srv.admin.clone().unwrap(), srv.sock.clone().unwrap());
+    let spec = format!("x={}?size=4MiB", srv.dir.path().join("x.img").display());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        strata::http::add_export(&admin, &spec, false).await.unwrap();
+        for round in 0..40 {
+            // Clients reading while the export is forced away.
+            let readers: Vec<_> = (0..3)
+                .map(|_| {
+                    let sock = sock.clone();
+                    tokio::spawn(async move {
+                        let Ok(mut c) = Client::connect_unix(&sock, "x").await else { return };
+                        while c.read(0, 65536).await.is_ok() {}
+                    })
+                })
+                .collect();
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            strata::http::remove_export(&admin, "x", true).await.unwrap();
+            strata::http::add_export(&admin, &spec, false)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: added again after a forced removal: {e:#}"));
+            for r in readers {
+                r.await.unwrap();
+            }
+            // A client that disconnected is gone by the time it knows.
+            let mut c = Client::connect_unix(&sock, "x").await.unwrap();
+            c.read(0, 4096).await.unwrap();
+            c.disconnect().await.unwrap();
+            strata::http::remove_export(&admin, "x", false)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: removed after its client disconnected: {e:#}"));
+            strata::http::add_export(&admin, &spec, false).await.unwrap();
+        }
+    });
+    srv.stop();
+}
