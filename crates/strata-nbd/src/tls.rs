@@ -329,8 +329,9 @@ impl ServerTls {
         }
         if let Some(file) = psk {
             if certificates.is_some() {
-                // A TLS 1.2 client with only a key (GnuTLS's, in libnbd and qemu) also offers
-                // certificate suites; picked, it cannot go on. PSK suites first, ours.
+                // A client with only a key (GnuTLS's, in libnbd and qemu) also offers
+                // certificate suites, and fails if one is picked: the server's order, with the
+                // PSK suites first, decides.
                 b.set_cipher_list("PSK:HIGH:!aNULL:!MD5").map_err(|e| ssl_err("TLS setup", e))?;
                 b.set_options(openssl::ssl::SslOptions::CIPHER_SERVER_PREFERENCE);
             }
