@@ -92,12 +92,11 @@ pub async fn check(dev: &dyn BlockDev) -> Result<(Superblock, Findings)> {
 
 /// `strata cache check --repair`: accepts the damage `check` finds (unmapping the slots
 /// whose entries are wrong, and whatever a page with both copies damaged held), rewrites
-/// both copies of every table page, and checks again. Returns the findings before, and the
-/// number of slots unmapped.
-pub async fn repair(dev: &dyn BlockDev) -> Result<(Findings, usize)> {
+/// both copies of every table page, and checks again. Returns the number of slots unmapped.
+pub async fn repair(dev: &dyn BlockDev) -> Result<usize> {
     let (mut meta, findings) = Meta::load(dev).await?;
     if findings.errors.is_empty() {
-        return Ok((findings, 0));
+        return Ok(0);
     }
     let unmapped = meta.repair();
     for _ in 0..2 {
@@ -113,7 +112,7 @@ pub async fn repair(dev: &dyn BlockDev) -> Result<(Findings, usize)> {
     if !after.errors.is_empty() {
         return Err(invalid(format!("still damaged after the repair: {}", after.errors.join("; "))));
     }
-    Ok((findings, unmapped))
+    Ok(unmapped)
 }
 
 /// `strata cache dump`: superblock and every mapped slot, as JSON.

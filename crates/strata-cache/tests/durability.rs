@@ -401,7 +401,7 @@ async fn a_damaged_table_copy_no_crash_explains_is_an_error() {
         if findings.errors.is_empty() {
             continue;
         }
-        let (_, unmapped) = strata_cache::offline::repair(&*cache).await.unwrap();
+        let unmapped = strata_cache::offline::repair(&*cache).await.unwrap();
         assert_eq!(unmapped, 0, "{case}: no entry was wrong, a page copy was");
         let (meta, findings) = Meta::load(&*cache).await.unwrap();
         assert!(findings.errors.is_empty() && findings.repaired.is_empty(), "{case}: {findings:?}");

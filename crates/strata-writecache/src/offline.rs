@@ -109,12 +109,10 @@ pub struct Scan {
     /// Slots whose entry recovery clears: data the last commit did not finish, a second
     /// entry for one write.
     pub garbage: Vec<u32>,
-    /// Slots whose entry is damaged: a checksum that fails or a block past the origin. An
-    /// entry never crosses a sector, so no crash tears one: the block it held is unknown,
-    /// and recovery refuses to guess (`clear_damaged` after `check --repair`).
-    pub damaged: Vec<u32>,
-    /// What is wrong with each of `damaged`.
-    pub damage: Vec<String>,
+    /// Slots whose entry is damaged, and how: a checksum that fails or a block past the
+    /// origin. An entry never crosses a sector, so no crash tears one: the block it held is
+    /// unknown, and recovery refuses to guess (`clear_damaged` after `check --repair`).
+    pub damaged: Vec<(u32, String)>,
     pub max_seq: u64,
     pub max_commit: u32,
     /// Human-readable findings about garbage entries (what `check` prints).
@@ -142,12 +140,11 @@ pub async fn scan(cache: &dyn BlockDev, sb: &Superblock) -> Result<Scan> {
                 Ok(None) => {}
                 Ok(Some(e)) if e.block < origin_blocks => all.push((s as u32, e)),
                 Ok(Some(e)) => {
-                    out.damage.push(format!("slot {s}: block {} beyond the origin ({origin_blocks} blocks)", e.block));
-                    out.damaged.push(s as u32);
+                    let why = format!("slot {s}: block {} beyond the origin ({origin_blocks} blocks)", e.block);
+                    out.damaged.push((s as u32, why));
                 }
                 Err(crate::format::TornEntry) => {
-                    out.damage.push(format!("slot {s}: entry checksum mismatch"));
-                    out.damaged.push(s as u32);
+                    out.damaged.push((s as u32, format!("slot {s}: entry checksum mismatch")));
                 }
             }
         }
@@ -202,7 +199,7 @@ impl Scan {
         if self.damaged.is_empty() {
             return Ok(());
         }
-        let shown: Vec<&str> = self.damage.iter().map(String::as_str).take(4).collect();
+        let shown: Vec<&str> = self.damaged.iter().map(|(_, why)| why.as_str()).take(4).collect();
         Err(Error::new(
             ErrorKind::Invalid,
             format!(
@@ -216,8 +213,10 @@ impl Scan {
     }
 }
 
-/// Clears the entries of `slots` (a repair that accepts losing what they held), durably.
-pub async fn clear_damaged(cache: &dyn BlockDev, sb: &Superblock, slots: &[u32]) -> Result<()> {
+/// Clears the entries `scan` found damaged (a repair that accepts losing what they held),
+/// durably.
+pub async fn clear_damaged(cache: &dyn BlockDev, sb: &Superblock, scan: &Scan) -> Result<()> {
+    let slots: Vec<u32> = scan.damaged.iter().map(|&(s, _)| s).collect();
     let mut pages: Vec<u64> = slots.iter().map(|&s| s as u64 / ENTRIES_PER_PAGE).collect();
     pages.sort_unstable();
     pages.dedup();

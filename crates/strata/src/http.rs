@@ -47,6 +47,9 @@ pub fn volume_name_ok(name: &str) -> bool {
     !name.is_empty() && !name.contains(['=', '/', '?'])
 }
 
+/// `volume_name_ok`'s rule, as errors state it.
+pub const VOLUME_NAME_RULE: &str = "a name is not empty and holds no '=', '/' or '?'";
+
 /// The environment variable the admin commands (`strata status`, `cache set`, ...) read a
 /// bearer token from, for a server started with `--admin-token-file`.
 pub const TOKEN_ENV: &str = "STRATA_ADMIN_TOKEN";
@@ -109,7 +112,7 @@ impl Admin {
         strata_nbd::check_name(name).map_err(anyhow::Error::msg)?;
         // As on the command line (`NAME=SPEC`), wherever the name comes from.
         if !volume_name_ok(name) {
-            bail!("volume name {name:?}: a name is not empty and holds no '=', '/' or '?'");
+            bail!("volume name {name:?}: {VOLUME_NAME_RULE}");
         }
         if self.volumes.read().iter().any(|v| v.name == name) {
             bail!("an export named {name:?} is already served");

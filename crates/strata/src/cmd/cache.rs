@@ -406,14 +406,13 @@ pub async fn wait_written_back(
 }
 
 async fn run_check(a: CheckArgs) -> Result<()> {
-    let repair = a.repair;
-    let dev = cache_device(a.path.as_ref(), !repair)?;
+    let dev = cache_device(a.path.as_ref(), !a.repair)?;
     let (sb, findings) = offline::check(&*dev).await.with_context(|| a.path.clone())?;
-    if repair && !findings.errors.is_empty() {
+    if a.repair && !findings.errors.is_empty() {
         for e in &findings.errors {
             println!("{}: damaged: {e}", a.path);
         }
-        let (_, unmapped) = offline::repair(&*dev).await.with_context(|| a.path.clone())?;
+        let unmapped = offline::repair(&*dev).await.with_context(|| a.path.clone())?;
         println!(
             "{}: repaired: {unmapped} slots unmapped (their blocks read as the origin's copy), every table page rewritten",
             a.path

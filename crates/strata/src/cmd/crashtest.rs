@@ -11,7 +11,7 @@ use crate::crashtest::{
     kill_point, powercut_run, CacheTarget, CrashTarget, KillSetup, Killed, PowercutSetup, WritecacheTarget,
 };
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
 pub enum CrashMode {
     /// Cut power to the cache and origin devices mid-request (in process), with --clients
     /// clients issuing reads and writes at once, devices that complete requests after a
@@ -123,13 +123,11 @@ impl CrashtestArgs {
     /// Refuses an option the mode does not use, or a target's mode another target has, so a
     /// run never reports on something it did not test.
     fn check(&self, target_modes: &[String]) -> Result<()> {
-        let mode = format!("{:?}", self.mode).to_lowercase();
-        let given = |name: &str, set: bool, modes: &[CrashMode]| {
-            let applies = modes.iter().any(|m| std::mem::discriminant(m) == std::mem::discriminant(&self.mode));
-            match set && !applies {
-                true => Err(anyhow::anyhow!("--{name} does not apply to --mode {mode}")),
-                false => Ok(()),
-            }
+        let mode = self.mode.to_possible_value().expect("every mode has a name");
+        let mode = mode.get_name();
+        let given = |name: &str, set: bool, modes: &[CrashMode]| match set && !modes.contains(&self.mode) {
+            true => Err(anyhow::anyhow!("--{name} does not apply to --mode {mode}")),
+            false => Ok(()),
         };
         use CrashMode::*;
         given("points", self.points.is_some(), &[Powercut, Kill, Ext4])?;

@@ -137,7 +137,8 @@ pub fn parse_named(arg: &str) -> Result<(String, Spec), String> {
             Ok((name.to_string(), spec.parse().map_err(|e: strata_io::Error| e.to_string())?))
         }
         _ => Err(format!(
-            "expected NAME=SPEC (e.g. vol0=/var/lib/strata/vol0.img; a name is not empty and holds no '/' or '?'), got {arg:?}"
+            "expected NAME=SPEC (e.g. vol0=/var/lib/strata/vol0.img; {}), got {arg:?}",
+            crate::http::VOLUME_NAME_RULE
         )),
     }
 }

@@ -195,8 +195,8 @@ async fn run_check(a: CheckArgs) -> Result<()> {
     for f in &scan.findings {
         println!("{}: cleared on open: {f}", a.path);
     }
-    for f in &scan.damage {
-        println!("{}: damaged: {f}", a.path);
+    for (_, why) in &scan.damaged {
+        println!("{}: damaged: {why}", a.path);
     }
     if !scan.damaged.is_empty() {
         if !a.repair {
@@ -206,7 +206,7 @@ async fn run_check(a: CheckArgs) -> Result<()> {
                 scan.damaged.len()
             );
         }
-        offline::clear_damaged(&*dev, &sb, &scan.damaged).await.with_context(|| a.path.clone())?;
+        offline::clear_damaged(&*dev, &sb, &scan).await.with_context(|| a.path.clone())?;
         println!("{}: cleared {} damaged entries", a.path, scan.damaged.len());
     }
     println!(
@@ -236,7 +236,7 @@ async fn run_dump(a: PathArgs) -> Result<()> {
         "blocks": newest.into_iter().map(entry).collect::<Vec<_>>(),
         "older": scan.older.iter().map(|(s, e)| entry((e.block, *s, e.seq, e.commit, e.flags))).collect::<Vec<_>>(),
         "untrusted": scan.findings,
-        "damaged": scan.damage,
+        "damaged": scan.damaged.iter().map(|(_, why)| why).collect::<Vec<_>>(),
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
