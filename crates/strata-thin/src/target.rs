@@ -151,13 +151,21 @@ impl ThinDev {
     }
 
     async fn write_piece(&self, p: Piece, buf: Buf, fua: bool) -> Result<Buf> {
-        let bs = self.pool.block_bytes;
         {
             let _held = self.pool.stripe(self.id, p.vblock).read().await;
             if let Some((b, false)) = self.lookup(p.vblock).await? {
                 return self.write_mapped(p, b, buf, fua).await;
             }
         }
+        // A write that needs a new block has a future of its own: the one of every write
+        // to a mapped block stays small (it is allocated and moved per request).
+        Box::pin(self.write_new(p, buf, fua)).await
+    }
+
+    /// A write to a block not mapped, or shared with a snapshot (unless another write mapped
+    /// it meanwhile): provisions or copies it.
+    async fn write_new(&self, p: Piece, buf: Buf, fua: bool) -> Result<Buf> {
+        let bs = self.pool.block_bytes;
         let _held = self.pool.stripe(self.id, p.vblock).write().await;
         let old = match self.lookup(p.vblock).await? {
             Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
@@ -234,7 +242,8 @@ impl ThinDev {
         // A commit that failed meanwhile took the pool back to its last commit, which may
         // not hold this mapping (the pool fails before it forgets): checked with the mapping.
         if self.pool.uncommitted(self.id, vblock)? {
-            self.pool.commit_for(self.id, vblock).await?;
+            // Boxed: the commit's future is large, and most FUA writes need none.
+            Box::pin(self.pool.commit_for(self.id, vblock)).await?;
         }
         Ok(())
     }
@@ -458,5 +467,32 @@ impl BlockDev for ThinDev {
             ),
             counter("strata_thin_pool_no_space_errors_total", "Writes refused for want of space.", p.no_space_errors),
         ]
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::Metadata;
+    use crate::PoolOptions;
+    use strata_io::mem::MemDev;
+
+    /// Every request's future is allocated and moved: a write to a mapped block must not
+    /// carry the provisioning path's or a commit's state (3.2 KiB of it cost about a sixth
+    /// of the rate of 4 KiB writes).
+    #[tokio::test]
+    async fn a_write_to_a_mapped_block_has_a_small_future() {
+        let bs = 64 << 10;
+        let (md, data) = (Arc::new(MemDev::new(4 << 20)), Arc::new(MemDev::new(16 * bs)));
+        let mut m = Metadata::format(&*md, data.size(), bs, "mem:data", false).await.unwrap();
+        m.create_thin(1).unwrap();
+        m.commit(&*md).await.unwrap();
+        let pool = Pool::open(md, data, "mem:data", PoolOptions::default()).await.unwrap();
+        let dev = ThinDev::new(pool, 1, Some(16 * bs)).unwrap();
+        let p = Piece { vblock: 0, at: 0, len: 4096, pos: 0 };
+        let sizes = [
+            std::mem::size_of_val(&dev.write_piece(p, Buf::zeroed(4096), true)),
+            std::mem::size_of_val(&dev.read_piece(p, Buf::zeroed(4096))),
+        ];
+        assert!(sizes.iter().all(|&s| s <= 1024), "futures of {sizes:?} bytes");
     }
 }
