@@ -13,6 +13,7 @@ pub mod mem;
 pub mod metrics;
 pub mod powercut;
 pub mod query;
+pub mod rwlock;
 pub mod signature;
 pub mod slice;
 pub mod stats;

@@ -133,6 +133,16 @@ impl Node {
     }
 }
 
+/// Node `b`, whose block holds `bytes`, in place (its counts checked to lie within the block).
+fn view_of(b: u64, bytes: &[u8]) -> Result<View<'_>> {
+    let h = NodeHeader::decode(bytes);
+    let (n, max, vs) = (h.nr_entries as usize, h.max_entries as usize, h.value_size as usize);
+    if (h.flags != LEAF_NODE && h.flags != INTERNAL_NODE) || n > max || NODE_HEADER + max * (8 + vs) > BLOCK {
+        return Err(corrupt(format!("metadata block {b} is not a B-tree node")));
+    }
+    Ok(View { leaf: h.flags == LEAF_NODE, len: n, bytes, v0: NODE_HEADER + 8 * max, vs })
+}
+
 /// A node read in place, without decoding it (for walks over many nodes).
 pub struct View<'a> {
     pub leaf: bool,
@@ -153,8 +163,31 @@ impl View<'_> {
         le64(self.bytes, self.v0 + i * self.vs)
     }
     /// Index of the last key not above `key` (None: all are above it, or none is there).
+    ///
+    /// The first probe is where `key` would sit if the node's keys were evenly spread
+    /// between its first and last: a leaf of a volume written through holds consecutive
+    /// blocks, so the probe lands on the key, and a lookup reads three of the node's cache
+    /// lines instead of the nine or so a bisection of 250 keys touches. A node that is not
+    /// so even costs one probe more than a bisection.
     pub fn child(&self, key: u64) -> Option<usize> {
-        let (mut lo, mut hi) = (0, self.len);
+        let n = self.len;
+        if n == 0 || key < self.key(0) {
+            return None;
+        }
+        let (first, last) = (self.key(0), self.key(n - 1));
+        if key >= last {
+            return Some(n - 1);
+        }
+        // first <= key < last: the guess lies in 0..n-1, so its neighbour above exists.
+        let g = ((key - first) as u128 * (n - 1) as u128 / (last - first) as u128) as usize;
+        let (mut lo, mut hi) = if self.key(g) <= key {
+            if self.key(g + 1) > key {
+                return Some(g);
+            }
+            (g + 2, n)
+        } else {
+            (0, g)
+        };
         while lo < hi {
             let mid = (lo + hi) / 2;
             if self.key(mid) <= key {
@@ -199,13 +232,7 @@ impl Tm {
 
     /// Node `b` in place (its counts checked to lie within the block).
     pub fn view(&self, b: u64) -> Result<View<'_>> {
-        let bytes = self.blocks.get(&b).ok_or_else(|| not_loaded(b))?;
-        let h = NodeHeader::decode(bytes);
-        let (n, max, vs) = (h.nr_entries as usize, h.max_entries as usize, h.value_size as usize);
-        if (h.flags != LEAF_NODE && h.flags != INTERNAL_NODE) || n > max || NODE_HEADER + max * (8 + vs) > BLOCK {
-            return Err(corrupt(format!("metadata block {b} is not a B-tree node")));
-        }
-        Ok(View { leaf: h.flags == LEAF_NODE, len: n, bytes, v0: NODE_HEADER + 8 * max, vs })
+        view_of(b, self.blocks.get(&b).ok_or_else(|| not_loaded(b))?)
     }
 
     /// Stores `n` at `b` (a block of this transaction).
@@ -323,10 +350,10 @@ impl Tm {
                 return Ok(if n.key(i) == key { Descent::Found(n, i) } else { Descent::Absent });
             }
             let b = n.val64(i);
-            if !self.blocks.contains_key(&b) {
-                return Ok(Descent::Unloaded(b, n.key(i)));
-            }
-            n = self.view(b)?;
+            n = match self.blocks.get(&b) {
+                Some(bytes) => view_of(b, bytes)?,
+                None => return Ok(Descent::Unloaded(b, n.key(i))),
+            };
         }
     }
 
@@ -525,6 +552,47 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use std::collections::BTreeMap;
+
+    /// `View::child` against the plain answer (how many keys lie at or below the key, less
+    /// one) on leaves of consecutive keys, of keys with gaps, of clusters, of one key and of
+    /// none, for keys inside, between, below and above theirs.
+    #[test]
+    fn child_finds_the_last_key_not_above() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for round in 0..2_000 {
+            let n = match round % 5 {
+                0 => 0,
+                1 => 1,
+                _ => rng.gen_range(2..=252),
+            };
+            let mut keys = std::collections::BTreeSet::new();
+            let start = rng.gen_range(0..1u64 << 40);
+            while keys.len() < n {
+                let k = match round % 4 {
+                    0 => start + keys.len() as u64,
+                    1 => start + rng.gen_range(0..4 * n as u64),
+                    2 if rng.gen_bool(0.5) => start + rng.gen_range(0..8),
+                    _ => rng.gen_range(0..u64::MAX),
+                };
+                keys.insert(k);
+            }
+            let mut node = Node::empty(true, 8);
+            for (i, k) in keys.iter().enumerate() {
+                node.insert_at(i, *k, &k.to_le_bytes());
+            }
+            let bytes = node.encode(1);
+            let v = view_of(1, &bytes).unwrap();
+            let keys: Vec<u64> = keys.into_iter().collect();
+            let mut probes = vec![0, u64::MAX, start, start.wrapping_sub(1)];
+            for &k in &keys {
+                probes.extend([k, k.wrapping_sub(1), k.wrapping_add(1)]);
+            }
+            for p in probes {
+                let want = keys.iter().filter(|&&k| k <= p).count().checked_sub(1);
+                assert_eq!(v.child(p), want, "round {round}: key {p} among {keys:?}");
+            }
+        }
+    }
 
     fn tm() -> Tm {
         Tm {

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use strata_io::rwlock::RwLock;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
-use tokio::sync::RwLock;
 
 const STRIPES: usize = 1024;
 
@@ -110,7 +110,7 @@ pub struct Pool {
     /// commit (`ThinDev::read_piece`). A failed flush loses the data of those mappings'
     /// blocks (a copy of a snapshot's block among them), so such a read must not meet one.
     pub(crate) flush_gate: tokio::sync::RwLock<()>,
-    stripes: Vec<RwLock<()>>,
+    stripes: Vec<RwLock>,
     pub(crate) block_bytes: u64,
     pub(crate) opts: PoolOptions,
     pub(crate) counters: Counters,
@@ -230,7 +230,7 @@ impl Pool {
             }),
             commit_lock: tokio::sync::Mutex::new(()),
             flush_gate: tokio::sync::RwLock::new(()),
-            stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
+            stripes: (0..STRIPES).map(|_| RwLock::new()).collect(),
             block_bytes,
             opts,
             counters: Counters::default(),
@@ -499,7 +499,7 @@ impl Pool {
         self.opts
     }
 
-    pub(crate) fn stripe(&self, id: DevId, vblock: u64) -> &RwLock<()> {
+    pub(crate) fn stripe(&self, id: DevId, vblock: u64) -> &RwLock {
         let h = (vblock ^ ((id as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
         &self.stripes[h as usize % STRIPES]
     }
