@@ -18,7 +18,6 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::RwLock;
 
 #[derive(Debug, Clone)]
 pub struct FileOptions {
@@ -62,7 +61,7 @@ pub struct FileDev {
     /// that the page cache answers inline never reach it).
     depth: Arc<QueueDepth>,
     /// Aligned writes share it; a read-modify-write takes it alone.
-    rmw: RwLock<()>,
+    rmw: crate::rwlock::RwLock,
     /// Why the device stopped taking writes: an fdatasync or FUA write failed, and the kernel
     /// may have dropped what it covered (a later fdatasync would succeed without it).
     stopped: parking_lot::Mutex<Option<String>>,
@@ -179,7 +178,7 @@ impl FileDev {
             read_only: opts.read_only,
             engine: engine::shared(opts.engine),
             depth: Arc::new(QueueDepth::new()),
-            rmw: RwLock::new(()),
+            rmw: crate::rwlock::RwLock::new(),
             stopped: parking_lot::Mutex::new(None),
             changes: AtomicU64::new(1),
             flushed: AtomicU64::new(0),
