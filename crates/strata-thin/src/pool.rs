@@ -554,7 +554,7 @@ impl Pool {
         self.writable(&self.state.read())
     }
 
-    fn writable(&self, st: &State) -> Result<()> {
+    pub(crate) fn writable(&self, st: &State) -> Result<()> {
         match &st.failed {
             Some(why) => Err(Error::new(ErrorKind::Io, format!("{}: the pool has failed: {why}", self.describe))),
             None => Ok(()),

@@ -107,6 +107,15 @@ impl ThinDev {
         self.lookup_with(vblock, |st, b, t| Ok((b, st.meta.shared(self.id, t)?))).await
     }
 
+    /// `lookup` for a write: an error if the pool takes no writes.
+    async fn lookup_to_write(&self, vblock: u64) -> Result<Option<(u64, bool)>> {
+        let r = self.lookup_with(vblock, |st, b, t| {
+            self.pool.writable(st)?;
+            Ok((b, st.meta.shared(self.id, t)?))
+        });
+        r.await
+    }
+
     /// What `what` makes of `vblock`'s mapping (data block and time), with the pool's state
     /// at hand, if it is mapped.
     async fn lookup_with<T>(&self, vblock: u64, what: impl Fn(&State, u64, u32) -> Result<T>) -> Result<Option<T>> {
@@ -153,7 +162,7 @@ impl ThinDev {
     async fn write_piece(&self, p: Piece, buf: Buf, fua: bool) -> Result<Buf> {
         {
             let _held = self.pool.stripe(self.id, p.vblock).read().await;
-            if let Some((b, false)) = self.lookup(p.vblock).await? {
+            if let Some((b, false)) = self.lookup_to_write(p.vblock).await? {
                 return self.write_mapped(p, b, buf, fua).await;
             }
         }
@@ -167,7 +176,7 @@ impl ThinDev {
     async fn write_new(&self, p: Piece, buf: Buf, fua: bool) -> Result<Buf> {
         let bs = self.pool.block_bytes;
         let _held = self.pool.stripe(self.id, p.vblock).write().await;
-        let old = match self.lookup(p.vblock).await? {
+        let old = match self.lookup_to_write(p.vblock).await? {
             Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
             Some((b, true)) => Some(b),
             None => None,
@@ -224,10 +233,9 @@ impl ThinDev {
         Ok(buf)
     }
 
-    /// A write to a block this volume owns alone: straight to the data device; a FUA write
-    /// commits only if the block's mapping is not yet committed.
+    /// A write to a block this volume owns alone (found by `lookup_to_write`): straight to
+    /// the data device; a FUA write commits only if the block's mapping is not yet committed.
     async fn write_mapped(&self, p: Piece, b: u64, buf: Buf, fua: bool) -> Result<Buf> {
-        self.pool.check_writable()?;
         let buf = self.pool.data.write(b * self.pool.block_bytes + p.at, buf, fua).await?;
         if fua {
             self.commit_for_fua(p.vblock).await?;

@@ -130,6 +130,28 @@ async fn pool_over_failing_data() -> (Arc<PowerCut<MemDev>>, Arc<Pool>, ThinDev)
     (data, p, dev)
 }
 
+/// A pool that failed on its metadata device takes no more writes, also none to a block it
+/// mapped before, whose data device still works.
+#[tokio::test]
+async fn a_pool_failed_on_its_metadata_takes_no_writes_to_mapped_blocks() {
+    let md = Arc::new(PowerCut::new(MemDev::new(1 << 20)));
+    let data = Arc::new(MemDev::new(8 * BS));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.create_thin(1).unwrap();
+    m.commit(&*md).await.unwrap();
+    let p = Pool::open(md.clone(), data, "", PoolOptions::default()).await.unwrap();
+    let dev = ThinDev::new(p.clone(), 1, Some(4 * BS)).unwrap();
+    dev.write(0, pattern(1, 0, 4096), false).await.unwrap();
+    dev.flush().await.unwrap();
+    // A new block: the next flush commits, and the metadata device fails it.
+    dev.write(BS, pattern(2, BS, 4096), false).await.unwrap();
+    md.fail_next_flush();
+    assert!(dev.flush().await.is_err());
+    assert_eq!(p.status().mode, "failed");
+    assert!(dev.write(0, pattern(3, 0, 4096), false).await.is_err(), "a failed pool took a write to a mapped block");
+    assert!(dev.write(0, pattern(3, 0, 4096), true).await.is_err(), "nor a FUA write");
+}
+
 /// A failed flush of the data device fails the pool and takes it back to its last commit (as
 /// dm-thin aborts the transaction): a block copied from a snapshot's since then lost its data
 /// with the flush, so reads must go to the committed, shared block again, which holds the
