@@ -165,6 +165,11 @@ def run(ctx):
     thin("snapshot", meta, 1, 2)
     snapshot_s = time.time() - t0
     thin("delete", meta, 2)
+    # Sharing is decided by time, as in dm-thin: each block's next write still copies after
+    # the snapshot's deletion. One pass, not measured, so the first round's unshared pass
+    # starts where every later one does, with blocks the volume owns alone.
+    with b.Strata(ctx, sock, f"vol={spec(1)}", admin=False):
+        load("vol", "randwrite", stride=BLOCK)
     probe = work / "disk.img"
     b.fill_random(probe, vol)
     passes = [("thin mapped", 0), ("thin 1 snapshot", 1), (f"thin {SNAPSHOTS} snapshots", SNAPSHOTS)]
