@@ -11,6 +11,7 @@
 
 use crate::depth::QueueDepth;
 use crate::engine::{self, EngineKind, IoEngine, Op};
+use crate::rwlock::RwLock;
 use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -61,7 +62,7 @@ pub struct FileDev {
     /// that the page cache answers inline never reach it).
     depth: Arc<QueueDepth>,
     /// Aligned writes share it; a read-modify-write takes it alone.
-    rmw: crate::rwlock::RwLock,
+    rmw: RwLock,
     /// Why the device stopped taking writes: an fdatasync or FUA write failed, and the kernel
     /// may have dropped what it covered (a later fdatasync would succeed without it).
     stopped: parking_lot::Mutex<Option<String>>,
@@ -178,7 +179,7 @@ impl FileDev {
             read_only: opts.read_only,
             engine: engine::shared(opts.engine),
             depth: Arc::new(QueueDepth::new()),
-            rmw: crate::rwlock::RwLock::new(),
+            rmw: RwLock::new(),
             stopped: parking_lot::Mutex::new(None),
             changes: AtomicU64::new(1),
             flushed: AtomicU64::new(0),

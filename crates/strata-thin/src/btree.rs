@@ -171,10 +171,13 @@ impl View<'_> {
     /// so even costs one probe more than a bisection.
     pub fn child(&self, key: u64) -> Option<usize> {
         let n = self.len;
-        if n == 0 || key < self.key(0) {
+        if n == 0 {
             return None;
         }
         let (first, last) = (self.key(0), self.key(n - 1));
+        if key < first {
+            return None;
+        }
         if key >= last {
             return Some(n - 1);
         }

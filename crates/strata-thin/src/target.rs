@@ -176,12 +176,13 @@ impl ThinDev {
     async fn write_new(&self, p: Piece, buf: Buf, fua: bool) -> Result<Buf> {
         let bs = self.pool.block_bytes;
         let _held = self.pool.stripe(self.id, p.vblock).write().await;
-        let old = match self.lookup_to_write(p.vblock).await? {
+        let found = self.lookup(p.vblock).await?;
+        self.pool.check_writable()?;
+        let old = match found {
             Some((b, false)) => return self.write_mapped(p, b, buf, fua).await,
             Some((b, true)) => Some(b),
             None => None,
         };
-        self.pool.check_writable()?;
         let new = self.pool.alloc_data().await?;
         let taken = Taken { pool: &self.pool, block: Some(new) };
         let whole = p.at == 0 && p.len == bs;
@@ -233,8 +234,9 @@ impl ThinDev {
         Ok(buf)
     }
 
-    /// A write to a block this volume owns alone (found by `lookup_to_write`): straight to
-    /// the data device; a FUA write commits only if the block's mapping is not yet committed.
+    /// A write to a block this volume owns alone, the pool found to take writes by the
+    /// caller: straight to the data device; a FUA write commits only if the block's mapping
+    /// is not yet committed.
     async fn write_mapped(&self, p: Piece, b: u64, buf: Buf, fua: bool) -> Result<Buf> {
         let buf = self.pool.data.write(b * self.pool.block_bytes + p.at, buf, fua).await?;
         if fua {
