@@ -3,6 +3,9 @@
 //! a dirty block is never silently dropped: the volume reports the fault, goes to its safe
 //! mode, and the data stays readable where it is once the device answers again.
 
+mod common;
+
+use common::wait_clean;
 use std::sync::Arc;
 use strata_cache::meta::Meta;
 use strata_cache::{offline::create, CreateOptions};
@@ -305,4 +308,39 @@ async fn a_hit_that_meets_a_failed_cache_flush_never_reads_what_the_flush_lost()
     if let Ok(got) = reader.await.unwrap() {
         assert!(got == vec![7; BLOCK as usize], "the hit read what the failed flush lost");
     }
+}
+
+/// A block written back, then discarded and read back into the very slot it had, while the
+/// rest of its write-back batch is still under way: the batch must leave the block as the
+/// table has it now (clean), not offer it again as dirty. Here the batch's other block is
+/// delayed on the origin while the first one goes through that cycle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_remapped_into_its_slot_during_write_back_keeps_its_clean_state() {
+    use strata_io::fault::Ops;
+    let r = rig("writeback").await;
+    r.dev.write(2 * BLOCK, fill(3), false).await.unwrap();
+    r.dev.write(9 * BLOCK, fill(4), false).await.unwrap();
+    let slow = r
+        .origin_faults
+        .add(Rule::delay(Ops::WRITE, std::time::Duration::from_millis(500)).range(9 * BLOCK..10 * BLOCK).once());
+    r.dev.message("flush").await.unwrap();
+    for _ in 0..100 {
+        if r.origin_faults.fired(slow) == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(r.origin_faults.fired(slow), 1, "the batch reached the slow block");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    r.dev.discard(2 * BLOCK, BLOCK).await.unwrap();
+    r.dev.flush().await.unwrap(); // the slot is free again
+    for _ in 0..4 {
+        assert_eq!(read(&r.dev, 2).await.unwrap(), vec![0; BLOCK as usize]);
+        if status(&r.dev).cached_blocks >= 2 {
+            break;
+        }
+    }
+    assert!(status(&r.dev).cached_blocks >= 2, "the reads promoted block 2 again: {:?}", status(&r.dev));
+    wait_clean(&r.dev).await;
+    r.dev.check_invariants().unwrap();
 }

@@ -194,8 +194,10 @@ impl Inner {
                 st.policy.set_clean(b);
                 Counters::bump(&self.counters.writebacks);
                 cleaned += 1;
-            } else if st.map.get(&b) == Some(&s) {
-                st.policy.set_dirty(b); // written again meanwhile: offer it again later
+            } else if st.map.get(&b) == Some(&s) && st.meta.entries[s as usize].dirty {
+                // Written again meanwhile, or the flush failed: offer it again later. (A block
+                // discarded and promoted again since, even into this slot, is clean now.)
+                st.policy.set_dirty(b);
             }
         }
         st.debug_check();
