@@ -285,15 +285,81 @@ impl IoEngine for UringEngine {
         let (reply, wait) = oneshot::channel();
         let f = InFlight { file, op, depth, done_bytes: 0, reply };
         let queued = self.ring.state.lock().queue(&self.ring.uring, f);
-        if queued {
-            if let Err(e) = self.ring.uring.submit() {
-                // The entry stays in the ring; the next enter (a submitter's or the reaper's) takes it.
-                if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
-                    panic!("io_uring submit failed: {e}");
-                }
-            }
+        if queued && !Plug::hold(&self.ring) {
+            self.ring.enter();
         }
         Box::pin(async move { wait.await.unwrap_or_else(|_| engine_gone()) })
+    }
+}
+
+impl Ring {
+    /// Has the kernel take what is in the submission queue.
+    fn enter(&self) {
+        if let Err(e) = self.uring.submit() {
+            // The entries stay in the ring; the next enter (a submitter's or the reaper's) takes them.
+            if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                panic!("io_uring submit failed: {e}");
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The rings this thread put entries in while plugged, or None when it is not plugged.
+    static PLUGGED: std::cell::RefCell<Option<Vec<Arc<Ring>>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Holds back the io_uring submissions this thread makes until it is dropped, then enters
+/// the kernel once per ring for all of them, as the kernel's `blk_start_plug` does for a
+/// batch of bios: the operations reach the device as one batch, which it is told of once.
+/// A caller that starts several operations in one go (the NBD server, for the requests of
+/// one read from its socket) plugs around them. It cannot be held across an `.await` in a
+/// task that may move between threads (it is not `Send`); a plug inside a plug does nothing.
+pub struct Plug {
+    outer: bool,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Plug {
+    pub fn new() -> Plug {
+        let outer = PLUGGED.with(|p| {
+            let mut p = p.borrow_mut();
+            let outer = p.is_none();
+            if outer {
+                *p = Some(Vec::new());
+            }
+            outer
+        });
+        Plug { outer, _not_send: std::marker::PhantomData }
+    }
+
+    /// Whether this thread is plugged; if so, `ring` is entered when the plug goes.
+    fn hold(ring: &Arc<Ring>) -> bool {
+        PLUGGED.with(|p| match p.borrow_mut().as_mut() {
+            Some(rings) => {
+                if !rings.iter().any(|r| Arc::ptr_eq(r, ring)) {
+                    rings.push(ring.clone());
+                }
+                true
+            }
+            None => false,
+        })
+    }
+}
+
+impl Default for Plug {
+    fn default() -> Plug {
+        Plug::new()
+    }
+}
+
+impl Drop for Plug {
+    fn drop(&mut self) {
+        if self.outer {
+            for ring in PLUGGED.with(|p| p.borrow_mut().take()).unwrap_or_default() {
+                ring.enter();
+            }
+        }
     }
 }
 

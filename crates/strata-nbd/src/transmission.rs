@@ -229,9 +229,13 @@ where
     tokio::pin!(stall);
 
     loop {
-        while !client_gone && s.held < held_max && !(closing && matches!(input, Input::Header)) {
-            if !s.take(&mut input, &mut inbox) {
-                break;
+        {
+            // The requests of one read from the socket reach the devices as one batch.
+            let _plug = strata_io::engine::Plug::new();
+            while !client_gone && s.held < held_max && !(closing && matches!(input, Input::Header)) {
+                if !s.take(&mut input, &mut inbox) {
+                    break;
+                }
             }
         }
         if closing && matches!(input, Input::Header) {
