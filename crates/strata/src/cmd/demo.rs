@@ -10,7 +10,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_io::latency::HddParams;
@@ -119,6 +119,21 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     let s = server.clone();
     rt.spawn(async move { s.serve_unix(listener).await });
+    // Ctrl-C (or a TERM) ends the phase under way and shuts the volume down cleanly.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _g = rt.enter();
+        let (mut int, mut term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+        let flag = interrupted.clone();
+        rt.spawn(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            flag.store(true, Relaxed);
+        });
+    }
     println!(
         "strata demo: an emulated 7200 rpm disk ({}), cached by {}",
         strata_io::units::format_size(args.data * 4),
@@ -129,15 +144,24 @@ pub fn run(args: DemoArgs) -> Result<()> {
         strata_io::units::format_size(args.data)
     );
 
-    let origin_run = phase(&sock, "origin", &plain, None, args.origin_seconds, args.data, "origin alone")?;
-    let cached_run = phase(&sock, "cached", &cached, Some(&cached), args.seconds, args.data, "through the cache")?;
+    let load = Load { sock: &sock, data: args.data, interrupted: &interrupted };
+    let runs = (|| {
+        let origin_run = phase(&load, "origin", &plain, None, args.origin_seconds, "origin alone")?;
+        let cached_run = phase(&load, "cached", &cached, Some(&cached), args.seconds, "through the cache")?;
+        Ok::<_, anyhow::Error>((origin_run, cached_run))
+    })();
 
+    // Whatever became of the phases, the volume is shut down cleanly.
     rt.block_on(async {
         server.shutdown();
         server.wait_idle().await;
         cached.shutdown().await
     })?;
     let _ = std::fs::remove_file(&sock);
+    if interrupted.load(Relaxed) {
+        bail!("interrupted; the volume was shut down cleanly, its files are in {}", dir.display());
+    }
+    let (origin_run, cached_run) = runs?;
     let status = cached.status().unwrap_or_default();
     // The first and last 10 s (samples every 0.5 s), or halves of a shorter run.
     let n = cached_run.samples.len();
@@ -172,15 +196,19 @@ struct PhaseResult {
     samples: Vec<(f64, f64, f64)>,
 }
 
-fn phase(
-    sock: &Path,
-    export: &str,
-    vol: &Vol,
-    cache: Option<&Vol>,
-    seconds: u64,
+/// What every phase's load shares: the server's socket, the region read, and the flag a
+/// Ctrl-C sets.
+struct Load<'a> {
+    sock: &'a Path,
     data: u64,
-    label: &str,
-) -> Result<PhaseResult> {
+    interrupted: &'a AtomicBool,
+}
+
+fn phase(load: &Load, export: &str, vol: &Vol, cache: Option<&Vol>, seconds: u64, label: &str) -> Result<PhaseResult> {
+    let Load { sock, data, interrupted } = *load;
+    if interrupted.load(Relaxed) {
+        bail!("interrupted");
+    }
     let uri = format!("nbd+unix:///{export}?socket={}", sock.display());
     let child = Command::new("fio")
         .args([
@@ -200,6 +228,7 @@ fn phase(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
+    let fio_pid = child.id() as libc::pid_t;
     let bar = ProgressBar::new(seconds * 10);
     bar.set_style(ProgressStyle::with_template("{prefix:<18} [{bar:30}] {msg}")?.progress_chars("=> "));
     bar.set_prefix(label.to_string());
@@ -210,8 +239,16 @@ fn phase(
         let h = scope.spawn(|| child.wait_with_output());
         let (mut last_t, mut last_n) = (Instant::now(), vol.op("read").requests.load(Relaxed));
         let mut next_line = 5.0;
+        let mut stopping = false;
         while !h.is_finished() {
             std::thread::sleep(Duration::from_millis(500));
+            if interrupted.load(Relaxed) && !stopping && !h.is_finished() {
+                // fio stops its jobs on SIGINT (a Ctrl-C at the terminal reaches it anyway).
+                // SAFETY: plain syscall on our child, still running a moment ago (its pid
+                // cannot have been reused since).
+                unsafe { libc::kill(fio_pid, libc::SIGINT) };
+                stopping = true;
+            }
             let n = vol.op("read").requests.load(Relaxed);
             let iops = (n - last_n) as f64 / last_t.elapsed().as_secs_f64();
             (last_t, last_n) = (Instant::now(), n);
