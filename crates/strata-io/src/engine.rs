@@ -1,8 +1,9 @@
 //! IO engines: how file and block-device IO is carried out, behind one interface. `uring`
 //! shares one io_uring: submitters enter the kernel themselves (or, under a [`Plug`], once for
-//! a batch) and a reaper (a thread, or a task on the server's runtime) collects completions; `pool` runs blocking pread/pwrite on a pool of threads. Both take owned
-//! buffers and hand them back with the completion, so an operation the caller stopped waiting
-//! for still owns its memory until the kernel is done with it.
+//! a batch) and a reaper (a thread, or a task on the server's runtime) collects completions;
+//! `pool` runs blocking pread/pwrite on a pool of threads. Both take owned buffers and hand
+//! them back with the completion, so an operation the caller stopped waiting for still owns
+//! its memory until the kernel is done with it.
 //! Which one is faster depends on the machine; `docs/BENCHMARKS.md` has the measurements.
 
 use crate::depth::QueueDepth;
@@ -203,7 +204,8 @@ impl IoEngine for PoolEngine {
 // ---------------------------------------------------------------------------------------
 // io_uring engine: one ring shared by every submitter. A submitter puts its operation in the
 // ring and enters the kernel itself (a plugged thread once for all it put in), so starting
-// an IO costs no hop to another thread; one reaper waits for completions, resubmits short transfers and hands results back.
+// an IO costs no hop to another thread; one reaper waits for completions, resubmits short
+// transfers and hands results back.
 // Operations beyond the ring's capacity wait in a queue the reaper feeds in as room frees.
 
 pub struct UringEngine {
