@@ -152,3 +152,29 @@ fn options_beyond_what_the_trace_holds() {
     let err = run(args(&[trace, "--size", "100", "--prefill", "junk"]).unwrap()).unwrap_err().to_string();
     assert!(err.contains("4 times the footprint"), "{err}");
 }
+
+/// `--csv` writes one table to its stream, with or without `--windows`: every line has the
+/// header's columns, and the windows of a run add up to its requests.
+#[test]
+fn csv_output_is_one_table() {
+    let synthetic = ["sim", "--synthetic", "zipf:1.1", "--blocks", "2000", "--requests", "10000", "--csv"];
+    for (extra, rows) in [(&[][..], 2), (&["--windows", "5"][..], 10)] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(synthetic)
+            .args(["--policy", "lru,smq", "--size", "5%"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let body: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+        assert_eq!(body.len(), rows, "{extra:?}:\n{text}");
+        assert!(body.iter().all(|r| r.len() == header.len()), "{extra:?}: ragged rows:\n{text}");
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let accesses: u64 =
+            body.iter().filter(|r| r[0] == "lru").map(|r| r[col("requests")].parse::<u64>().unwrap()).sum();
+        assert_eq!(accesses, 10_000, "{extra:?}:\n{text}");
+    }
+}

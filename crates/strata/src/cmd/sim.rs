@@ -82,7 +82,8 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value = "all")]
     pub ops: Ops,
 
-    /// Print CSV instead of a table.
+    /// Print CSV instead of a table (with --windows, one row per policy, size and window:
+    /// a run's totals are the sums of its windows).
     #[arg(long)]
     pub csv: bool,
 
@@ -247,10 +248,10 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
     let results = sim::run_matrix(&workload, &policies, &size_blocks, &opts)?;
     if args.csv {
-        print!("{}", report::csv(&results));
-        if opts.windows > 0 {
-            println!();
-            print!("{}", report::windows_csv(&results));
+        // One table per stream, whatever reads it.
+        match opts.windows {
+            0 => print!("{}", report::csv(&results)),
+            _ => print!("{}", report::windows_csv(&results)),
         }
     } else {
         print!("{}", report::table(&results, &workload, &sizes));
