@@ -328,7 +328,6 @@ impl OriginLayout {
 /// The cost model's state during one replay.
 #[derive(Debug)]
 pub struct CostState {
-    block_size: u64,
     layout: std::sync::Arc<OriginLayout>,
     origin: DeviceTimer,
     cache: DeviceTimer,
@@ -349,7 +348,6 @@ impl CostState {
     pub fn new(spec: &CostSpec, layout: std::sync::Arc<OriginLayout>, capacity_blocks: usize) -> Self {
         let block_size = layout.block_size;
         CostState {
-            block_size,
             origin: DeviceTimer::new(spec.origin, layout.blocks.max(1) * block_size),
             layout,
             cache: DeviceTimer::new(spec.cache, capacity_blocks.max(1) as u64 * block_size),
@@ -376,7 +374,7 @@ impl CostState {
     #[inline]
     fn slot_offset(&self, block: u64) -> u64 {
         match &self.slots {
-            Some(s) => s.get(&block).copied().unwrap_or(0) * self.block_size,
+            Some(s) => s.get(&block).copied().unwrap_or(0) * self.layout.block_size,
             None => 0,
         }
     }
@@ -394,14 +392,14 @@ impl CostState {
             }
         };
         slots.insert(block, slot);
-        slot * self.block_size
+        slot * self.layout.block_size
     }
 
     /// One IO on the origin (`cache` false) or the cache for the current access, merged
     /// into the device's previous IO when it continues it (same request, next block).
     #[inline]
     fn io(&mut self, cache: bool, offset: u64, len: u64, write: bool, in_request: bool) -> f64 {
-        let (seq, bs) = (self.seq, self.block_size);
+        let (seq, bs) = (self.seq, self.layout.block_size);
         let dev = if cache { &mut self.cache } else { &mut self.origin };
         let cont = in_request && dev.continues(seq, offset, write, bs);
         let t = dev.io_continuing(offset, len, write, cont);
@@ -412,7 +410,7 @@ impl CostState {
     /// Charge one access and the policy's decision on it.
     #[inline]
     pub fn charge(&mut self, a: &BlockAccess, out: Outcome) {
-        let bs = self.block_size;
+        let bs = self.layout.block_size;
         let bytes = a.bytes as u64;
         let at = self.layout.offset(a.block);
         // Block accesses of one request come in a row, with the request's time.
@@ -458,7 +456,7 @@ impl CostState {
     /// Charge a readahead neighbour of the block promoted last: the origin read goes on over
     /// it (no seek of its own) and it is written to its cache slot.
     pub fn readahead(&mut self, block: u64) {
-        let bs = self.block_size;
+        let bs = self.layout.block_size;
         self.origin.io_continuing(self.layout.offset(block), bs, false, true);
         let off = self.place(block, None);
         self.cache.io(off, bs, true);
@@ -467,8 +465,8 @@ impl CostState {
     /// Charge the write-back of a dirty `block`: a cache read and an origin write of it.
     pub fn writeback(&mut self, block: u64) {
         let off = self.slot_offset(block);
-        self.cache.io(off, self.block_size, false);
-        self.origin.io(self.layout.offset(block), self.block_size, true);
+        self.cache.io(off, self.layout.block_size, false);
+        self.origin.io(self.layout.offset(block), self.layout.block_size, true);
         self.writebacks += 1;
     }
 
