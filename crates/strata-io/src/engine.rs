@@ -175,6 +175,9 @@ impl PoolEngine {
                         depth.enter();
                         let completion = run_blocking(&file, op);
                         depth.leave();
+                        // Let go of the file first: once the caller has its completion, the
+                        // device may close the file, and its claim must go with it.
+                        drop(file);
                         let _ = done.send(completion);
                     }
                 })
