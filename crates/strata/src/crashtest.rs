@@ -344,6 +344,11 @@ impl Oracle {
         }
     }
 
+    /// Whether `val` was ever written to sector `sector` (or is its initial content).
+    pub fn ever_written(&self, sector: u64, val: Val) -> bool {
+        Self::ever(&self.sectors[sector as usize], val)
+    }
+
     /// Checks a device image (or the part of it starting at sector 0) against what a crash
     /// now may leave.
     pub fn verify(&self, image: &[u8]) -> Verdict {

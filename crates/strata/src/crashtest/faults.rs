@@ -11,8 +11,9 @@
 //! - a **server crash**: a request that got no reply (the connection broke), or a server
 //!   that no longer accepts a connection;
 //! - a **silent data loss**: a read that succeeded with content other than the sector's
-//!   latest value (or, after a failed write, its value before or the failed write's), or a
-//!   sector whose final content is not its last durable value or later (the crash oracle);
+//!   latest value (or, after a failed write, its value before or the failed write's; after a
+//!   failed trim, zeroes or anything ever written there), or a sector whose final content is
+//!   not its last durable value or later (the crash oracle);
 //! - a check failure: metadata errors after the shutdown, or a flush still failing once the
 //!   devices answer again; but once a flush has failed, a flush that succeeds before the
 //!   volume is restarted (the restarted volume is verified too).
@@ -94,7 +95,9 @@ impl Current {
     }
 
     /// Records a step's outcome: done, it replaces what the sectors hold; failed, it may
-    /// have landed or not, sector by sector.
+    /// have landed or not, sector by sector. A failed trim may have dropped a cached copy
+    /// and not yet the origin's: the sectors may then read as anything ever written there
+    /// (`Val::Trimmed`, as in the crash oracle).
     fn apply(&mut self, step: &Step, ok: bool) {
         let (val, offset, len) = match *step {
             Step::Write { id, offset, len, .. } => (Val::Id(id), offset, len),
@@ -113,21 +116,20 @@ impl Current {
                 }
             } else {
                 s.push(val);
-                if val == Val::Trimmed {
-                    s.push(Val::Zero);
-                }
             }
         }
     }
 
     /// Sectors of a successful read holding something they may not.
-    fn wrong(&self, offset: u64, data: &[u8]) -> u64 {
+    fn wrong(&self, offset: u64, data: &[u8], oracle: &Oracle) -> u64 {
         let first = offset / SECTOR;
         data.chunks(SECTOR as usize)
             .enumerate()
             .filter(|(i, d)| {
                 let sector = first + *i as u64;
-                !matches!(decode(sector, d), Some(v) if self.0[sector as usize].contains(&v))
+                let may = &self.0[sector as usize];
+                !matches!(decode(sector, d), Some(v) if may.contains(&v)
+                    || (may.contains(&Val::Trimmed) && oracle.ever_written(sector, v)))
             })
             .count() as u64
     }
@@ -227,7 +229,7 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
             out.requests += 1;
             match c.read(offset, (sectors * SECTOR) as u32).await {
                 Ok(d) => {
-                    let wrong = current.wrong(offset, &d);
+                    let wrong = current.wrong(offset, &d, &oracle);
                     if wrong > 0 {
                         out.silent_losses += wrong;
                         out.detail.push_str(&format!("step {i}: read at {offset}: {wrong} sectors wrong\n"));
@@ -263,7 +265,7 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
     if !stopped {
         let image = super::read_region(&mut c, 0, ORIGIN_BYTES).await?;
         let v = oracle.verify(&image);
-        out.silent_losses += v.lost + v.garbage + current.wrong(0, &image);
+        out.silent_losses += v.lost + v.garbage + current.wrong(0, &image, &oracle);
         if v.lost + v.garbage > 0 {
             out.detail.push_str(&format!("final read: {v:?}\n"));
         }
@@ -300,4 +302,38 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
     out.injected = counters.errors() + counters.delayed;
     let _ = std::fs::remove_file(&sock);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `steps` (with their outcomes) on one sector and says which of `reads` (write ids,
+    /// 0 for zeroes) the checker takes as wrong.
+    fn wrong_reads(steps: &[(Step, bool)], reads: &[u64]) -> Vec<u64> {
+        let (mut oracle, mut current) = (Oracle::new(SECTOR), Current(vec![vec![Val::Zero]]));
+        for (step, ok) in steps {
+            oracle.issue(step);
+            if *ok {
+                oracle.complete(step)
+            } else {
+                oracle.fail(step)
+            }
+            current.apply(step, *ok);
+        }
+        let data = |id: u64| if id == 0 { vec![0; SECTOR as usize] } else { payload(id, 0, 1) };
+        reads.iter().copied().filter(|&id| current.wrong(0, &data(id), &oracle) > 0).collect()
+    }
+
+    #[test]
+    fn a_failed_trim_may_leave_anything_written_there_and_a_done_one_zeroes_or_the_latest() {
+        let write = |id| (Step::Write { id, offset: 0, len: SECTOR, fua: true }, true);
+        let trim = |ok| (Step::Trim { offset: 0, len: SECTOR }, ok);
+        assert_eq!(wrong_reads(&[write(1), write(2)], &[0, 1, 2, 3]), [0, 1, 3]);
+        assert_eq!(wrong_reads(&[write(1), write(2), trim(true)], &[0, 1, 2, 3]), [1, 3]);
+        assert_eq!(wrong_reads(&[write(1), write(2), trim(false)], &[0, 1, 2, 3]), [3]);
+        assert_eq!(wrong_reads(&[write(1), trim(false), write(2)], &[0, 1, 2]), [0, 1]);
+        let failed_write = (Step::Write { id: 3, offset: 0, len: SECTOR, fua: false }, false);
+        assert_eq!(wrong_reads(&[write(1), write(2), failed_write], &[0, 1, 2, 3, 4]), [0, 1, 4]);
+    }
 }
