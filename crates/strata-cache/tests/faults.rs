@@ -344,3 +344,38 @@ async fn a_block_remapped_into_its_slot_during_write_back_keeps_its_clean_state(
     wait_clean(&r.dev).await;
     r.dev.check_invariants().unwrap();
 }
+
+/// A whole-block write the cache device refuses goes to the origin (above) while the block
+/// is still locked: a read meanwhile must not promote the origin's older content, which would
+/// leave a clean cached copy that differs from the origin once the write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_during_a_refused_write_does_not_cache_the_data_it_replaces() {
+    use std::time::Duration;
+    use strata_io::fault::Ops;
+    let r = rig("writeback").await;
+    r.origin.write(9 * BLOCK, fill(1), false).await.unwrap();
+    r.cache_faults.add(Rule::write_error(r.data.clone()).no_space().once());
+    let slow =
+        r.origin_faults.add(Rule::delay(Ops::WRITE, Duration::from_millis(400)).range(9 * BLOCK..10 * BLOCK).once());
+    let dev = Arc::new(r.dev);
+    let write = tokio::spawn({
+        let dev = dev.clone();
+        async move { dev.write(9 * BLOCK, fill(5), false).await.map(|_| ()) }
+    });
+    for _ in 0..100 {
+        if r.origin_faults.fired(slow) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(r.origin_faults.fired(slow), 1, "the refused write reached the origin");
+    // Reads while the origin write is on its way: old or new content, and nothing cached
+    // that goes stale.
+    for _ in 0..4 {
+        let got = read(&dev, 9).await.unwrap();
+        assert!(got == vec![1; BLOCK as usize] || got == vec![5; BLOCK as usize]);
+    }
+    write.await.unwrap().unwrap();
+    assert_eq!(read(&dev, 9).await.unwrap(), vec![5; BLOCK as usize], "{:?}", status(&dev));
+    dev.check_invariants().unwrap();
+}

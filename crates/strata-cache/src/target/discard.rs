@@ -97,7 +97,7 @@ impl Inner {
                 }
                 drop(x);
                 if let Piece::Refused = self.write_piece(b, within, Buf::zeroed(n as usize), false, false).await? {
-                    self.write_around(b, within, Buf::zeroed(n as usize), false).await?;
+                    self.write_refused(b, within, Buf::zeroed(n as usize), false).await?;
                 }
             }
         }

@@ -31,7 +31,7 @@ pub(super) enum Piece {
     /// acknowledged (the mapping of the slot that holds its data), if any.
     Done(Option<u64>),
     /// The cache device failed to take it and nothing else holds it: the caller, which still
-    /// has the bytes, writes them to the origin (`Inner::write_around`).
+    /// has the bytes, writes them again (`Inner::write_refused`).
     Refused,
 }
 
@@ -56,7 +56,7 @@ impl Inner {
             async move {
                 match self.write_piece(b, within, Buf::from_slice(bytes), fua, bypass).await? {
                     Piece::Done(need) => Ok(need),
-                    Piece::Refused => self.write_around(b, within, Buf::from_slice(bytes), fua).await,
+                    Piece::Refused => self.write_refused(b, within, Buf::from_slice(bytes), fua).await,
                 }
             }
         }))
@@ -68,9 +68,23 @@ impl Inner {
         Ok(buf)
     }
 
-    /// The origin takes a piece the cache device refused (`Piece::Refused`).
-    pub(super) async fn write_around(&self, b: u64, within: u64, data: Buf, fua: bool) -> Result<Option<u64>> {
-        self.write_origin(b, within, data, fua).await.map(|_| None)
+    /// Writes again a piece the cache device refused (`Piece::Refused`), planned afresh under
+    /// the block's lock as a write that bypasses the cache: to the origin, or into the
+    /// block's slot if it was cached dirty meanwhile. Written to the origin without the lock,
+    /// a read could promote the block's older content meanwhile and keep it cached, clean,
+    /// after the write lands. (The refusal put the volume in writethrough, so the counters
+    /// see this piece as a second miss only in `write_misses`, and in `bypassed`.)
+    pub(super) async fn write_refused(
+        self: &Arc<Self>,
+        b: u64,
+        within: u64,
+        data: Buf,
+        fua: bool,
+    ) -> Result<Option<u64>> {
+        match self.write_piece(b, within, data, fua, true).await? {
+            Piece::Done(need) => Ok(need),
+            Piece::Refused => unreachable!("a write that bypasses the cache promotes nothing"),
+        }
     }
 
     /// Writes one piece.
@@ -164,7 +178,7 @@ impl Inner {
                                 self.cache_write_failed(b, s, &e);
                                 // The piece alone goes to the origin, as to an uncached block.
                                 return match partial {
-                                    Some(d) => self.write_around(b, within, d, fua).await.map(Piece::Done),
+                                    Some(d) => self.write_origin(b, within, d, fua).await.map(|_| Piece::Done(None)),
                                     None => Ok(Piece::Refused),
                                 };
                             }
@@ -318,7 +332,7 @@ impl Inner {
             };
             return match homeless {
                 Some(d) => self.write_origin(b, 0, d, fua).await.map(|_| Piece::Done(None)),
-                None => self.write_around(b, within, data, fua).await.map(Piece::Done),
+                None => self.write_origin(b, within, data, fua).await.map(|_| Piece::Done(None)),
             };
         }
         self.state.lock().unmap(b);
