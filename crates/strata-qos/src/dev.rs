@@ -250,18 +250,32 @@ impl QosDev {
     }
 
     /// `NAME VALUE` for this group, `group NAME KEY VALUE` for another on the same device.
+    /// Settings, one `KEY VALUE` (this volume's group) or `group NAME KEY VALUE` per line,
+    /// all of one group: every line is checked before any takes effect.
     fn apply_message(&self, msg: &str) -> Result<String> {
-        let words: Vec<&str> = msg.split_whitespace().collect();
-        let (group, key, value) = match words.as_slice() {
-            [key, value] => (None, *key, *value),
-            ["group", g, key, value] => (Some(*g), *key, *value),
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::Invalid,
-                    format!("qos: unknown message {msg:?} (KEY VALUE, or group NAME KEY VALUE)"),
-                ))
-            }
+        let unknown = || {
+            Error::new(
+                ErrorKind::Invalid,
+                format!("qos: unknown message {msg:?} (KEY VALUE, or group NAME KEY VALUE, per line)"),
+            )
         };
+        let mut group = None;
+        let mut pairs = Vec::new();
+        for (i, line) in msg.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+            let (g, key, value) = match *line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                [key, value] => (None, key, value),
+                ["group", g, key, value] => (Some(g), key, value),
+                _ => return Err(unknown()),
+            };
+            if i > 0 && g != group {
+                return Err(Error::new(ErrorKind::Invalid, format!("qos: one group per message: {msg:?}")));
+            }
+            group = g;
+            pairs.push((key, value));
+        }
+        if pairs.is_empty() {
+            return Err(unknown());
+        }
         let mut st = self.qos.state.lock();
         let gid = match group {
             None => self.group,
@@ -270,8 +284,11 @@ impl QosDev {
             })?,
         };
         let mut settings = st.sched.settings(gid).clone();
-        settings.set(key, value).map_err(|e| Error::new(e.kind, format!("qos: {}", e.context)))?;
-        let answer = format!("group {}: {key} = {}", st.sched.name(gid), settings.value(key));
+        for &(key, value) in &pairs {
+            settings.set(key, value).map_err(|e| Error::new(e.kind, format!("qos: {}", e.context)))?;
+        }
+        let shown: Vec<String> = pairs.iter().map(|&(key, _)| format!("{key} = {}", settings.value(key))).collect();
+        let answer = format!("group {}: {}", st.sched.name(gid), shown.join(", "));
         st.sched.set(gid, settings);
         let now = self.qos.now();
         self.qos.pump(&mut st, now, None);

@@ -62,6 +62,28 @@ impl Tunables {
     /// Applies `NAME VALUE`; refuses unknown names and values that break
     /// `low_watermark <= high_watermark <= 100`.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        self.set_all(&[(name, value)])
+    }
+
+    /// Applies every `(NAME, VALUE)` or none: refuses unknown names, bad values, and
+    /// watermarks that break `low_watermark <= high_watermark <= 100` once all are applied.
+    pub fn set_all(&mut self, settings: &[(&str, &str)]) -> Result<()> {
+        let mut t = *self;
+        for &(name, value) in settings {
+            t.assign(name, value)?;
+        }
+        if !t.valid() {
+            let all: Vec<String> = settings.iter().map(|(n, v)| format!("{n} {v}")).collect();
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("writecache: {}: needs low_watermark <= high_watermark <= 100", all.join(", ")),
+            ));
+        }
+        *self = t;
+        Ok(())
+    }
+
+    fn assign(&mut self, name: &str, value: &str) -> Result<()> {
         let bad = |why: String| Error::new(ErrorKind::Invalid, format!("writecache: {name} {value}: {why}"));
         let num = || value.parse::<u64>().map_err(|e| bad(e.to_string()));
         let flag = || match value {
@@ -69,7 +91,7 @@ impl Tunables {
             "0" | "off" | "false" => Ok(false),
             _ => Err(bad("expected on or off".into())),
         };
-        let mut t = *self;
+        let t = self;
         match name {
             "high_watermark" => t.high_watermark = num()?.min(1000) as u32,
             "low_watermark" => t.low_watermark = num()?.min(1000) as u32,
@@ -94,10 +116,6 @@ impl Tunables {
             }
             _ => return Err(bad("unknown setting".into())),
         }
-        if !t.valid() {
-            return Err(bad("needs low_watermark <= high_watermark <= 100".into()));
-        }
-        *self = t;
         Ok(())
     }
 
@@ -282,6 +300,14 @@ mod tests {
         assert!(t.set("cleaner", "maybe").is_err());
         assert!(t.set("nonsense", "1").is_err());
         assert_eq!((t.high_watermark, t.low_watermark, t.cleaner), (80, 10, false));
+        // Together, the watermarks are checked once both are in.
+        let mut u = t;
+        u.set_all(&[("high_watermark", "5"), ("low_watermark", "2")]).unwrap();
+        assert_eq!((u.high_watermark, u.low_watermark), (5, 2));
+        let before = u;
+        assert!(u.set_all(&[("max_age", "7"), ("low_watermark", "9")]).is_err());
+        assert!(u.set_all(&[("max_age", "7"), ("cleaner", "maybe")]).is_err());
+        assert_eq!(u, before, "a refused set changes nothing");
         // Out of range: refused, never stored as something else.
         let before = t;
         assert!(t.set("autocommit_blocks", "0").is_err());

@@ -697,3 +697,69 @@ fn an_interrupted_demo_leaves_its_cache_clean() {
     let out = String::from_utf8_lossy(&check.stdout);
     assert!(out.contains("clean shutdown") && !out.contains("not shut down"), "{out}{}", stderr(&check));
 }
+
+/// `cache set` and `writecache set` send their settings as one message, which the volume
+/// takes whole: every setting, or (one refused) none of them.
+#[test]
+fn set_takes_every_setting_or_none() {
+    let d = common::tempdir();
+    assert!(create(d.path(), &["--mode", "writeback"]).status.success());
+    let (log, log_origin) = (d.path().join("log.img"), d.path().join("log_origin.img"));
+    let o = strata(&[
+        "writecache",
+        "create",
+        "--origin",
+        &format!("{}?size=16MiB", log_origin.display()),
+        "--cache",
+        &format!("{}?size=4MiB", log.display()),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let specs = vec![
+        format!("vol=cache:{}", d.path().join("cache.img").display()),
+        format!("log=writecache:{}", log.display()),
+    ];
+    let srv = common::Server::start_opts(
+        tempfile::tempdir_in(d.path()).unwrap(),
+        common::ServerOpts { admin: true, args: specs, ..Default::default() },
+    );
+    let admin = srv.admin.clone().unwrap();
+    let set = |what: &str, vol: &str, settings: &[&str]| {
+        let mut args = vec![what, "set", "--admin", &admin, vol];
+        args.extend_from_slice(settings);
+        strata(&args)
+    };
+    let target = |vol: &str| {
+        let status = srv.status();
+        let v = status["volumes"].as_array().unwrap().iter().find(|v| v["name"] == vol).unwrap().clone();
+        v["target"].clone()
+    };
+
+    let o = set("cache", "vol", &["mode=writethrough", "readahead=0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "vol: mode writethrough; readahead 0 bytes\n");
+    let before = target("vol");
+    assert_eq!((before["mode"].as_str(), before["readahead_bytes"].as_u64()), (Some("writethrough"), Some(0)));
+    for bad in [&["mode=writearound", "writeback-percent=500"][..], &["readahead=64KiB", "colour=red"], &["mode=x"]] {
+        let o = set("cache", "vol", bad);
+        assert!(!o.status.success(), "{bad:?}");
+        let now = target("vol");
+        assert_eq!(
+            (&now["mode"], &now["readahead_bytes"], &now["writeback_percent"]),
+            (&before["mode"], &before["readahead_bytes"], &before["writeback_percent"]),
+            "{bad:?} changed the cache"
+        );
+    }
+
+    // Taken together, the watermarks are checked once both are in (one by one, a high
+    // watermark of 30 under the default low one of 45 would be refused).
+    let o = set("writecache", "log", &["high_watermark=30", "low_watermark=20"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = target("log")["tunables"].clone();
+    assert_eq!((before["high_watermark"].as_u64(), before["low_watermark"].as_u64()), (Some(30), Some(20)));
+    for bad in [&["max_age=7", "cleaner=maybe"][..], &["max_age=7", "low_watermark=90"]] {
+        let o = set("writecache", "log", bad);
+        assert!(!o.status.success(), "{bad:?}");
+        assert_eq!(target("log")["tunables"], before, "{bad:?} changed the log");
+    }
+    srv.stop();
+}

@@ -82,15 +82,19 @@ fn two_groups_on_one_disk_from_a_config() {
     let admin = srv.admin.clone().unwrap();
     let o = strata(&["qos", "set", "--admin", &admin, "db", "weight=300", "rbps=20MiB"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(text(&o), "db: group db: weight = 300\ndb: group db: rbps = 20MiB\n");
+    assert_eq!(text(&o), "db: group db: weight = 300, rbps = 20MiB\n");
     let o = strata(&["qos", "set", "--admin", &admin, "db", "--group", "batch", "riops=500"]);
     assert!(o.status.success() && text(&o).contains("group batch: riops = 500"), "{}", text(&o));
-    for bad in [vec!["weight=0"], vec!["--group", "nosuch", "weight=5"], vec!["colour=red"]] {
+    // A refused setting takes the others of its `set` with it.
+    for bad in
+        [vec!["weight=0"], vec!["--group", "nosuch", "weight=5"], vec!["colour=red"], vec!["weight=50", "riops=0"]]
+    {
         let mut args = vec!["qos", "set", "--admin", &admin, "db"];
         args.extend(bad.iter().copied());
         let o = strata(&args);
         assert!(!o.status.success(), "{bad:?}: {}", text(&o));
     }
+    assert_eq!(group(&srv.status(), "db", "db")["weight"], 300, "weight=50 came with a refused riops=0");
     // A port alone (or `:PORT`) means loopback, for the client commands as for `serve`.
     let port = admin.rsplit_once(':').unwrap().1.to_string();
     for given in [port.clone(), format!(":{port}")] {

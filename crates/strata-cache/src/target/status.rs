@@ -60,53 +60,14 @@ impl Inner {
         }
     }
 
+    /// An action (`flush`, `invalidate`, `detach`), or settings, one `KEY VALUE` per line:
+    /// every line is checked before any takes effect, so a bad one changes nothing.
     pub(super) async fn message(&self, msg: &str) -> Result<String> {
         let invalid = |m: String| Error::new(ErrorKind::Invalid, m);
-        let (key, value) = msg.split_once([' ', '=']).map(|(k, v)| (k.trim(), v.trim())).unwrap_or((msg.trim(), ""));
         let answer = {
             let mut st = self.state.lock();
             st.stopped()?;
-            match key {
-                "mode" => {
-                    let m: Mode = value.parse().map_err(invalid)?;
-                    st.meta.sb.mode = m;
-                    format!("mode {}", m.name())
-                }
-                "policy" => {
-                    let params = Params { origin_blocks: Some(st.meta.sb.origin_blocks()), ..Params::default() };
-                    let mut p = strata_policy::build(value, policy_capacity(st.meta.slots()), &params)
-                        .map_err(|e| invalid(e.to_string()))?;
-                    let st = &mut *st;
-                    for (&b, &s) in &st.map {
-                        let _ = p.insert(b, st.meta.entries[s as usize].dirty);
-                    }
-                    st.policy = p;
-                    st.meta.sb.policy = value.to_string();
-                    format!("policy {value}")
-                }
-                "migration_budget" | "migration-budget" => {
-                    let r = strata_io::units::parse_rate(value).map_err(invalid)?;
-                    st.meta.sb.migration_budget_bytes_per_s = r;
-                    self.budget.set_rate(r);
-                    format!("migration budget {r} bytes/s")
-                }
-                "sequential_cutoff" | "sequential-cutoff" => {
-                    let c = strata_io::units::parse_size(value).map_err(invalid)?;
-                    st.meta.sb.sequential_cutoff_bytes = c;
-                    format!("sequential cutoff {c} bytes")
-                }
-                "readahead" => {
-                    let r = strata_io::units::parse_size(value).map_err(invalid)?;
-                    crate::options::check_readahead(r)?;
-                    st.meta.sb.readahead_bytes = r as u32;
-                    format!("readahead {r} bytes")
-                }
-                "writeback_percent" | "writeback-percent" => {
-                    let p: u32 = value.parse().map_err(|_| invalid(format!("bad percent {value:?}")))?;
-                    crate::options::check_writeback_percent(p)?;
-                    st.meta.sb.writeback_percent = p;
-                    format!("writeback percent {p}")
-                }
+            match msg.trim() {
                 "flush" => {
                     st.flush_all = true;
                     self.wake.notify_one();
@@ -123,9 +84,70 @@ impl Inner {
                     format!("cleaner mode: writing back {} dirty blocks", st.policy.dirty_len())
                 }
                 _ => {
-                    return Err(invalid(format!(
-                        "unknown message {key:?} (mode, policy, migration-budget, sequential-cutoff, readahead, writeback-percent, flush, invalidate, detach)"
-                    )))
+                    let mut sb = st.meta.sb.clone();
+                    let (mut policy, mut budget) = (None, None);
+                    let mut answers = Vec::new();
+                    for line in msg.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                        let (key, value) =
+                            line.split_once([' ', '=']).map(|(k, v)| (k.trim(), v.trim())).unwrap_or((line, ""));
+                        answers.push(match key {
+                            "mode" => {
+                                sb.mode = value.parse().map_err(invalid)?;
+                                format!("mode {}", sb.mode.name())
+                            }
+                            "policy" => {
+                                let params =
+                                    Params { origin_blocks: Some(sb.origin_blocks()), ..Params::default() };
+                                let p = strata_policy::build(value, policy_capacity(st.meta.slots()), &params)
+                                    .map_err(|e| invalid(e.to_string()))?;
+                                policy = Some(p);
+                                sb.policy = value.to_string();
+                                format!("policy {value}")
+                            }
+                            "migration_budget" | "migration-budget" => {
+                                let r = strata_io::units::parse_rate(value).map_err(invalid)?;
+                                sb.migration_budget_bytes_per_s = r;
+                                budget = Some(r);
+                                format!("migration budget {r} bytes/s")
+                            }
+                            "sequential_cutoff" | "sequential-cutoff" => {
+                                sb.sequential_cutoff_bytes = strata_io::units::parse_size(value).map_err(invalid)?;
+                                format!("sequential cutoff {} bytes", sb.sequential_cutoff_bytes)
+                            }
+                            "readahead" => {
+                                let r = strata_io::units::parse_size(value).map_err(invalid)?;
+                                crate::options::check_readahead(r)?;
+                                sb.readahead_bytes = r as u32;
+                                format!("readahead {r} bytes")
+                            }
+                            "writeback_percent" | "writeback-percent" => {
+                                let p: u32 = value.parse().map_err(|_| invalid(format!("bad percent {value:?}")))?;
+                                crate::options::check_writeback_percent(p)?;
+                                sb.writeback_percent = p;
+                                format!("writeback percent {p}")
+                            }
+                            _ => {
+                                return Err(invalid(format!(
+                                    "unknown message {key:?} (mode, policy, migration-budget, sequential-cutoff, readahead, writeback-percent, flush, invalidate, detach)"
+                                )))
+                            }
+                        });
+                    }
+                    if let Some(mut p) = policy {
+                        let st = &mut *st;
+                        for (&b, &s) in &st.map {
+                            let _ = p.insert(b, st.meta.entries[s as usize].dirty);
+                        }
+                        st.policy = p;
+                    }
+                    if answers.is_empty() {
+                        return Err(invalid("empty message".into()));
+                    }
+                    if let Some(r) = budget {
+                        self.budget.set_rate(r);
+                    }
+                    st.meta.sb = sb;
+                    answers.join("; ")
                 }
             }
         };

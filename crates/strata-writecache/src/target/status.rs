@@ -52,8 +52,15 @@ impl Inner {
         self.commit_locked().await
     }
 
-    /// `flush` (write back everything now), `commit`, or `NAME VALUE` for a tunable.
+    /// `flush` (write back everything now), `commit`, or tunables, one `NAME VALUE` per line:
+    /// every line is checked before any takes effect, so a bad one changes nothing.
     pub(crate) async fn message(&self, msg: &str) -> Result<String> {
+        let unknown = || {
+            Error::new(
+                ErrorKind::Invalid,
+                format!("writecache: unknown message {msg:?} (flush, commit, or NAME VALUE lines)"),
+            )
+        };
         let words: Vec<&str> = msg.split_whitespace().collect();
         match words.as_slice() {
             ["flush"] => {
@@ -70,24 +77,29 @@ impl Inner {
                 self.commit_force().await?;
                 Ok("committed".into())
             }
-            [name, value] => {
+            [_, _, ..] => {
                 let _one = self.commit_lock.lock().await;
+                let mut settings = Vec::new();
+                for line in msg.lines().filter(|l| !l.trim().is_empty()) {
+                    match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                        &[name, value] => settings.push((name, value)),
+                        _ => return Err(unknown()),
+                    }
+                }
                 let (old, t) = {
                     let mut t = self.tunables.lock();
                     let old = *t;
-                    t.set(name, value)?;
+                    t.set_all(&settings)?;
                     (old, *t)
                 };
+                let answers: Vec<String> = settings.iter().map(|(n, v)| format!("{n} = {v}")).collect();
                 self.kick.notify_one();
                 if t != old {
                     self.keep_tunables(&t).await?;
                 }
-                Ok(format!("{name} = {value}"))
+                Ok(answers.join("; "))
             }
-            _ => Err(Error::new(
-                ErrorKind::Invalid,
-                format!("writecache: unknown message {msg:?} (flush, commit, or NAME VALUE)"),
-            )),
+            _ => Err(unknown()),
         }
     }
 }

@@ -154,7 +154,7 @@ pub struct SetArgs {
     pub admin: String,
     /// Volume name.
     pub name: String,
-    /// Settings as KEY=VALUE.
+    /// Settings as KEY=VALUE, taken together: if one is refused, none changes.
     #[arg(required = true)]
     pub settings: Vec<String>,
 }
@@ -251,14 +251,17 @@ pub fn run(args: CacheArgs) -> Result<()> {
     })
 }
 
-/// Sends each `KEY=VALUE` to a running volume as the message `{prefix}KEY VALUE` (`-` in keys
-/// read as `_`), printing the answers.
+/// Sends the `KEY=VALUE`s to a running volume as one message of `{prefix}KEY VALUE` lines
+/// (`-` in keys read as `_`), which it takes all or none of, and prints the answer.
 pub async fn send_settings(admin: &str, name: &str, prefix: &str, settings: &[String]) -> Result<()> {
+    let mut lines = Vec::new();
     for kv in settings {
         let (k, v) = kv.split_once('=').with_context(|| format!("expected KEY=VALUE, got {kv:?}"))?;
-        let answer = http::message(admin, name, &format!("{prefix}{} {v}", k.replace('-', "_"))).await?;
-        print!("{name}: {answer}");
+        lines.push(format!("{prefix}{} {v}", k.replace('-', "_")));
     }
+    // One message: the volume takes every setting or none.
+    let answer = http::message(admin, name, &lines.join("\n")).await?;
+    print!("{name}: {answer}");
     Ok(())
 }
 

@@ -68,7 +68,7 @@ pub struct SetArgs {
     /// Another group on the same device.
     #[arg(long)]
     pub group: Option<String>,
-    /// Settings as KEY=VALUE.
+    /// Settings as KEY=VALUE, taken together: if one is refused, none changes.
     #[arg(required = true)]
     pub settings: Vec<String>,
 }
