@@ -379,3 +379,31 @@ async fn a_read_during_a_refused_write_does_not_cache_the_data_it_replaces() {
     assert_eq!(read(&dev, 9).await.unwrap(), vec![5; BLOCK as usize], "{:?}", status(&dev));
     dev.check_invariants().unwrap();
 }
+
+/// A dirty block whose slot the cache device no longer takes: the first refused write fails
+/// and puts the volume in writethrough; from then on a write of the whole block goes to the
+/// origin and drops the slot, durably, so the block is usable again. A write of part of it
+/// still fails: the rest of the block's newest data is only in the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_block_write_frees_a_dirty_block_the_cache_device_refuses() {
+    let r = rig("writeback").await;
+    r.dev.write(3 * BLOCK, fill(1), false).await.unwrap();
+    r.dev.flush().await.unwrap();
+    assert_eq!(status(&r.dev).dirty_blocks, 1);
+    r.cache_faults.add(Rule::write_error(r.data.clone()).always());
+    assert!(r.dev.write(3 * BLOCK, fill(2), false).await.is_err(), "the slot alone would have held it");
+    let s = status(&r.dev);
+    assert!(s.degraded && s.mode == "writethrough", "{s:?}");
+    let part = Buf::from_slice(&[3; 512]);
+    assert!(r.dev.write(3 * BLOCK + 512, part, false).await.is_err(), "part of a block only the slot holds");
+    r.dev.write(3 * BLOCK, fill(4), true).await.unwrap();
+    assert_eq!(read(&r.dev, 3).await.unwrap(), vec![4; BLOCK as usize]);
+    let s = status(&r.dev);
+    assert_eq!((s.dirty_blocks, s.cached_blocks), (0, 0), "{s:?}");
+    r.dev.check_invariants().unwrap();
+    // Acknowledged with FUA: the volume opened again from what the devices hold (a crash
+    // now) reads the same, not the slot's older copy.
+    let (meta, _) = Meta::load(&*r.cache).await.unwrap();
+    let again = CacheDev::open(r.cache.clone(), r.origin.clone(), meta, OpenOptions::default()).await.unwrap();
+    assert_eq!(read(&again, 3).await.unwrap(), vec![4; BLOCK as usize]);
+}

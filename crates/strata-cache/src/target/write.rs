@@ -112,6 +112,11 @@ impl Inner {
                 WritePlan::Cache(s) => {
                     let r = self.cache.write(self.slot_offset(s) + within, data, fua).await;
                     self.refs[s as usize].fetch_sub(1, Relaxed);
+                    if let Err(e) = &r {
+                        // The block's newest data is the slot's alone: the write fails, and
+                        // the fault's writethrough lets a whole-block write free it (`Both`).
+                        self.state.lock().fault(format!("a write into dirty block {b}'s cache slot {s} failed: {e}"));
+                    }
                     r?;
                     Ok(Piece::Done(slot_change(s)))
                 }
@@ -124,8 +129,15 @@ impl Inner {
                     );
                     self.refs[s as usize].fetch_sub(1, Relaxed);
                     a?;
-                    c?;
-                    Ok(Piece::Done(slot_change(s)))
+                    match c {
+                        Ok(_) => Ok(Piece::Done(slot_change(s))),
+                        Err(e) if within == 0 && n == self.block_len(b) => {
+                            // Still under the block's lock: write-back (which copies the slot
+                            // to the origin) cannot come between the origin write and this.
+                            self.drop_refused_slot(b, s, e).await.map(|_| Piece::Done(None))
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 WritePlan::Origin => self.write_origin(b, within, data, fua).await.map(|_| Piece::Done(None)),
                 WritePlan::NeedSlot => unreachable!("resolved above"),
@@ -360,6 +372,22 @@ impl Inner {
         st.fault(format!("a write of block {b} into cache slot {s} failed: {e}"));
         st.policy.remove(b);
         st.release(s);
+    }
+
+    /// The origin took a whole-block write of dirty block `b` that its slot `s` refused: the
+    /// origin now holds the block's newest data, so the slot goes (if `b` is still there),
+    /// durably before the write is acknowledged: else a crash would bring back the slot's
+    /// older copy over it.
+    async fn drop_refused_slot(&self, b: u64, s: u32, e: strata_io::Error) -> Result<()> {
+        {
+            let mut st = self.state.lock();
+            st.fault(format!("a write of block {b} into cache slot {s} failed: {e}; the origin has it"));
+            if st.map.get(&b) == Some(&s) {
+                st.policy.remove(b);
+                st.demote(b, &self.counters);
+            }
+        }
+        self.settle(b).await
     }
 
     /// Writes part of block `b` on the origin, once no mapping of `b` that was removed in
