@@ -673,29 +673,32 @@ fn an_interrupted_demo_leaves_its_cache_clean() {
         eprintln!("SKIP: fio is not installed (scripts/setup.sh installs it)");
         return;
     }
-    let d = common::tempdir();
-    let dir = d.path().join("demo");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["demo", "--dir", dir.to_str().unwrap(), "--data", "16MiB", "--origin-seconds", "60"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The origin phase is under way once the server's socket is there.
-    let deadline = std::time::Instant::now() + common::START_TIMEOUT;
-    while !dir.join("nbd.sock").exists() {
-        assert!(std::time::Instant::now() < deadline, "the demo never started serving");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    // Interrupted while its cache is being made (the origin file is made first), and while
+    // fio runs the origin phase (under way once the server's socket is there).
+    for (wait_for, then) in [("origin.img", 0), ("nbd.sock", 2)] {
+        let d = common::tempdir();
+        let dir = d.path().join("demo");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["demo", "--dir", dir.to_str().unwrap(), "--data", "16MiB", "--origin-seconds", "60"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + common::START_TIMEOUT;
+        while !dir.join(wait_for).exists() {
+            assert!(std::time::Instant::now() < deadline, "the demo never made {wait_for}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_secs(then));
+        common::signal(child.id(), libc::SIGINT);
+        let status = common::wait_timeout(&mut child, common::STOP_TIMEOUT).expect("the demo did not stop on SIGINT");
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(!status.success() && err.contains("interrupted"), "after {wait_for}: {status}: {err}");
+        let check = strata(&["cache", "check", dir.join("cache.img").to_str().unwrap()]);
+        let out = String::from_utf8_lossy(&check.stdout);
+        assert!(out.contains("clean shutdown") && !out.contains("not shut down"), "{out}{}", stderr(&check));
     }
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    common::signal(child.id(), libc::SIGINT);
-    let status = common::wait_timeout(&mut child, common::STOP_TIMEOUT).expect("the demo did not stop on SIGINT");
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(!status.success() && err.contains("interrupted"), "{status}: {err}");
-    let check = strata(&["cache", "check", dir.join("cache.img").to_str().unwrap()]);
-    let out = String::from_utf8_lossy(&check.stdout);
-    assert!(out.contains("clean shutdown") && !out.contains("not shut down"), "{out}{}", stderr(&check));
 }
 
 /// `cache set` and `writecache set` send their settings as one message, which the volume

@@ -96,6 +96,22 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let hdd = |file| Spec::Hdd { file, params: HddParams::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
+    // Ctrl-C (or a TERM) ends the phase under way and shuts the volume down cleanly; one
+    // during the cache's creation lets it finish, and no phase starts.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _g = rt.enter();
+        let (mut int, mut term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+        let flag = interrupted.clone();
+        rt.spawn(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            flag.store(true, Relaxed);
+        });
+    }
     // An origin four times the data, and a cache as big as the data.
     let origin = hdd(FileSpec { size: Some(args.data * 4), ..origin_file.clone() });
     let cache_path = dir.join("cache.img");
@@ -119,21 +135,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     let s = server.clone();
     rt.spawn(async move { s.serve_unix(listener).await });
-    // Ctrl-C (or a TERM) ends the phase under way and shuts the volume down cleanly.
-    let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let _g = rt.enter();
-        let (mut int, mut term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
-        let flag = interrupted.clone();
-        rt.spawn(async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            flag.store(true, Relaxed);
-        });
-    }
     println!(
         "strata demo: an emulated 7200 rpm disk ({}), cached by {}",
         strata_io::units::format_size(args.data * 4),
