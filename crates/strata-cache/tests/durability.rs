@@ -29,6 +29,9 @@ struct Rig {
     origin: Arc<Dev>,
     cache: Arc<Dev>,
     origin_faults: Faults,
+    cache_faults: Faults,
+    /// The cache device's data area (its slots).
+    data: std::ops::Range<u64>,
 }
 
 /// A cache in `mode` (policy lru: every miss is promoted; no readahead, no background
@@ -38,7 +41,8 @@ async fn rig(mode: &str) -> Rig {
     let (origin, origin_faults) = FaultDev::new(MemDev::new(ORIGIN));
     let origin = Arc::new(PowerCut::with_clock(origin, clock.clone()));
     origin.write(B * BLOCK, Buf::from_slice(&fill(1)), true).await.unwrap();
-    let cache = Arc::new(PowerCut::with_clock(FaultDev::new(MemDev::new(CACHE)).0, clock));
+    let (cache, cache_faults) = FaultDev::new(MemDev::new(CACHE));
+    let cache = Arc::new(PowerCut::with_clock(cache, clock));
     let o = CreateOptions {
         block_bytes: BLOCK as u32,
         mode: mode.parse().unwrap(),
@@ -50,10 +54,11 @@ async fn rig(mode: &str) -> Rig {
         origin_spec: "mem:durability".into(),
         ..CreateOptions::default()
     };
-    create(&*cache, &*origin, &o).await.unwrap();
+    let sb = create(&*cache, &*origin, &o).await.unwrap();
     let (meta, _) = Meta::load(&*cache).await.unwrap();
     let dev = CacheDev::open(cache.clone(), origin.clone(), meta, OpenOptions::default()).await.unwrap();
-    Rig { dev: Arc::new(dev), origin, cache, origin_faults }
+    let data = sb.data_offset..sb.data_offset + sb.slots * BLOCK;
+    Rig { dev: Arc::new(dev), origin, cache, origin_faults, cache_faults, data }
 }
 
 fn fill(v: u8) -> Vec<u8> {
@@ -177,6 +182,25 @@ async fn write_zeroes_on_a_dirty_block_never_exposes_older_data() {
     let seen = cut(r).await;
     zeroing.abort();
     assert_all(&seen, &[5, 0], "write-zeroes in flight over a flushed dirty block");
+}
+
+/// A dirty block whose slot the cache device refuses, freed by a whole-block write to the
+/// origin (writethrough after the fault): the slot's mapping may go only once the origin
+/// holds the write durably, FUA or not; else a cut leaves the origin's data from before the
+/// flushed dirty write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_dirty_slot_goes_only_once_the_origin_holds_its_block() {
+    for fua in [false, true] {
+        let r = rig("writeback").await;
+        write_block(&r.dev, B, 2, false).await;
+        r.dev.flush().await.unwrap(); // 2 is durable, in the slot alone
+        r.cache_faults.add(Rule::write_error(r.data.clone()).always());
+        assert!(r.dev.write(B * BLOCK, Buf::from_slice(&fill(3)), false).await.is_err());
+        write_block(&r.dev, B, 4, fua).await; // to the origin; the slot goes
+        assert_eq!(r.dev.status().unwrap()["dirty_blocks"], 0);
+        let allowed: &[u8] = if fua { &[4] } else { &[2, 4] };
+        assert_all(&cut(r).await, allowed, &format!("a whole-block write freeing a refused slot (FUA: {fua})"));
+    }
 }
 
 /// Hole 4: write-back dropped the block before its origin write, so a discard and a newer

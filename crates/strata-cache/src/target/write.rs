@@ -134,7 +134,7 @@ impl Inner {
                         Err(e) if within == 0 && n == self.block_len(b) => {
                             // Still under the block's lock: write-back (which copies the slot
                             // to the origin) cannot come between the origin write and this.
-                            self.drop_refused_slot(b, s, e).await.map(|_| Piece::Done(None))
+                            self.drop_refused_slot(b, s, e, fua).await.map(|_| Piece::Done(None))
                         }
                         Err(e) => Err(e),
                     }
@@ -377,8 +377,24 @@ impl Inner {
     /// The origin took a whole-block write of dirty block `b` that its slot `s` refused: the
     /// origin now holds the block's newest data, so the slot goes (if `b` is still there),
     /// durably before the write is acknowledged: else a crash would bring back the slot's
-    /// older copy over it.
-    async fn drop_refused_slot(&self, b: u64, s: u32, e: strata_io::Error) -> Result<()> {
+    /// older copy over it. Without FUA the origin is flushed first: the commit that records
+    /// the removal (this one, or any other meanwhile) flushes only the cache device, and a
+    /// crash must not find the slot gone and the write not on the origin either.
+    async fn drop_refused_slot(&self, b: u64, s: u32, e: strata_io::Error, fua: bool) -> Result<()> {
+        if !fua {
+            // Under the commit lock, as every flush is (see `writeback`).
+            let _one = self.commit_lock.lock().await;
+            let flushed = {
+                let _busy = self.meter.start(Kind::Foreground);
+                self.origin.flush().await
+            };
+            if let Err(f) = flushed {
+                if f.kind != ErrorKind::Unavailable {
+                    self.state.lock().fail(format!("origin flush after a refused cache write: {f}"), false);
+                }
+                return Err(f);
+            }
+        }
         {
             let mut st = self.state.lock();
             st.fault(format!("a write of block {b} into cache slot {s} failed: {e}; the origin has it"));
