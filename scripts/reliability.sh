@@ -22,7 +22,9 @@ time "$strata" crashtest --mode kill --target thin --points 250 --seed 1 | tail 
 echo "== ext4 cut at every flush point (plain volume, writeback cache, write log)"
 time "$strata" crashtest --points 0 --seed 1 --mode ext4 | tail -1
 echo "== fault matrix"
-time "$strata" crashtest --seed 1 --mode faults | tail -1
+for t in cache writecache thin; do
+    time "$strata" crashtest --seed 1 --mode faults --target "$t" | tail -1
+done
 echo "== fault injection"
 cargo nextest run -p strata-io --test fault -p strata-cache --test faults -p strata-nbd --test hostile -p strata --test fault_spec
 echo "== fuzzing"

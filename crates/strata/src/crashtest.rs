@@ -1022,6 +1022,26 @@ pub trait CrashTarget: Send + Sync + 'static {
     fn open_snapshot(&self, _vol: &Self::Vol, _id: u32) -> anyhow::Result<std::sync::Arc<dyn strata_io::BlockDev>> {
         anyhow::bail!("this target takes no snapshots")
     }
+
+    /// Whether the fast device holds data beside its metadata (a thin pool's metadata device
+    /// holds none): the fault matrix then has a cell for each.
+    fn fast_data_area(&self) -> bool {
+        true
+    }
+
+    /// Where the data area of the fast device `cache` of a volume made by `create` starts.
+    fn data_offset(
+        &self,
+        _cache: &dyn strata_io::BlockDev,
+    ) -> impl std::future::Future<Output = anyhow::Result<Option<u64>>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Whether the volume stopped after a failed flush: it then refuses writes and flushes
+    /// until restarted (`stopped` in its status).
+    fn stopped(&self, vol: &Self::Vol) -> bool {
+        strata_io::BlockDev::status(vol).is_some_and(|s| s["stopped"].is_string())
+    }
 }
 
 /// The cache target (`strata_cache::CacheDev`) as a `CrashTarget`: 32 KiB blocks, no
@@ -1124,6 +1144,10 @@ impl CrashTarget for CacheTarget {
             notes.push(format!("no eviction (message invalidate: {e})"));
         }
         (problems, notes)
+    }
+
+    async fn data_offset(&self, cache: &dyn strata_io::BlockDev) -> anyhow::Result<Option<u64>> {
+        Ok(Some(strata_cache::meta::Meta::load(cache).await?.0.sb.data_offset))
     }
 
     async fn close(&self, vol: strata_cache::CacheDev, cache: std::sync::Arc<strata_io::mem::MemDev>) -> Vec<String> {
@@ -1682,6 +1706,10 @@ impl CrashTarget for WritecacheTarget {
             problems.push(format!("evicting: {e}"));
         }
         (problems, Vec::new())
+    }
+
+    async fn data_offset(&self, cache: &dyn strata_io::BlockDev) -> anyhow::Result<Option<u64>> {
+        Ok(Some(strata_writecache::offline::superblock(cache, None).await?.data_offset()))
     }
 
     async fn close(

@@ -89,7 +89,6 @@ fn crashtest_command_reports_counts() {
 #[test]
 fn crashtest_refuses_what_its_mode_does_not_test() {
     for (args, why) in [
-        (&["--mode", "faults", "--target", "thin"][..], "--target does not apply to --mode faults"),
         (&["--mode", "faults", "--points", "3"][..], "--points does not apply to --mode faults"),
         (&["--mode", "kill", "--clients", "4"][..], "--clients does not apply to --mode kill"),
         (&["--mode", "kill", "--cache-mode", "writethrough"][..], "one mode only"),
@@ -371,19 +370,26 @@ async fn ext4_cut_at_flush_points_is_clean_and_keeps_fsynced_files() {
     }
 }
 
-/// The persistent EIO and ENOSPC cells of the fault matrix (origin, cache data, metadata):
-/// every request gets a reply, no read returns wrong data, nothing acknowledged and flushed
-/// is lost, and the metadata is sound once the device answers again (see
-/// `strata::crashtest::faults`; `strata crashtest --mode faults` runs all 18 cells).
+/// The persistent EIO and ENOSPC cells of the fault matrix (origin, fast device's data area,
+/// metadata) of each target: every request gets a reply, no read returns wrong data, nothing
+/// acknowledged and flushed is lost, and the volume opened again is sound once the device
+/// answers (see `strata::crashtest::faults`; `strata crashtest --mode faults --target T`
+/// runs every cell).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persistent_device_errors_crash_nothing_and_lose_nothing() {
-    use strata::crashtest::faults::{matrix, run_case, Class};
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let cells: Vec<_> = matrix().into_iter().filter(|c| c.persistent && c.class != Class::Latency).collect();
-    assert_eq!(cells.len(), 6);
-    for (i, case) in cells.into_iter().enumerate() {
-        let out = run_case(case, 50 + i as u64, dir.path()).await.unwrap();
-        assert!(out.errors > 0, "{case:?}: the fault never reached the client: {out:?}");
-        assert_eq!((out.server_crashes, out.silent_losses, out.check_failures), (0, 0, 0), "{case:?}: {out:?}");
+    use strata::crashtest::{thin::ThinTarget, CacheTarget, CrashTarget, WritecacheTarget};
+    async fn cells<T: CrashTarget>(t: &T, devices: usize) {
+        use strata::crashtest::faults::{matrix, run_case, Class};
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let cells: Vec<_> = matrix(t).into_iter().filter(|c| c.persistent && c.class != Class::Latency).collect();
+        assert_eq!(cells.len(), 2 * devices);
+        for (i, case) in cells.into_iter().enumerate() {
+            let out = run_case(t, case, 50 + i as u64, dir.path()).await.unwrap();
+            assert!(out.errors > 0, "{case:?}: the fault never reached the client: {out:?}");
+            assert_eq!((out.server_crashes, out.silent_losses, out.check_failures), (0, 0, 0), "{case:?}: {out:?}");
+        }
     }
+    cells(&CacheTarget, 3).await;
+    cells(&WritecacheTarget, 3).await;
+    cells(&ThinTarget::new().unwrap(), 2).await;
 }

@@ -34,10 +34,12 @@ pub enum CrashMode {
     /// root, FUSE, loop devices, nbdfuse and e2fsprogs.
     Ext4,
     /// The fault matrix: EIO, ENOSPC and latency spikes, once and persistent, on the origin,
-    /// the cache data area and the metadata area of a served writeback cache, under the
-    /// oracle's workload with reads checked as they go. Counts server crashes (requests
-    /// without a reply) and silent data losses (wrong content read without an error).
-    /// A point is one cell of the matrix (18 in all; --points is ignored).
+    /// the fast device's data area and its metadata area (--target thin: the pool's data and
+    /// metadata devices) of a served volume (a writeback cache, a write log, a thin volume),
+    /// under the oracle's workload with reads checked as they go, then the volume opened again
+    /// and checked. Counts server crashes (requests without a reply) and silent data losses
+    /// (wrong content read without an error). A point is one cell of the matrix (18 in all,
+    /// 12 for thin; --points is ignored).
     Faults,
 }
 
@@ -67,7 +69,7 @@ Example:
   nice -n 19 strata crashtest --mode soak --minutes 30 --rate-iops 1500")]
 pub struct CrashtestArgs {
     /// Points to run [default: 20] (powercut: per mode; ext4: flush points, 0 for every
-    /// one). Not for faults (always its 18 cells) or soak (one point per kill).
+    /// one). Not for faults (always every cell) or soak (one point per kill).
     #[arg(long)]
     pub points: Option<u64>,
     #[arg(long, default_value_t = 1)]
@@ -81,8 +83,8 @@ pub struct CrashtestArgs {
     /// together) [default: 400].
     #[arg(long)]
     pub steps: Option<usize>,
-    /// Powercut and kill: the target crashed: the cache, the write log (writecache), or a thin
-    /// volume of a pool, snapshotted at flush boundaries while it is written (thin).
+    /// Powercut, kill and faults: the target: the cache, the write log (writecache), or a thin
+    /// volume of a pool (in powercut, snapshotted at flush boundaries while it is written).
     #[arg(long, default_value = "cache", value_parser = ["cache", "writecache", "thin"])]
     pub target: String,
     /// The mode the target is created in (all: each in turn, --points each). Cache:
@@ -136,7 +138,7 @@ impl CrashtestArgs {
         given("max-delay-us", self.max_delay_us.is_some(), &[Powercut])?;
         given("minutes", self.minutes.is_some(), &[Soak])?;
         given("rate-iops", self.rate_iops.is_some(), &[Soak])?;
-        given("target", self.target != "cache", &[Powercut, Kill])?;
+        given("target", self.target != "cache", &[Powercut, Kill, Faults])?;
         given("cache-mode", self.cache_mode != "all", &[Powercut, Kill])?;
         if self.cache_mode != "all" && !target_modes.contains(&self.cache_mode) {
             anyhow::bail!(
@@ -183,7 +185,11 @@ pub fn run(a: CrashtestArgs) -> Result<()> {
         return run_ext4(&a, &rt);
     }
     if let CrashMode::Faults = a.mode {
-        return run_faults(&a, &rt);
+        return match a.target.as_str() {
+            "writecache" => run_faults(&a, &rt, &WritecacheTarget),
+            "thin" => run_faults(&a, &rt, &ThinTarget::new()?),
+            _ => run_faults(&a, &rt, &CacheTarget),
+        };
     }
     if let CrashMode::Powercut = a.mode {
         if a.target == "writecache" {
@@ -278,11 +284,11 @@ fn run_powercut<T: CrashTarget>(a: &CrashtestArgs, rt: &tokio::runtime::Runtime,
     finish(points, lost, failures)
 }
 
-fn run_faults(a: &CrashtestArgs, rt: &tokio::runtime::Runtime) -> Result<()> {
+fn run_faults<T: CrashTarget>(a: &CrashtestArgs, rt: &tokio::runtime::Runtime, t: &T) -> Result<()> {
     let (mut points, mut silent, mut failures, mut crashes) = (0, 0, 0, 0);
     let (mut requests, mut errors, mut injected) = (0, 0, 0);
-    for (i, case) in faults::matrix().into_iter().enumerate() {
-        let out = rt.block_on(faults::run_case(case, a.seed + i as u64, &a.dir))?;
+    for (i, case) in faults::matrix(t).into_iter().enumerate() {
+        let out = rt.block_on(faults::run_case(t, case, a.seed + i as u64, &a.dir))?;
         eprintln!(
             "{case:?}: {} requests, {} faults injected, {} error replies, {} server crashes, {} silent data losses, {} check failures",
             out.requests, out.injected, out.errors, out.server_crashes, out.silent_losses, out.check_failures

@@ -1,27 +1,31 @@
 //! The fault matrix behind `strata crashtest --mode faults`: every fault class (EIO, ENOSPC,
-//! latency spike; once or persistent) injected on each device under a writeback cache (the
-//! origin, the cache device's data area, its metadata area), while the crash oracle's
-//! workload runs through the NBD server with reads checked as they go.
+//! latency spike; once or persistent) injected on each device under a target (the origin,
+//! and the fast device's data area and metadata area: for a thin pool, the data device and
+//! the metadata device), while the crash oracle's workload runs through the NBD server with
+//! reads checked as they go. The targets are those of the power-cut runs (`CrashTarget`), in
+//! their first mode: a writeback cache, a write log, a thin volume with block zeroing.
 //!
-//! Each case serves a fresh cache over RAM devices wrapped in `strata_io::fault` (in this
+//! Each case serves a fresh volume over RAM devices wrapped in `strata_io::fault` (in this
 //! process, so the rules can be steered), runs 120 workload steps, adds the fault, runs 200
 //! more (a persistent fault is removed after them: the device answers again), runs 80 more,
-//! flushes, then reads the whole volume, shuts the cache down and checks its metadata.
+//! flushes, then reads the whole volume and shuts it down. The devices' content is then
+//! opened again, as an operator's restart would, read whole and checked (the target's own
+//! metadata checks included).
 //! Counted:
 //! - a **server crash**: a request that got no reply (the connection broke), or a server
 //!   that no longer accepts a connection;
 //! - a **silent data loss**: a read that succeeded with content other than the sector's
 //!   latest value (or, after a failed write, its value before or the failed write's; after a
 //!   failed trim, zeroes or anything ever written there), or a sector whose final content is
-//!   not its last durable value or later (the crash oracle);
-//! - a check failure: metadata errors after the shutdown, or a flush still failing once the
+//!   not its last durable value or later (the crash oracle), before or after the restart;
+//! - a check failure: metadata errors after the restart, or a flush still failing once the
 //!   devices answer again; but once a flush has failed, a flush that succeeds before the
-//!   volume is restarted (the restarted volume is verified too).
+//!   volume is restarted.
 //!
 //! A request that fails is fine when it is the fault's doing: it is counted, and the sectors
 //! it touched may hold the old or the new content from then on.
 
-use super::{decode, payload, workload, Oracle, Step, Val, SECTOR};
+use super::{decode, payload, workload, CrashTarget, Oracle, Step, Val, SECTOR};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
@@ -31,12 +35,15 @@ use strata_io::fault::{Effect, FaultDev, Faults, Ops, Rule};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, ErrorKind};
 
-const ORIGIN_BYTES: u64 = 16 << 20;
+/// The volume's size.
+const VOLUME_BYTES: u64 = 16 << 20;
 const CACHE_BYTES: u64 = 4 << 20;
 const STEPS_BEFORE: usize = 120;
 const STEPS_FAULTY: usize = 200;
 const STEPS_AFTER: usize = 80;
 
+/// Where the fault is: the origin (a thin pool's data device), or the fast device's data
+/// area or metadata area (a thin pool's metadata device is all metadata).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     Origin,
@@ -59,10 +66,15 @@ pub struct Case {
     pub persistent: bool,
 }
 
-/// Every cell: 3 devices x 3 classes x once/persistent.
-pub fn matrix() -> Vec<Case> {
+/// Every cell: 3 devices (2 for a target whose fast device is all metadata) x 3 classes x
+/// once/persistent.
+pub fn matrix<T: CrashTarget>(t: &T) -> Vec<Case> {
     let mut v = Vec::new();
-    for target in [Target::Origin, Target::CacheData, Target::Metadata] {
+    let targets: &[Target] = match t.fast_data_area() {
+        true => &[Target::Origin, Target::CacheData, Target::Metadata],
+        false => &[Target::Origin, Target::Metadata],
+    };
+    for &target in targets {
         for class in [Class::Eio, Class::Enospc, Class::Latency] {
             for persistent in [false, true] {
                 v.push(Case { target, class, persistent });
@@ -120,26 +132,29 @@ impl Current {
         }
     }
 
-    /// Sectors of a successful read holding something they may not.
-    fn wrong(&self, offset: u64, data: &[u8], oracle: &Oracle) -> u64 {
+    /// Sectors of a successful read holding something they may not. `stopped`: a flush
+    /// failed, and what it covered may be gone: a sector may also hold what a crash now
+    /// could leave (a thin pool goes back to its last commit, as dm-thin's does).
+    fn wrong(&self, offset: u64, data: &[u8], oracle: &Oracle, stopped: bool) -> u64 {
         let first = offset / SECTOR;
         data.chunks(SECTOR as usize)
             .enumerate()
             .filter(|(i, d)| {
                 let sector = first + *i as u64;
                 let may = &self.0[sector as usize];
-                !matches!(decode(sector, d), Some(v) if may.contains(&v)
-                    || (may.contains(&Val::Trimmed) && oracle.ever_written(sector, v)))
+                let fits = matches!(decode(sector, d), Some(v) if may.contains(&v)
+                    || (may.contains(&Val::Trimmed) && oracle.ever_written(sector, v)));
+                !(fits || (stopped && oracle.verify_sector(sector, d)))
             })
             .count() as u64
     }
 }
 
-fn rule(case: Case, data_offset: u64) -> Rule {
-    let range = match case.target {
-        Target::Origin => None,
-        Target::CacheData => Some(data_offset..CACHE_BYTES),
-        Target::Metadata => Some(0..data_offset),
+fn rule(case: Case, data_offset: Option<u64>) -> Rule {
+    let range = match (case.target, data_offset) {
+        (Target::Origin, _) | (Target::Metadata, None) => None,
+        (Target::CacheData, d) => Some(d.unwrap_or(CACHE_BYTES)..CACHE_BYTES),
+        (Target::Metadata, Some(d)) => Some(0..d),
     };
     let ops = Ops::READ | Ops::WRITE | Ops::FLUSH;
     let mut r = match case.class {
@@ -164,20 +179,34 @@ fn server_errno(e: &std::io::Error) -> Option<u32> {
     e.get_ref()?.downcast_ref::<strata_nbd::client::ServerError>().map(|s| s.0)
 }
 
-/// Runs one cell of the matrix, serving in `dir`.
-pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseOutcome> {
-    let (origin, origin_faults) = FaultDev::new(MemDev::new(ORIGIN_BYTES));
+/// The content of `dev`, in RAM: what a restart would open.
+async fn image(dev: &dyn BlockDev) -> anyhow::Result<Arc<MemDev>> {
+    let copy = MemDev::new(dev.size());
+    let data = dev.read(0, strata_io::Buf::zeroed(dev.size() as usize)).await?;
+    copy.write(0, data, false).await?;
+    Ok(Arc::new(copy))
+}
+
+/// Runs one cell of the matrix on a volume of `t`, serving in `dir`.
+pub async fn run_case<T: CrashTarget>(t: &T, case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseOutcome> {
+    let (origin, origin_faults) = FaultDev::new(MemDev::new(t.origin_bytes(VOLUME_BYTES)));
     let (cache, cache_faults) = FaultDev::new(MemDev::new(CACHE_BYTES));
     let (origin, cache) = (Arc::new(origin), Arc::new(cache));
-    let dev = Arc::new(super::writeback_cache(cache.clone(), origin.clone(), seed).await?);
-    let data_offset = strata_cache::meta::Meta::load(&*cache).await?.0.sb.data_offset;
+    let mode = t.modes().into_iter().next().expect("a target has a mode");
+    let dev = Arc::new(t.create(cache.clone(), origin.clone(), &mode, seed).await?);
+    let size = dev.size();
+    let data_offset = t.data_offset(&*cache).await?;
     let faults: &Faults = if case.target == Target::Origin { &origin_faults } else { &cache_faults };
 
     std::fs::create_dir_all(dir)?;
     let sock = dir.join(format!("f{seed}.sock"));
     let _ = std::fs::remove_file(&sock);
-    let export =
-        strata_nbd::Export { name: "vol".into(), description: dev.describe(), dev: dev.clone(), read_only: false };
+    let export = strata_nbd::Export {
+        name: "vol".into(),
+        description: dev.describe(),
+        dev: dev.clone() as Arc<dyn BlockDev>,
+        read_only: false,
+    };
     let server = strata_nbd::Server::new(vec![export], strata_nbd::Limits::default()).map_err(anyhow::Error::msg)?;
     let serving = {
         let (server, listener) = (server.clone(), tokio::net::UnixListener::bind(&sock)?);
@@ -186,9 +215,9 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
 
     let mut out = CaseOutcome::default();
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
-    let steps = workload(seed, STEPS_BEFORE + STEPS_FAULTY + STEPS_AFTER, ORIGIN_BYTES);
-    let mut oracle = Oracle::new(ORIGIN_BYTES);
-    let mut current = Current(vec![vec![Val::Zero]; (ORIGIN_BYTES / SECTOR) as usize]);
+    let steps = workload(seed, STEPS_BEFORE + STEPS_FAULTY + STEPS_AFTER, size);
+    let mut oracle = Oracle::new(size);
+    let mut current = Current(vec![vec![Val::Zero]; (size / SECTOR) as usize]);
     let mut c = UnixClient::connect_unix(&sock, "vol").await?;
     for (i, step) in steps.iter().enumerate() {
         if i == STEPS_BEFORE {
@@ -225,11 +254,11 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
         // A read after most steps, checked against what the sectors may hold now.
         if rng.gen_bool(0.5) {
             let sectors = rng.gen_range(1..=256);
-            let offset = rng.gen_range(0..=ORIGIN_BYTES / SECTOR - sectors) * SECTOR;
+            let offset = rng.gen_range(0..=size / SECTOR - sectors) * SECTOR;
             out.requests += 1;
             match c.read(offset, (sectors * SECTOR) as u32).await {
                 Ok(d) => {
-                    let wrong = current.wrong(offset, &d, &oracle);
+                    let wrong = current.wrong(offset, &d, &oracle, t.stopped(&dev));
                     if wrong > 0 {
                         out.silent_losses += wrong;
                         out.detail.push_str(&format!("step {i}: read at {offset}: {wrong} sectors wrong\n"));
@@ -247,7 +276,7 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
     // The devices answer again: a flush must now succeed, and everything reads back; unless
     // a flush failed meanwhile: then the volume has stopped acknowledging anything (what the
     // failed flush covered may be gone) and must go on refusing until it is restarted.
-    let stopped = dev.status().is_some_and(|s| s["stopped"].is_string());
+    let stopped = t.stopped(&dev);
     oracle.issue(&Step::Flush);
     match (c.flush().await, stopped) {
         (Ok(()), false) => oracle.complete(&Step::Flush),
@@ -263,9 +292,9 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
     }
     // A stopped volume may refuse reads of cached blocks; it is read after the restart.
     if !stopped {
-        let image = super::read_region(&mut c, 0, ORIGIN_BYTES).await?;
+        let image = super::read_region(&mut c, 0, size).await?;
         let v = oracle.verify(&image);
-        out.silent_losses += v.lost + v.garbage + current.wrong(0, &image, &oracle);
+        out.silent_losses += v.lost + v.garbage + current.wrong(0, &image, &oracle, false);
         if v.lost + v.garbage > 0 {
             out.detail.push_str(&format!("final read: {v:?}\n"));
         }
@@ -274,29 +303,27 @@ pub async fn run_case(case: Case, seed: u64, dir: &Path) -> anyhow::Result<CaseO
     server.shutdown();
     let _ = serving.await;
     server.wait_idle().await;
-    let dev = if stopped {
-        // The operator's restart: reopen from what is durable, and check it all again.
-        let (meta, _) = strata_cache::meta::Meta::load(&*cache).await?;
-        let opts = strata_cache::OpenOptions { seed, ..Default::default() };
-        let dev = strata_cache::CacheDev::open(cache.clone(), origin.clone(), meta, opts).await?;
-        let image = dev.read(0, strata_io::Buf::zeroed(ORIGIN_BYTES as usize)).await?;
-        let v = oracle.verify(&image);
-        out.silent_losses += v.lost + v.garbage;
-        if v.lost + v.garbage > 0 {
-            out.detail.push_str(&format!("read after the restart: {v:?}\n"));
+    if !stopped {
+        if let Err(e) = dev.shutdown().await {
+            out.check_failures += 1;
+            out.detail.push_str(&format!("shutdown: {e}\n"));
         }
-        Arc::new(dev)
-    } else {
-        dev
-    };
-    if let Err(e) = dev.shutdown().await {
-        out.check_failures += 1;
-        out.detail.push_str(&format!("shutdown: {e}\n"));
     }
-    let (_, findings) = strata_cache::meta::Meta::load(&*cache).await?;
-    if !findings.errors.is_empty() {
+    drop(dev);
+    // The operator's restart: open what the devices hold, and check it all again.
+    let (cache, origin) = (image(&*cache).await?, image(&*origin).await?);
+    let (vol, mut problems) = t.reopen(cache.clone(), origin).await?;
+    let again = vol.read(0, strata_io::Buf::zeroed(size as usize)).await?;
+    let v = oracle.verify(&again);
+    out.silent_losses += v.lost + v.garbage;
+    if v.lost + v.garbage > 0 {
+        out.detail.push_str(&format!("read after the restart: {v:?}\n"));
+    }
+    problems.extend(t.check(&vol).await);
+    problems.extend(t.close(vol, cache).await);
+    if !problems.is_empty() {
         out.check_failures += 1;
-        out.detail.push_str(&format!("metadata after shutdown: {:?}\n", findings.errors));
+        out.detail.push_str(&format!("after the restart: {problems:?}\n"));
     }
     let counters = faults.counters();
     out.injected = counters.errors() + counters.delayed;
@@ -311,6 +338,10 @@ mod tests {
     /// Runs `steps` (with their outcomes) on one sector and says which of `reads` (write ids,
     /// 0 for zeroes) the checker takes as wrong.
     fn wrong_reads(steps: &[(Step, bool)], reads: &[u64]) -> Vec<u64> {
+        wrong_reads_in(steps, reads, false)
+    }
+
+    fn wrong_reads_in(steps: &[(Step, bool)], reads: &[u64], stopped: bool) -> Vec<u64> {
         let (mut oracle, mut current) = (Oracle::new(SECTOR), Current(vec![vec![Val::Zero]]));
         for (step, ok) in steps {
             oracle.issue(step);
@@ -322,7 +353,7 @@ mod tests {
             current.apply(step, *ok);
         }
         let data = |id: u64| if id == 0 { vec![0; SECTOR as usize] } else { payload(id, 0, 1) };
-        reads.iter().copied().filter(|&id| current.wrong(0, &data(id), &oracle) > 0).collect()
+        reads.iter().copied().filter(|&id| current.wrong(0, &data(id), &oracle, stopped) > 0).collect()
     }
 
     #[test]
@@ -335,5 +366,13 @@ mod tests {
         assert_eq!(wrong_reads(&[write(1), trim(false), write(2)], &[0, 1, 2]), [0, 1]);
         let failed_write = (Step::Write { id: 3, offset: 0, len: SECTOR, fua: false }, false);
         assert_eq!(wrong_reads(&[write(1), write(2), failed_write], &[0, 1, 2, 3, 4]), [0, 1, 4]);
+    }
+
+    #[test]
+    fn a_volume_stopped_by_a_failed_flush_may_read_what_a_crash_would_leave() {
+        let write = |id, fua| (Step::Write { id, offset: 0, len: SECTOR, fua }, true);
+        let steps = [write(1, true), write(2, false), (Step::Flush, false)];
+        assert_eq!(wrong_reads_in(&steps, &[0, 1, 2, 3], false), [0, 1, 3]);
+        assert_eq!(wrong_reads_in(&steps, &[0, 1, 2, 3], true), [0, 3], "write 2 may be lost, not write 1");
     }
 }

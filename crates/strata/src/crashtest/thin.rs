@@ -130,6 +130,14 @@ impl CrashTarget for ThinTarget {
         mode == "skip-zeroing"
     }
 
+    fn fast_data_area(&self) -> bool {
+        false
+    }
+
+    fn stopped(&self, vol: &ThinDev) -> bool {
+        vol.thin_status().pool.mode == "failed"
+    }
+
     async fn reopen(&self, md: Arc<MemDev>, data: Arc<MemDev>) -> anyhow::Result<(ThinDev, Vec<String>)> {
         let problems = check_both(&md, "after the cut").await;
         let pool = Pool::open(md, data, "mem:crash", PoolOptions::default()).await?;
