@@ -1023,10 +1023,10 @@ pub trait CrashTarget: Send + Sync + 'static {
         anyhow::bail!("this target takes no snapshots")
     }
 
-    /// Whether the fast device holds data beside its metadata (a thin pool's metadata device
-    /// holds none): the fault matrix then has a cell for each.
+    /// Whether the fast device holds data beside its metadata (`data_offset` says where):
+    /// the fault matrix then has a cell for each. (A thin pool's metadata device holds none.)
     fn fast_data_area(&self) -> bool {
-        true
+        false
     }
 
     /// Where the data area of the fast device `cache` of a volume made by `create` starts.
@@ -1041,6 +1041,12 @@ pub trait CrashTarget: Send + Sync + 'static {
     /// until restarted (`stopped` in its status).
     fn stopped(&self, vol: &Self::Vol) -> bool {
         strata_io::BlockDev::status(vol).is_some_and(|s| s["stopped"].is_string())
+    }
+
+    /// Whether a stopped volume serves what it last committed (reads may then show what a
+    /// crash would leave), rather than refusing what may be gone.
+    fn serves_last_commit_when_stopped(&self) -> bool {
+        false
     }
 }
 
@@ -1144,6 +1150,10 @@ impl CrashTarget for CacheTarget {
             notes.push(format!("no eviction (message invalidate: {e})"));
         }
         (problems, notes)
+    }
+
+    fn fast_data_area(&self) -> bool {
+        true
     }
 
     async fn data_offset(&self, cache: &dyn strata_io::BlockDev) -> anyhow::Result<Option<u64>> {
@@ -1706,6 +1716,10 @@ impl CrashTarget for WritecacheTarget {
             problems.push(format!("evicting: {e}"));
         }
         (problems, Vec::new())
+    }
+
+    fn fast_data_area(&self) -> bool {
+        true
     }
 
     async fn data_offset(&self, cache: &dyn strata_io::BlockDev) -> anyhow::Result<Option<u64>> {

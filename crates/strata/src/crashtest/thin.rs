@@ -130,12 +130,13 @@ impl CrashTarget for ThinTarget {
         mode == "skip-zeroing"
     }
 
-    fn fast_data_area(&self) -> bool {
-        false
-    }
-
     fn stopped(&self, vol: &ThinDev) -> bool {
         vol.thin_status().pool.mode == "failed"
+    }
+
+    /// A failed pool goes back to its last commit and serves it, as dm-thin's does.
+    fn serves_last_commit_when_stopped(&self) -> bool {
+        true
     }
 
     async fn reopen(&self, md: Arc<MemDev>, data: Arc<MemDev>) -> anyhow::Result<(ThinDev, Vec<String>)> {
