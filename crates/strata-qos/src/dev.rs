@@ -249,9 +249,9 @@ impl QosDev {
         })
     }
 
-    /// `NAME VALUE` for this group, `group NAME KEY VALUE` for another on the same device.
-    /// Settings, one `KEY VALUE` (this volume's group) or `group NAME KEY VALUE` per line,
-    /// all of one group: every line is checked before any takes effect.
+    /// Settings, one `KEY VALUE` (this volume's group) or `group NAME KEY VALUE` (another on
+    /// the same device) per line, all of one group: every line is checked before any takes
+    /// effect.
     fn apply_message(&self, msg: &str) -> Result<String> {
         let unknown = || {
             Error::new(

@@ -133,15 +133,15 @@ impl Inner {
                             }
                         });
                     }
+                    if answers.is_empty() {
+                        return Err(invalid("empty message".into()));
+                    }
                     if let Some(mut p) = policy {
                         let st = &mut *st;
                         for (&b, &s) in &st.map {
                             let _ = p.insert(b, st.meta.entries[s as usize].dirty);
                         }
                         st.policy = p;
-                    }
-                    if answers.is_empty() {
-                        return Err(invalid("empty message".into()));
                     }
                     if let Some(r) = budget {
                         self.budget.set_rate(r);

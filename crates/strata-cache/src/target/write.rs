@@ -72,8 +72,8 @@ impl Inner {
     /// the block's lock as a write that bypasses the cache: to the origin, or into the
     /// block's slot if it was cached dirty meanwhile. Written to the origin without the lock,
     /// a read could promote the block's older content meanwhile and keep it cached, clean,
-    /// after the write lands. (The refusal put the volume in writethrough, so the counters
-    /// see this piece as a second miss only in `write_misses`, and in `bypassed`.)
+    /// after the write lands. (The counters take it as a second write miss, and a bypassed
+    /// write.)
     pub(super) async fn write_refused(
         self: &Arc<Self>,
         b: u64,
