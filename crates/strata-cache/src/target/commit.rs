@@ -2,7 +2,7 @@
 //! flush, cache flush, changed table pages, cache flush), and the superblock write.
 
 use super::{during, futures_join, Inner};
-use crate::meter::Counters;
+use crate::meter::{Counters, Kind};
 use strata_io::{Buf, Error, ErrorKind, Result};
 
 impl Inner {
@@ -103,6 +103,26 @@ impl Inner {
             }
             e
         })
+    }
+
+    /// Flushes the origin under the commit lock, as every flush is: two flushes of one
+    /// device in flight at once can split a failure between them (only one sees the error,
+    /// as with two fsyncs of one file), and the other would acknowledge what the failure
+    /// lost. A failure stops the volume, latched before the lock is released so no commit
+    /// after it acknowledges anything; except an origin away for now (`Unavailable`, its own
+    /// status says so), which lost nothing.
+    pub(super) async fn flush_origin(&self, kind: Kind, what: &str) -> Result<()> {
+        let _one = self.commit_lock.lock().await;
+        let flushed = {
+            let _busy = self.meter.start(kind);
+            self.origin.flush().await
+        };
+        if let Err(e) = &flushed {
+            if e.kind != ErrorKind::Unavailable {
+                self.state.lock().fail(format!("origin flush {what}: {e}"), false);
+            }
+        }
+        flushed
     }
 
     /// Flushes the cache device. The slots mapped until now are durable with this flush or

@@ -382,18 +382,7 @@ impl Inner {
     /// crash must not find the slot gone and the write not on the origin either.
     async fn drop_refused_slot(&self, b: u64, s: u32, e: strata_io::Error, fua: bool) -> Result<()> {
         if !fua {
-            // Under the commit lock, as every flush is (see `writeback`).
-            let _one = self.commit_lock.lock().await;
-            let flushed = {
-                let _busy = self.meter.start(Kind::Foreground);
-                self.origin.flush().await
-            };
-            if let Err(f) = flushed {
-                if f.kind != ErrorKind::Unavailable {
-                    self.state.lock().fail(format!("origin flush after a refused cache write: {f}"), false);
-                }
-                return Err(f);
-            }
+            self.flush_origin(Kind::Foreground, "after a refused cache write").await?;
         }
         {
             let mut st = self.state.lock();

@@ -7,7 +7,7 @@ use crate::format::Mode;
 use crate::meter::{Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-use strata_io::{Buf, ErrorKind};
+use strata_io::Buf;
 
 /// Most blocks one write-back batch takes (one origin flush per batch).
 const WRITEBACK_BATCH_MAX: usize = 256;
@@ -168,24 +168,9 @@ impl Inner {
             let results = futures_collect(chunk.iter().map(|r| self.writeback_adjacent(r))).await;
             done.extend(results.into_iter().flatten());
         }
-        // Under the commit lock, as every flush is: two flushes of one device in flight at
-        // once can split a failure between them (only one sees the error, as with two fsyncs
-        // of one file), and the other would acknowledge what the failure lost. Latched before
-        // the lock is released, so no commit after it acknowledges anything.
-        let commit_guard = self.commit_lock.lock().await;
-        let flushed = {
-            let _busy = self.meter.start(Kind::Migration);
-            self.origin.flush().await
-        };
+        // If it fails, the blocks stay dirty and go again later.
+        let flushed = self.flush_origin(Kind::Migration, "after write-back").await;
         let mut st = self.state.lock();
-        match &flushed {
-            // An origin away for now lost nothing: the blocks stay dirty and go again later.
-            // (The origin's own status says it is away.)
-            Err(e) if e.kind == ErrorKind::Unavailable => {}
-            Err(e) => st.fail(format!("origin flush after write-back: {e}"), false),
-            Ok(()) => {}
-        }
-        drop(commit_guard);
         let mut cleaned = 0;
         for (b, s, generation) in done {
             let current = st.map.get(&b) == Some(&s) && st.write_gen[s as usize] == generation;
