@@ -13,6 +13,21 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A write log `log.img` (8 MiB) in `dir` over its own origin `origin2.img` (32 MiB).
+fn create_log(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (log, origin) = (dir.join("log.img"), dir.join("origin2.img"));
+    let o = strata(&[
+        "writecache",
+        "create",
+        "--origin",
+        &format!("{}?size=32MiB", origin.display()),
+        "--cache",
+        &format!("{}?size=8MiB", log.display()),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    (log, origin)
+}
+
 fn create(dir: &Path, extra: &[&str]) -> Output {
     let origin = format!("{}?size=32MiB", dir.join("origin.img").display());
     let cache = format!("{}?size=8MiB", dir.join("cache.img").display());
@@ -452,16 +467,7 @@ fn one_server_refuses_a_cache_beside_its_origin_raw() {
 fn flush_and_detach_fail_when_the_origin_refuses_write_back() {
     let d = common::tempdir();
     assert!(create(d.path(), &["--mode", "writeback"]).status.success());
-    let (origin2, log) = (d.path().join("origin2.img"), d.path().join("log.img"));
-    let o = strata(&[
-        "writecache",
-        "create",
-        "--origin",
-        &format!("{}?size=32MiB", origin2.display()),
-        "--cache",
-        &format!("{}?size=8MiB", log.display()),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let (log, origin2) = create_log(d.path());
     let failing = |target: &str, path: &Path, origin: &Path| {
         format!("{target}:{}?origin=fault:write:eio:always@{}", path.display(), origin.display())
     };
@@ -707,16 +713,7 @@ fn an_interrupted_demo_leaves_its_cache_clean() {
 fn set_takes_every_setting_or_none() {
     let d = common::tempdir();
     assert!(create(d.path(), &["--mode", "writeback"]).status.success());
-    let (log, log_origin) = (d.path().join("log.img"), d.path().join("log_origin.img"));
-    let o = strata(&[
-        "writecache",
-        "create",
-        "--origin",
-        &format!("{}?size=16MiB", log_origin.display()),
-        "--cache",
-        &format!("{}?size=4MiB", log.display()),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let (log, _) = create_log(d.path());
     let specs = vec![
         format!("vol=cache:{}", d.path().join("cache.img").display()),
         format!("log=writecache:{}", log.display()),

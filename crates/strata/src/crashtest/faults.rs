@@ -151,10 +151,12 @@ impl Current {
 }
 
 fn rule(case: Case, data_offset: Option<u64>) -> Rule {
-    let range = match (case.target, data_offset) {
-        (Target::Origin, _) | (Target::Metadata, None) => None,
-        (Target::CacheData, d) => Some(d.unwrap_or(CACHE_BYTES)..CACHE_BYTES),
-        (Target::Metadata, Some(d)) => Some(0..d),
+    // No data offset: the fast device is all metadata, and has no data-area cells.
+    let data_offset = data_offset.unwrap_or(CACHE_BYTES);
+    let range = match case.target {
+        Target::Origin => None,
+        Target::CacheData => Some(data_offset..CACHE_BYTES),
+        Target::Metadata => Some(0..data_offset),
     };
     let ops = Ops::READ | Ops::WRITE | Ops::FLUSH;
     let mut r = match case.class {
