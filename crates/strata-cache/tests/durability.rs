@@ -185,21 +185,26 @@ async fn write_zeroes_on_a_dirty_block_never_exposes_older_data() {
 }
 
 /// A dirty block whose slot the cache device refuses, freed by a whole-block write to the
-/// origin (writethrough after the fault): the slot's mapping may go only once the origin
-/// holds the write durably, FUA or not; else a cut leaves the origin's data from before the
-/// flushed dirty write.
+/// origin (the first write the slot refuses, or one after a refused partial write put the
+/// volume in writethrough): the slot's mapping may go only once the origin holds the write
+/// durably, FUA or not; else a cut leaves the origin's data from before the flushed dirty
+/// write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_dirty_slot_goes_only_once_the_origin_holds_its_block() {
-    for fua in [false, true] {
+    for (fua, after_partial) in [(false, false), (true, false), (false, true), (true, true)] {
         let r = rig("writeback").await;
         write_block(&r.dev, B, 2, false).await;
         r.dev.flush().await.unwrap(); // 2 is durable, in the slot alone
         r.cache_faults.add(Rule::write_error(r.data.clone()).always());
-        assert!(r.dev.write(B * BLOCK, Buf::from_slice(&fill(3)), false).await.is_err());
+        if after_partial {
+            assert!(r.dev.write(B * BLOCK, Buf::from_slice(&fill(3)[..512]), false).await.is_err());
+        }
         write_block(&r.dev, B, 4, fua).await; // to the origin; the slot goes
         assert_eq!(r.dev.status().unwrap()["dirty_blocks"], 0);
         let allowed: &[u8] = if fua { &[4] } else { &[2, 4] };
-        assert_all(&cut(r).await, allowed, &format!("a whole-block write freeing a refused slot (FUA: {fua})"));
+        let what =
+            format!("a whole-block write freeing a refused slot (FUA: {fua}, after a partial one: {after_partial})");
+        assert_all(&cut(r).await, allowed, &what);
     }
 }
 

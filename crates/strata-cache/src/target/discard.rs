@@ -1,7 +1,7 @@
 //! Discard and write-zeroes: the cached copies a request replaces on the origin are dropped
 //! (durably) before the origin sees it; a dirty block is zeroed in its slot instead.
 
-use super::write::Piece;
+use super::write::{Piece, Route};
 use super::Inner;
 use std::sync::Arc;
 use strata_io::{Buf, Error, ErrorKind, Result, ZeroFlags};
@@ -96,7 +96,9 @@ impl Inner {
                     return Err(Error::new(ErrorKind::Unsupported, "zeroing a cached block is not fast"));
                 }
                 drop(x);
-                if let Piece::Refused = self.write_piece(b, within, Buf::zeroed(n as usize), false, false).await? {
+                if let Piece::Refused =
+                    self.write_piece(b, within, Buf::zeroed(n as usize), false, Route::Policy).await?
+                {
                     self.write_refused(b, within, Buf::zeroed(n as usize), false).await?;
                 }
             }

@@ -25,6 +25,19 @@ enum WritePlan {
     NeedSlot,
 }
 
+/// How a piece of a write is planned.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// As the policy decides; counted as a write hit or miss.
+    Policy,
+    /// Around the cache (a sequential stream past the cutoff) unless its block is cached;
+    /// counted as a hit, or as a miss and a bypassed write.
+    Bypass,
+    /// Around the cache again, after the cache device refused it (`Piece::Refused`): counted
+    /// already.
+    Retry,
+}
+
 /// What became of one piece of a write.
 pub(super) enum Piece {
     /// Written. With FUA, the table change that must be durable before the write is
@@ -54,7 +67,8 @@ impl Inner {
             let start = (b * self.block + within - offset) as usize;
             let bytes = &buf[start..start + n as usize];
             async move {
-                match self.write_piece(b, within, Buf::from_slice(bytes), fua, bypass).await? {
+                let route = if bypass { Route::Bypass } else { Route::Policy };
+                match self.write_piece(b, within, Buf::from_slice(bytes), fua, route).await? {
                     Piece::Done(need) => Ok(need),
                     Piece::Refused => self.write_refused(b, within, Buf::from_slice(bytes), fua).await,
                 }
@@ -72,8 +86,7 @@ impl Inner {
     /// the block's lock as a write that bypasses the cache: to the origin, or into the
     /// block's slot if it was cached dirty meanwhile. Written to the origin without the lock,
     /// a read could promote the block's older content meanwhile and keep it cached, clean,
-    /// after the write lands. (The counters take it as a second write miss, and a bypassed
-    /// write.)
+    /// after the write lands.
     pub(super) async fn write_refused(
         self: &Arc<Self>,
         b: u64,
@@ -81,9 +94,9 @@ impl Inner {
         data: Buf,
         fua: bool,
     ) -> Result<Option<u64>> {
-        match self.write_piece(b, within, data, fua, true).await? {
+        match self.write_piece(b, within, data, fua, Route::Retry).await? {
             Piece::Done(need) => Ok(need),
-            Piece::Refused => unreachable!("a write that bypasses the cache promotes nothing"),
+            Piece::Refused => unreachable!("a retried write promotes nothing and fails where a slot refuses it"),
         }
     }
 
@@ -94,13 +107,13 @@ impl Inner {
         within: u64,
         data: Buf,
         fua: bool,
-        bypass: bool,
+        route: Route,
     ) -> BoxFut<'_, Result<Piece>> {
         Box::pin(async move {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;
             let n = data.len() as u64;
-            let plan = match self.plan_write(b, within, n, bypass) {
+            let plan = match self.plan_write(b, within, n, route) {
                 WritePlan::NeedSlot => match self.slot_after_commit(b).await {
                     Some(s) => WritePlan::Promote(s),
                     None => WritePlan::Origin,
@@ -112,13 +125,20 @@ impl Inner {
                 WritePlan::Cache(s) => {
                     let r = self.cache.write(self.slot_offset(s) + within, data, fua).await;
                     self.refs[s as usize].fetch_sub(1, Relaxed);
-                    if let Err(e) = &r {
-                        // The block's newest data is the slot's alone: the write fails, and
-                        // the fault's writethrough lets a whole-block write free it (`Both`).
-                        self.state.lock().fault(format!("a write into dirty block {b}'s cache slot {s} failed: {e}"));
+                    match r {
+                        Ok(_) => Ok(Piece::Done(slot_change(s))),
+                        Err(e) => {
+                            self.dirty_slot_refused(b, s, &e);
+                            // A whole block is written again, through to the origin (`Both`,
+                            // once out of writeback), which frees the slot. Part of one fails:
+                            // the rest of the block's newest data is the slot's alone.
+                            if route != Route::Retry && within == 0 && n == self.block_len(b) {
+                                Ok(Piece::Refused)
+                            } else {
+                                Err(e)
+                            }
+                        }
                     }
-                    r?;
-                    Ok(Piece::Done(slot_change(s)))
                 }
                 WritePlan::Both(s) => {
                     // The slot stays the block's current copy: with FUA it must be durable too.
@@ -136,7 +156,10 @@ impl Inner {
                             // to the origin) cannot come between the origin write and this.
                             self.drop_refused_slot(b, s, e, fua).await.map(|_| Piece::Done(None))
                         }
-                        Err(e) => Err(e),
+                        Err(e) => {
+                            self.dirty_slot_refused(b, s, &e);
+                            Err(e)
+                        }
                     }
                 }
                 WritePlan::Origin => self.write_origin(b, within, data, fua).await.map(|_| Piece::Done(None)),
@@ -144,7 +167,7 @@ impl Inner {
                 WritePlan::Replace(old) => {
                     drop(guard);
                     let exclusive = shard.write_owned().await;
-                    self.replace(b, within, data, fua, bypass, old, exclusive).await
+                    self.replace(b, within, data, fua, route, old, exclusive).await
                 }
                 WritePlan::Promote(s) => {
                     drop(guard);
@@ -156,7 +179,7 @@ impl Inner {
                     if !ok {
                         self.state.lock().release(s);
                         drop(_exclusive);
-                        return self.write_piece(b, within, data, fua, bypass).await;
+                        return self.write_piece(b, within, data, fua, route).await;
                     }
                     // A partial write fills the rest of the block from the origin first (one
                     // read, as a read-miss promotion costs), so the slot holds the whole block.
@@ -261,7 +284,7 @@ impl Inner {
         within: u64,
         data: Buf,
         fua: bool,
-        bypass: bool,
+        route: Route,
         old: u32,
         exclusive: OwnedRwLockWriteGuard<()>,
     ) -> Result<Piece> {
@@ -289,7 +312,7 @@ impl Inner {
                 }
             }
             drop(exclusive);
-            return self.write_piece(b, within, data, fua, bypass).await;
+            return self.write_piece(b, within, data, fua, route).await;
         };
         let len = self.block_len(b);
         let n = data.len() as u64;
@@ -374,6 +397,12 @@ impl Inner {
         st.release(s);
     }
 
+    /// Dirty block `b`'s slot `s` refused a write: the volume reports the fault (and leaves
+    /// writeback).
+    fn dirty_slot_refused(&self, b: u64, s: u32, e: &strata_io::Error) {
+        self.state.lock().fault(format!("a write into dirty block {b}'s cache slot {s} failed: {e}"));
+    }
+
     /// The origin took a whole-block write of dirty block `b` that its slot `s` refused: the
     /// origin now holds the block's newest data, so the slot goes (if `b` is still there),
     /// durably before the write is acknowledged: else a crash would bring back the slot's
@@ -419,23 +448,25 @@ impl Inner {
         dirty_limited(st.policy.dirty_len(), st.meta.slots(), st.meta.sb.writeback_percent, busy)
     }
 
-    fn plan_write(&self, b: u64, within: u64, n: u64, bypass: bool) -> WritePlan {
+    fn plan_write(&self, b: u64, within: u64, n: u64, route: Route) -> WritePlan {
         let mut st = self.state.lock();
         let now = self.now_ns();
         let full = within == 0 && n == self.block_len(b);
         let mode = self.write_mode(&st);
         st.zeroed.remove(&b);
         if let Some(&s) = st.map.get(&b) {
-            Counters::bump(&self.counters.write_hits);
+            if route != Route::Retry {
+                Counters::bump(&self.counters.write_hits);
+            }
             let dirty = st.meta.entries[s as usize].dirty;
-            if !bypass {
+            if route == Route::Policy {
                 st.policy.access(Access::new(b, Op::Write, full, now));
             }
             let plan = match (mode, dirty) {
-                // A dirty block's newest data is in its slot: keep writing it there (and to
-                // the origin too in writethrough proper; a dirty-limited writeback adds no
-                // dirty block by writing one already dirty).
-                (Mode::Writethrough, true) if st.meta.sb.mode == Mode::Writethrough => WritePlan::Both(s),
+                // A dirty block's newest data is in its slot: keep writing it there, and to
+                // the origin too in every mode but writeback (a dirty-limited writeback adds
+                // no dirty block by writing one already dirty).
+                (_, true) if st.meta.sb.mode != Mode::Writeback => WritePlan::Both(s),
                 (_, true) => WritePlan::Cache(s),
                 (Mode::Writeback | Mode::Writethrough, false) => WritePlan::Replace(s),
                 (Mode::Writearound | Mode::Passthrough | Mode::Cleaner, false) => {
@@ -450,10 +481,14 @@ impl Inner {
             self.refs[s as usize].fetch_add(1, Relaxed);
             return plan;
         }
-        Counters::bump(&self.counters.write_misses);
-        if bypass {
-            Counters::bump(&self.counters.bypassed);
-            return WritePlan::Origin;
+        match route {
+            Route::Retry => return WritePlan::Origin,
+            Route::Bypass => {
+                Counters::bump(&self.counters.write_misses);
+                Counters::bump(&self.counters.bypassed);
+                return WritePlan::Origin;
+            }
+            Route::Policy => Counters::bump(&self.counters.write_misses),
         }
         if !matches!(mode, Mode::Writeback | Mode::Writethrough) {
             return WritePlan::Origin;
