@@ -127,7 +127,8 @@ async fn a_write_the_cache_device_refuses_in_writeback_reaches_the_origin() {
         assert!(s.degraded && s.faults.iter().any(|f| f.contains("cache slot")), "{case}: {s:?}");
         let untouched = u64::from(b != 2); // block 2 stays cached when another is written
         assert_eq!((s.dirty_blocks, s.cached_blocks), (0, untouched), "{case}");
-        // The write counted once, as the hit or miss it was, though planned twice.
+        // The write counted once, as the hit or miss it was (the uncached block's is planned
+        // twice: a promotion, then to the origin).
         let (hit, miss) = if b == 2 { (1, 1) } else { (0, 2) }; // the first write a miss
         assert_eq!((s.write_hits, s.write_misses, s.bypassed), (hit, miss, 0), "{case}: {s:?}");
         assert_eq!(read(&r.dev, b).await.unwrap(), want, "{case}");
@@ -387,35 +388,41 @@ async fn a_read_during_a_refused_write_does_not_cache_the_data_it_replaces() {
 /// a volume with dirty blocks can be switched to: a write of part of it fails (the rest of
 /// the block's newest data is the slot's alone) and puts the volume's fault in its status
 /// (writeback goes to writethrough); a write of the whole block succeeds, on the origin, and
-/// drops the slot, durably, so the block is usable again.
+/// drops the slot, durably, so the block is usable again: the first write the slot refuses,
+/// or one after a refused partial write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_block_write_frees_a_dirty_block_the_cache_device_refuses() {
     for mode in ["writeback", "writethrough", "writearound"] {
-        let r = rig("writeback").await;
-        r.dev.write(3 * BLOCK, fill(1), false).await.unwrap();
-        r.dev.flush().await.unwrap();
-        if mode != "writeback" {
-            r.dev.message(&format!("mode {mode}")).await.unwrap();
+        for partial_first in [false, true] {
+            let case = format!("{mode}, partial write first: {partial_first}");
+            let r = rig("writeback").await;
+            r.dev.write(3 * BLOCK, fill(1), false).await.unwrap();
+            r.dev.flush().await.unwrap();
+            if mode != "writeback" {
+                r.dev.message(&format!("mode {mode}")).await.unwrap();
+            }
+            assert_eq!(status(&r.dev).dirty_blocks, 1, "{case}");
+            r.cache_faults.add(Rule::write_error(r.data.clone()).always());
+            let safe = if mode == "writeback" { "writethrough" } else { mode };
+            if partial_first {
+                let part = Buf::from_slice(&[3; 512]);
+                assert!(r.dev.write(3 * BLOCK + 512, part, false).await.is_err(), "{case}: part of the slot's block");
+                let s = status(&r.dev);
+                assert!(s.degraded && s.mode == safe && s.dirty_blocks == 1, "{case}: {s:?}");
+            }
+            let hits = status(&r.dev).write_hits;
+            r.dev.write(3 * BLOCK, fill(4), true).await.unwrap();
+            assert_eq!(read(&r.dev, 3).await.unwrap(), vec![4; BLOCK as usize], "{case}");
+            let s = status(&r.dev);
+            assert!(s.degraded && s.mode == safe, "{case}: {s:?}");
+            assert_eq!((s.dirty_blocks, s.cached_blocks), (0, 0), "{case}: {s:?}");
+            assert_eq!(s.write_hits, hits + 1, "{case}: one write, counted once");
+            r.dev.check_invariants().unwrap();
+            // Acknowledged with FUA: the volume opened again from what the devices hold (a
+            // crash now) reads the same, not the slot's older copy.
+            let (meta, _) = Meta::load(&*r.cache).await.unwrap();
+            let again = CacheDev::open(r.cache.clone(), r.origin.clone(), meta, OpenOptions::default()).await.unwrap();
+            assert_eq!(read(&again, 3).await.unwrap(), vec![4; BLOCK as usize], "{case}");
         }
-        assert_eq!(status(&r.dev).dirty_blocks, 1, "{mode}");
-        r.cache_faults.add(Rule::write_error(r.data.clone()).always());
-        let part = Buf::from_slice(&[3; 512]);
-        assert!(
-            r.dev.write(3 * BLOCK + 512, part, false).await.is_err(),
-            "{mode}: part of a block only the slot holds"
-        );
-        let s = status(&r.dev);
-        let safe = if mode == "writeback" { "writethrough" } else { mode };
-        assert!(s.degraded && s.mode == safe && s.dirty_blocks == 1, "{mode}: {s:?}");
-        r.dev.write(3 * BLOCK, fill(4), true).await.unwrap();
-        assert_eq!(read(&r.dev, 3).await.unwrap(), vec![4; BLOCK as usize], "{mode}");
-        let s = status(&r.dev);
-        assert_eq!((s.dirty_blocks, s.cached_blocks), (0, 0), "{mode}: {s:?}");
-        r.dev.check_invariants().unwrap();
-        // Acknowledged with FUA: the volume opened again from what the devices hold (a crash
-        // now) reads the same, not the slot's older copy.
-        let (meta, _) = Meta::load(&*r.cache).await.unwrap();
-        let again = CacheDev::open(r.cache.clone(), r.origin.clone(), meta, OpenOptions::default()).await.unwrap();
-        assert_eq!(read(&again, 3).await.unwrap(), vec![4; BLOCK as usize], "{mode}");
     }
 }

@@ -1,5 +1,6 @@
 //! Discard and write-zeroes: the cached copies a request replaces on the origin are dropped
-//! (durably) before the origin sees it; a dirty block is zeroed in its slot instead.
+//! (durably) before the origin sees it; a dirty block is zeroed in its slot instead (and on
+//! the origin too, outside writeback).
 
 use super::write::{Piece, Route};
 use super::Inner;

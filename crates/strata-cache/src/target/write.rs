@@ -33,8 +33,9 @@ pub(super) enum Route {
     /// Around the cache (a sequential stream past the cutoff) unless its block is cached;
     /// counted as a hit, or as a miss and a bypassed write.
     Bypass,
-    /// Around the cache again, after the cache device refused it (`Piece::Refused`): counted
-    /// already.
+    /// Planned again, after the cache device refused it (`Piece::Refused`) or another change
+    /// overtook its plan: counted already, and seen by the policy. A cached block is written
+    /// as its mode has it; an uncached one goes to the origin.
     Retry,
 }
 
@@ -83,10 +84,10 @@ impl Inner {
     }
 
     /// Writes again a piece the cache device refused (`Piece::Refused`), planned afresh under
-    /// the block's lock as a write that bypasses the cache: to the origin, or into the
-    /// block's slot if it was cached dirty meanwhile. Written to the origin without the lock,
-    /// a read could promote the block's older content meanwhile and keep it cached, clean,
-    /// after the write lands.
+    /// the block's lock (`Route::Retry`): to the origin if the block is not cached, else as
+    /// the block's mode has it (a dirty block's slot and the origin, once out of writeback).
+    /// Written to the origin without the lock, a read could promote the block's older content
+    /// meanwhile and keep it cached, clean, after the write lands.
     pub(super) async fn write_refused(
         self: &Arc<Self>,
         b: u64,
@@ -148,6 +149,9 @@ impl Inner {
                         self.cache.write(self.slot_offset(s) + within, copy, fua)
                     );
                     self.refs[s as usize].fetch_sub(1, Relaxed);
+                    if let (Err(_), Err(e)) = (&a, &c) {
+                        self.dirty_slot_refused(b, s, e);
+                    }
                     a?;
                     match c {
                         Ok(_) => Ok(Piece::Done(slot_change(s))),
@@ -167,7 +171,7 @@ impl Inner {
                 WritePlan::Replace(old) => {
                     drop(guard);
                     let exclusive = shard.write_owned().await;
-                    self.replace(b, within, data, fua, route, old, exclusive).await
+                    self.replace(b, within, data, fua, old, exclusive).await
                 }
                 WritePlan::Promote(s) => {
                     drop(guard);
@@ -179,7 +183,7 @@ impl Inner {
                     if !ok {
                         self.state.lock().release(s);
                         drop(_exclusive);
-                        return self.write_piece(b, within, data, fua, route).await;
+                        return self.write_piece(b, within, data, fua, Route::Retry).await;
                     }
                     // A partial write fills the rest of the block from the origin first (one
                     // read, as a read-miss promotion costs), so the slot holds the whole block.
@@ -277,14 +281,12 @@ impl Inner {
     /// moves to a new slot with the write merged in. In writeback the new slot is dirty; in
     /// writethrough the old mapping's removal is made durable first, then the origin and the
     /// new slot are written, and the new slot is mapped clean once both hold the data.
-    #[allow(clippy::too_many_arguments)]
     async fn replace(
         self: &Arc<Self>,
         b: u64,
         within: u64,
         data: Buf,
         fua: bool,
-        route: Route,
         old: u32,
         exclusive: OwnedRwLockWriteGuard<()>,
     ) -> Result<Piece> {
@@ -312,7 +314,7 @@ impl Inner {
                 }
             }
             drop(exclusive);
-            return self.write_piece(b, within, data, fua, route).await;
+            return self.write_piece(b, within, data, fua, Route::Retry).await;
         };
         let len = self.block_len(b);
         let n = data.len() as u64;
