@@ -1048,6 +1048,15 @@ pub trait CrashTarget: Send + Sync + 'static {
     fn serves_last_commit_when_stopped(&self) -> bool {
         false
     }
+
+    /// Whether the fast device `cache` says its volume was shut down cleanly (a mark that
+    /// spares the next open its recovery); `None` for a target that keeps no such mark.
+    fn marked_clean(
+        &self,
+        _cache: &dyn strata_io::BlockDev,
+    ) -> impl std::future::Future<Output = anyhow::Result<Option<bool>>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// The cache target (`strata_cache::CacheDev`) as a `CrashTarget`: 32 KiB blocks, no
@@ -1114,6 +1123,10 @@ impl CrashTarget for CacheTarget {
             problems.push(format!("metadata check after the cut: {:?}", findings.errors));
         }
         Ok((CacheDev::open(cache, origin, meta, OpenOptions::default()).await?, problems))
+    }
+
+    async fn marked_clean(&self, cache: &dyn strata_io::BlockDev) -> anyhow::Result<Option<bool>> {
+        Ok(Some(strata_cache::meta::read_superblock(cache).await?.clean_shutdown))
     }
 
     async fn check(&self, vol: &strata_cache::CacheDev) -> Vec<String> {

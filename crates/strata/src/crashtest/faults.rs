@@ -316,15 +316,22 @@ pub async fn run_case<T: CrashTarget>(t: &T, case: Case, seed: u64, dir: &Path) 
     server.shutdown();
     let _ = serving.await;
     server.wait_idle().await;
-    if !stopped {
-        if let Err(e) = dev.shutdown().await {
-            out.check_failures += 1;
-            out.detail.push_str(&format!("shutdown: {e}\n"));
-        }
-    }
+    let shut_down = !stopped
+        && match dev.shutdown().await {
+            Ok(()) => true,
+            Err(e) => {
+                out.check_failures += 1;
+                out.detail.push_str(&format!("shutdown: {e}\n"));
+                false
+            }
+        };
     drop(dev);
     // The operator's restart: open what the devices hold, and check it all again.
     let (cache, origin) = (image(&*cache).await?, image(&*origin).await?);
+    if shut_down && t.marked_clean(&*cache).await? == Some(false) {
+        out.check_failures += 1;
+        out.detail.push_str("a shutdown that succeeded left the volume marked unclean\n");
+    }
     let (vol, mut problems) = t.reopen(cache.clone(), origin).await?;
     match vol.read(0, strata_io::Buf::zeroed(size as usize)).await {
         Ok(again) => {
