@@ -527,3 +527,29 @@ fn outcome(f: &mut InFlight, res: i32) -> Option<io::Result<usize>> {
         _ => Some(Ok(n)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine lets go of the file before it hands back the completion: a device closed
+    /// right after its last request then closes the file (and releases its claim) at once.
+    #[test]
+    fn an_engine_holds_the_file_no_longer_once_its_request_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let engines: [(&str, Box<dyn IoEngine>); 2] =
+            [("pool", Box::new(PoolEngine::new(2))), ("uring", Box::new(UringEngine::new(8).unwrap()))];
+        for (name, engine) in engines {
+            let path = dir.path().join(name);
+            for i in 0..4000u64 {
+                let file =
+                    Arc::new(File::options().create(true).truncate(false).read(true).write(true).open(&path).unwrap());
+                let op = Op::Write { offset: i * 4096, buf: Buf::from_slice(&[7; 4096]), dsync: false };
+                let (_, r) = rt.block_on(engine.submit(file.clone(), op, Arc::new(QueueDepth::new())));
+                assert_eq!(r.unwrap(), 4096);
+                assert_eq!(Arc::strong_count(&file), 1, "{name}, request {i}: the engine still holds the file");
+            }
+        }
+    }
+}
