@@ -13,27 +13,27 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A write log `log.img` (8 MiB) in `dir` over its own origin `origin2.img` (32 MiB).
-fn create_log(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let (log, origin) = (dir.join("log.img"), dir.join("origin2.img"));
-    let o = strata(&[
-        "writecache",
-        "create",
-        "--origin",
-        &format!("{}?size=32MiB", origin.display()),
-        "--cache",
-        &format!("{}?size=8MiB", log.display()),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    (log, origin)
-}
-
-fn create(dir: &Path, extra: &[&str]) -> Output {
-    let origin = format!("{}?size=32MiB", dir.join("origin.img").display());
-    let cache = format!("{}?size=8MiB", dir.join("cache.img").display());
-    let mut args = vec!["cache", "create", "--origin", &origin, "--cache", &cache];
+/// `strata TARGET create` of a fast device `fast` (8 MiB) over `origin` (32 MiB), both made
+/// as sparse files, with `extra` options.
+fn create_files(target: &str, origin: &Path, fast: &Path, extra: &[&str]) -> Output {
+    let origin = format!("{}?size=32MiB", origin.display());
+    let fast = format!("{}?size=8MiB", fast.display());
+    let mut args = vec![target, "create", "--origin", &origin, "--cache", &fast];
     args.extend_from_slice(extra);
     strata(&args)
+}
+
+/// A cache `cache.img` in `dir` over `origin.img`.
+fn create(dir: &Path, extra: &[&str]) -> Output {
+    create_files("cache", &dir.join("origin.img"), &dir.join("cache.img"), extra)
+}
+
+/// A write log `log.img` in `dir` over its own origin `origin2.img`.
+fn create_log(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (log, origin) = (dir.join("log.img"), dir.join("origin2.img"));
+    let o = create_files("writecache", &origin, &log, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    (log, origin)
 }
 
 #[test]
@@ -613,14 +613,7 @@ fn a_restored_origin_is_recorded_with_the_origin_command() {
     for target in ["cache", "writecache"] {
         let d = common::tempdir();
         let (origin, fast) = (d.path().join("origin.img"), d.path().join("fast.img"));
-        let o = strata(&[
-            target,
-            "create",
-            "--origin",
-            &format!("{}?size=16MiB", origin.display()),
-            "--cache",
-            &format!("{}?size=4MiB", fast.display()),
-        ]);
+        let o = create_files(target, &origin, &fast, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
         let spec = format!("vol={target}:{}", fast.display());
         let serve = |dir| {
