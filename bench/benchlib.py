@@ -70,6 +70,15 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_cpu_seconds():
+    """(busy, all) CPU seconds of the whole machine so far, every core summed, from /proc/stat:
+    busy is user, nice, system, irq and softirq time; all adds idle and iowait."""
+    with open("/proc/stat") as f:
+        t = [int(x) for x in f.readline().split()[1:8]]
+    busy = t[0] + t[1] + t[2] + t[5] + t[6]
+    return busy / CLK_TCK, (busy + t[3] + t[4]) / CLK_TCK
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 

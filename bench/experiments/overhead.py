@@ -4,7 +4,9 @@ the same backing (file through the page cache, file with O_DIRECT, RAM), qemu-nb
 file with O_DIRECT through io_uring (strata's O_DIRECT volume's peer; skipped without
 qemu-nbd), plus fio directly on the file (io_uring, O_DIRECT and buffered) as the limit.
 Rounds alternate the servers so drift on a shared machine hits all of them; each figure is
-the median of the rounds; server CPU per request comes from /proc.
+the median of the rounds; server CPU per request comes from /proc, and so does the whole
+machine's (client, server and the kernel's IO work together, with the share of the cores busy):
+what a request costs in all, against the cores there are.
 
 Queue depth: during every run a thread samples the backing file's block device
 (/sys/block/DEV/stat: the mean number of requests in flight over each 0.1 s, from the weighted
@@ -13,7 +15,7 @@ strata O_DIRECT runs it also reads strata's own gauge (operations at the kernel,
 admin endpoint's /metrics). After the rounds, one short pass per O_DIRECT series under
 `perf stat` counts system calls per request (the timed rounds run without it).
 
-Scale 1: a 1 GiB file, 10 s per run, 3 rounds (about 8 minutes).
+Scale 1: a 1 GiB file, 10 s per run, 3 rounds (about 10 minutes).
 """
 
 import json
@@ -155,6 +157,18 @@ def read_perf(path):
     return counts
 
 
+class MachineCpu:
+    """The whole machine's busy and total CPU seconds over a `with` block."""
+
+    def __enter__(self):
+        self.start = b.machine_cpu_seconds()
+        return self
+
+    def __exit__(self, *exc):
+        end = b.machine_cpu_seconds()
+        self.busy, self.all = end[0] - self.start[0], end[1] - self.start[1]
+
+
 def params(scale):
     size_mib = max(32, int(1024 * scale))
     runtime = max(0.5, round(10 * scale, 1))
@@ -188,19 +202,23 @@ def run(ctx):
     results = {}
     depth_rows, depth_hist = [], []
 
-    def record(name, rw, report, server_cpu, depth=None):
+    def record(name, rw, report, server_cpu, machine, depth=None):
         side = b.job_side(report, rw)
         ios = side["total_ios"] if "total_ios" in side else side["io_bytes"] // 4096
         job = report["jobs"][0]
         runtime_s = job["elapsed"] if job.get("elapsed") else runtime
         client_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * runtime_s
         r = results.setdefault(f"{name} {rw}", {"iops": [], "server_us_per_req": [], "client_us_per_req": [],
+                                                 "machine_us_per_req": [], "busy_cores": [],
                                                  "disk_queue_depth": [], "strata_queue_depth": []})
         r["iops"].append(side["iops"])
         if server_cpu is not None and ios:
             r["server_us_per_req"].append(server_cpu / ios * 1e6)
         if ios:
             r["client_us_per_req"].append(client_cpu / ios * 1e6)
+            r["machine_us_per_req"].append(machine.busy / ios * 1e6)
+        if machine.all:
+            r["busy_cores"].append(machine.busy / machine.all * os.cpu_count())
         if depth is not None:
             for key, which in (("disk_queue_depth", 1), ("strata_queue_depth", 2)):
                 if depth.mean(which) is not None:
@@ -214,15 +232,15 @@ def run(ctx):
         p.set(step=f"round {rnd + 1}/{rounds}: {name} {rw}")
         warm()
         admin = getattr(server, "admin", None)
-        with DepthSampler(disk, admin, export) as depth:
+        with DepthSampler(disk, admin, export) as depth, MachineCpu() as machine:
             rep, cpu = b.fio_server_cpu(server, common + ["--ioengine=nbd", f"--uri={server.uri(export)}", f"--rw={rw}"])
-        record(name, rw, rep, cpu, depth)
+        record(name, rw, rep, cpu, machine, depth)
 
     def run_fio(name, direct, rw):
         warm()
-        with DepthSampler(disk) as depth:
+        with DepthSampler(disk) as depth, MachineCpu() as machine:
             rep = b.fio(common + ["--ioengine=io_uring", f"--direct={direct}", f"--filename={img}", f"--rw={rw}"])
-        record(name, rw, rep, None, depth)
+        record(name, rw, rep, None, machine, depth)
 
     log = ctx.scratch / "overhead-servers.log"
     # qemu-nbd serving the file with O_DIRECT through io_uring: another NBD server on the
@@ -298,6 +316,11 @@ def run(ctx):
             summary[f"strata file (O_DIRECT) {rw}"]["iops"] / summary[f"nbdkit file {rw}"]["iops"])
         ratios[f"file O_DIRECT {rw}: strata / fio direct"] = (
             summary[f"strata file (O_DIRECT) {rw}"]["iops"] / summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"])
+        # Issue 14's target for the O_DIRECT volume is 0.85x fio's own figure: the cores that
+        # would take at the CPU per request the run measured (client, server and kernel).
+        ratios[f"file O_DIRECT {rw}: cores 0.85x fio's IOPS would need"] = (
+            0.85 * summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"]
+            * summary[f"strata file (O_DIRECT) {rw}"]["machine_us_per_req"] / 1e6)
         ratios[f"mem {rw}: strata / nbdkit memory"] = (
             summary[f"strata mem {rw}"]["iops"] / summary[f"nbdkit memory {rw}"]["iops"])
         if qemu:
@@ -311,10 +334,12 @@ def run(ctx):
     for k, r in summary.items():
         name, rw = k.rsplit(" ", 1)
         rows.append({"series": name, "rw": rw, "iops": r["iops"], "server_us_per_req": r["server_us_per_req"],
-                     "client_us_per_req": r["client_us_per_req"], "disk_queue_depth": r["disk_queue_depth"],
+                     "client_us_per_req": r["client_us_per_req"], "machine_us_per_req": r["machine_us_per_req"],
+                     "busy_cores": r["busy_cores"], "disk_queue_depth": r["disk_queue_depth"],
                      "strata_queue_depth": r["strata_queue_depth"]})
     b.write_csv(out / "overhead.csv", rows, ["series", "rw", "iops", "server_us_per_req", "client_us_per_req",
-                                             "disk_queue_depth", "strata_queue_depth"])
+                                             "machine_us_per_req", "busy_cores", "disk_queue_depth",
+                                             "strata_queue_depth"])
     b.write_csv(out / "queue_depth.csv", depth_rows,
                 ["series", "rw", "round", "t_s", "disk_queue_depth", "strata_queue_depth"])
     b.write_csv(out / "queue_depth_hist.csv", depth_hist, ["series", "rw", "round", "depth", "time_share"])

@@ -286,10 +286,15 @@ fn the_benchmark_suite_runs_at_a_tiny_scale() {
             continue;
         }
         for rw in ["randread", "randwrite"] {
-            assert!(o["results"][format!("{s} {rw}")]["iops"].as_f64().is_some(), "overhead: no {s} {rw}");
+            let r = &o["results"][format!("{s} {rw}")];
+            assert!(r["iops"].as_f64().is_some(), "overhead: no {s} {rw}");
+            // The whole machine's CPU over the run: every request costs some, on some core.
+            for m in ["machine_us_per_req", "busy_cores"] {
+                assert!(r[m].as_f64().is_some_and(|v| v > 0.0), "overhead: {s} {rw} {m} = {}", r[m]);
+            }
         }
     }
-    assert_eq!(names(&o["ratios"]).len(), if qemu { 12 } else { 8 });
+    assert_eq!(names(&o["ratios"]).len(), if qemu { 14 } else { 10 });
 
     // qos: every way at every point of experiment 1, lone and busy sides, and the targets.
     let (h, rows) = read_csv(&out.join("qos/points.csv"));
