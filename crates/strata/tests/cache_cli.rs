@@ -743,6 +743,13 @@ fn set_takes_every_setting_or_none() {
         );
     }
 
+    // An action is not a setting: refused with its own reason, even beside settings.
+    for bad in [&["flush=now"][..], &["mode=writeback", "invalidate=1"]] {
+        let o = set("cache", "vol", bad);
+        assert!(!o.status.success() && stderr(&o).contains("is an action"), "{bad:?}: {}", stderr(&o));
+        assert_eq!(target("vol")["mode"], before["mode"], "{bad:?} changed the cache");
+    }
+
     // Taken together, the watermarks are checked once both are in (one by one, a high
     // watermark of 30 under the default low one of 45 would be refused).
     let o = set("writecache", "log", &["high_watermark=30", "low_watermark=20"]);

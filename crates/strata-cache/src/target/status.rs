@@ -126,6 +126,9 @@ impl Inner {
                                 sb.writeback_percent = p;
                                 format!("writeback percent {p}")
                             }
+                            "flush" | "invalidate" | "detach" => {
+                                return Err(invalid(format!("{key} is an action: it takes no value and goes alone")))
+                            }
                             _ => {
                                 return Err(invalid(format!(
                                     "unknown message {key:?} (mode, policy, migration-budget, sequential-cutoff, readahead, writeback-percent, flush, invalidate, detach)"
