@@ -82,8 +82,9 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value = "all")]
     pub ops: Ops,
 
-    /// Print CSV instead of a table (with --windows, one row per policy, size and window:
-    /// a run's totals are the sums of its windows).
+    /// Print CSV instead of a table (its `requests` column counts cache-block accesses, as the
+    /// hit ratios do; with --windows, one row per policy, size and window: a run's totals are
+    /// the sums of its windows).
     #[arg(long)]
     pub csv: bool,
 
