@@ -317,7 +317,8 @@ def run(ctx):
         ratios[f"file O_DIRECT {rw}: strata / fio direct"] = (
             summary[f"strata file (O_DIRECT) {rw}"]["iops"] / summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"])
         # Issue 14's target for the O_DIRECT volume is 0.85x fio's own figure: the cores that
-        # would take at the CPU per request the run measured (client, server and kernel).
+        # figure would keep busy at the CPU per request this run measured (client, server and
+        # kernel together).
         ratios[f"file O_DIRECT {rw}: cores 0.85x fio's IOPS would need"] = (
             0.85 * summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"]
             * summary[f"strata file (O_DIRECT) {rw}"]["machine_us_per_req"] / 1e6)
