@@ -541,10 +541,8 @@ mod tests {
         let engines: [(&str, Box<dyn IoEngine>); 2] =
             [("pool", Box::new(PoolEngine::new(2))), ("uring", Box::new(UringEngine::new(8).unwrap()))];
         for (name, engine) in engines {
-            let path = dir.path().join(name);
+            let file = Arc::new(File::create(dir.path().join(name)).unwrap());
             for i in 0..4000u64 {
-                let file =
-                    Arc::new(File::options().create(true).truncate(false).read(true).write(true).open(&path).unwrap());
                 let op = Op::Write { offset: i * 4096, buf: Buf::from_slice(&[7; 4096]), dsync: false };
                 let (_, r) = rt.block_on(engine.submit(file.clone(), op, Arc::new(QueueDepth::new())));
                 assert_eq!(r.unwrap(), 4096);
