@@ -316,9 +316,9 @@ def run(ctx):
             summary[f"strata file (O_DIRECT) {rw}"]["iops"] / summary[f"nbdkit file {rw}"]["iops"])
         ratios[f"file O_DIRECT {rw}: strata / fio direct"] = (
             summary[f"strata file (O_DIRECT) {rw}"]["iops"] / summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"])
-        # Issue 14's target for the O_DIRECT volume is 0.85x fio's own figure: the cores that
-        # figure would keep busy at the CPU per request this run measured (client, server and
-        # kernel together).
+        # Issue 14's target for the O_DIRECT volume is 0.85x fio's own IOPS: the cores needed
+        # to serve that many requests a second at the CPU cost per request this run measured
+        # (client, server and kernel together).
         ratios[f"file O_DIRECT {rw}: cores 0.85x fio's IOPS would need"] = (
             0.85 * summary[f"fio io_uring O_DIRECT on the file {rw}"]["iops"]
             * summary[f"strata file (O_DIRECT) {rw}"]["machine_us_per_req"] / 1e6)
