@@ -1,7 +1,8 @@
-"""policies (issue 13's rule): the candidate defaults, `strata` and `adaptive`, against LRU
-and the best of ARC, LIRS, S3-FIFO, 2Q and W-TinyLFU, by `strata sim`. A cell holds when the
-policy's hit ratio is at least LRU's - 0.1 point and the best of the five's - 1 point, and it
-promotes at most 0.8x what LRU promotes (every promotion is an origin read and a cache write).
+"""policies (issue 13's rule): the candidate defaults, `strata`, `adaptive` and `optgate`,
+against LRU and the best of ARC, LIRS, S3-FIFO, 2Q and W-TinyLFU, by `strata sim`. A cell
+holds when the policy's hit ratio is at least LRU's - 0.1 point and the best of the five's - 1
+point, and it promotes at most 0.8x what LRU promotes (every promotion is an origin read and a
+cache write).
 
 Two sets of cells:
 - in sample: the traces in ../shared/testdata (the CloudPhysics sample; the ARC paper's P2,
@@ -13,9 +14,9 @@ The five are checked against the same rule too, to show what it asks. Writes rul
 row per policy and cell) and the counts of cells held per policy and set.
 
 Scale 1: 1, 2, 5, 10, 25 and 50% of each footprint; synthetic workloads of 2,000,000
-requests over 262,144 blocks (3 to 7 minutes on 2 shared cores, most of it `adaptive`). Below
-0.25: 2 and 25% only, the CloudPhysics sample and two synthetic workloads; below 0.5, no
-other block sizes.
+requests over 262,144 blocks (5 to 10 minutes on 2 shared cores, most of it `adaptive` and
+`optgate`). Below 0.25: 2 and 25% only, the CloudPhysics sample and two synthetic workloads;
+below 0.5, no other block sizes.
 """
 
 import csv
@@ -27,7 +28,7 @@ import plots
 NAME = "policies"
 TITLE = "Issue 13's rule: candidate defaults against LRU and the best of five, in sample and held out"
 FIVE = ["arc", "lirs", "s3fifo", "2q", "tinylfu"]
-CANDIDATES = ["strata", "adaptive"]
+CANDIDATES = ["strata", "adaptive", "optgate"]
 POLICIES = ["lru", *FIVE, *CANDIDATES]
 SIZES = ["1%", "2%", "5%", "10%", "25%", "50%"]
 SYNTHETIC = ["zipf:0.8", "zipf:1.2", "pareto:0.2", "zoned:60/10:30/20:10/70", "scanmix:0.9:0.3", "loop"]

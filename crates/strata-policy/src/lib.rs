@@ -119,6 +119,11 @@ pub const POLICIES: &[PolicyInfo] = &[
         new: Some(|c, p| Box::new(policies::adaptive::Adaptive::new(c, p))),
     },
     PolicyInfo {
+        name: "optgate",
+        summary: "s3fifo behind a gate that admits a miss where Belady (OPTgen, on a sample) kept blocks like it, its strictness chosen by miniature simulations",
+        new: Some(|c, p| Box::new(policies::optgen::OptGate::new(c, p))),
+    },
+    PolicyInfo {
         name: "opt",
         summary: "Belady's offline optimum with bypass (simulator only: needs the future)",
         new: None,

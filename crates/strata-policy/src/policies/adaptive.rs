@@ -118,28 +118,75 @@ const SAMPLE_BITS: u32 = 24;
 
 struct Mini {
     policy: Gated,
-    /// Decayed hit count.
-    hits: f64,
-    /// Decayed promotion count.
-    promotions: f64,
+    score: Score,
 }
 
 impl Mini {
     fn new(policy: Gated) -> Self {
-        Mini { policy, hits: 0.0, promotions: 0.0 }
+        Mini { policy, score: Score::default() }
     }
 
     fn access(&mut self, access: Access, run: u32) {
-        match self.policy.access(access, run) {
+        self.score.count(self.policy.access(access, run));
+    }
+}
+
+/// A miniature's hits and promotions, decayed at each epoch's end.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Score {
+    pub hits: f64,
+    pub promotions: f64,
+}
+
+impl Score {
+    pub fn count(&mut self, outcome: Outcome) {
+        match outcome {
             Outcome::Hit => self.hits += 1.0,
             Outcome::Promote { .. } => self.promotions += 1.0,
             Outcome::Miss => {}
         }
     }
 
-    fn decay(&mut self) {
-        self.hits *= DECAY;
-        self.promotions *= DECAY;
+    pub fn decay(&mut self, by: f64) {
+        self.hits *= by;
+        self.promotions *= by;
+    }
+}
+
+/// Which of the miniatures `scores` is best: the one with the most hits among those
+/// promoting at most [`PROMOTION_BUDGET`] of `lru_promotions`, unless every such one is more
+/// than [`BUDGET_HIT_COST`] of `sampled` accesses in hits behind the one with the most; then
+/// that one.
+pub(crate) fn choose(scores: &[Score], lru_promotions: f64, sampled: f64) -> usize {
+    let budget = PROMOTION_BUDGET * lru_promotions;
+    let most_hits = |filter: &dyn Fn(&Score) -> bool| {
+        let ms = scores.iter().enumerate().filter(|(_, m)| filter(m));
+        ms.max_by(|a, b| a.1.hits.total_cmp(&b.1.hits)).map(|(i, _)| i)
+    };
+    let most = most_hits(&|_| true).expect("there are miniatures");
+    match most_hits(&|m| m.promotions <= budget) {
+        Some(frugal) if scores[most].hits - scores[frugal].hits <= BUDGET_HIT_COST * sampled => frugal,
+        _ => most,
+    }
+}
+
+/// A spatial sample of the blocks: a block is sampled when the top [`SAMPLE_BITS`] bits of
+/// a hash of its number fall under a threshold, so it is sampled on every access.
+pub(crate) struct Sampler {
+    threshold: u64,
+}
+
+impl Sampler {
+    /// The sample that scales a cache of `capacity` blocks to miniatures of about `target`
+    /// blocks, and the miniatures' capacity (a smaller cache is not sampled).
+    pub fn new(capacity: usize, target: usize) -> (Sampler, usize) {
+        let rate = capacity.div_ceil(target).max(1);
+        (Sampler { threshold: (1u64 << SAMPLE_BITS) / rate as u64 }, capacity.div_ceil(rate).max(1))
+    }
+
+    #[inline]
+    pub fn sampled(&self, block: u64) -> bool {
+        (mix64(block) >> (64 - SAMPLE_BITS)) < self.threshold
     }
 }
 
@@ -311,6 +358,7 @@ macro_rules! delegate {
         }
     };
 }
+pub(crate) use delegate;
 
 pub struct Adaptive {
     capacity: usize,
@@ -321,8 +369,7 @@ pub struct Adaptive {
     minis: Vec<Mini>,
     /// LRU in miniature: the promotion budget's yardstick.
     lru: Mini,
-    /// A block is sampled when the top [`SAMPLE_BITS`] bits of its hash are below this.
-    threshold: u64,
+    sample: Sampler,
     /// Decayed count of sampled accesses.
     sampled: f64,
     epoch_len: u64,
@@ -332,8 +379,7 @@ pub struct Adaptive {
 
 impl Adaptive {
     pub fn new(capacity: usize, params: &Params) -> Self {
-        let rate = capacity.div_ceil(MINI_BLOCKS).max(1);
-        let mini_cap = capacity.div_ceil(rate).max(1);
+        let (sample, mini_cap) = Sampler::new(capacity, MINI_BLOCKS);
         Adaptive {
             capacity,
             params: params.clone(),
@@ -342,7 +388,7 @@ impl Adaptive {
             runs: Runs::new(),
             minis: CANDIDATES.iter().map(|&c| Mini::new(make(c, mini_cap, params))).collect(),
             lru: Mini::new(make(c("lru", 0), mini_cap, params)),
-            threshold: (1u64 << SAMPLE_BITS) / rate as u64,
+            sample,
             sampled: 0.0,
             epoch_len: EPOCH_CAPACITIES * mini_cap as u64,
             in_epoch: 0,
@@ -360,31 +406,19 @@ impl Adaptive {
         self.switches
     }
 
-    fn sampled(&self, block: u64) -> bool {
-        (mix64(block) >> (64 - SAMPLE_BITS)) < self.threshold
-    }
-
     fn end_epoch(&mut self) {
-        let budget = PROMOTION_BUDGET * self.lru.promotions;
-        let within = |m: &Mini| m.promotions <= budget;
-        let most_hits = |filter: &dyn Fn(&Mini) -> bool| {
-            let ms = self.minis.iter().enumerate().filter(|(_, m)| filter(m));
-            ms.max_by(|a, b| a.1.hits.total_cmp(&b.1.hits)).map(|(i, _)| i)
-        };
-        let most = most_hits(&|_| true).expect("there are candidates");
-        let best = match most_hits(&within) {
-            Some(frugal) if self.minis[most].hits - self.minis[frugal].hits <= BUDGET_HIT_COST * self.sampled => frugal,
-            _ => most,
-        };
-        let (live, next) = (&self.minis[self.live_idx], &self.minis[best]);
+        let scores: Vec<Score> = self.minis.iter().map(|m| m.score).collect();
+        let best = choose(&scores, self.lru.score.promotions, self.sampled);
+        let within = |m: &Score| m.promotions <= PROMOTION_BUDGET * self.lru.score.promotions;
+        let (live, next) = (&scores[self.live_idx], &scores[best]);
         let ahead = next.hits - live.hits > SWITCH_MARGIN * self.sampled;
         if best != self.live_idx && (ahead || (!within(live) && within(next))) {
             self.switch_to(best);
         }
         for m in &mut self.minis {
-            m.decay();
+            m.score.decay(DECAY);
         }
-        self.lru.decay();
+        self.lru.score.decay(DECAY);
         self.sampled *= DECAY;
     }
 
@@ -395,7 +429,7 @@ impl Adaptive {
         // The blocks are as good as the outgoing policy's record says: when its miniature
         // hit nearly as often as the incoming one's, they are handed over as the workload's
         // own; otherwise as after a restart, for the incoming policy to replace at once.
-        let warm = self.minis[self.live_idx].hits >= ADOPT_SHARE * self.minis[idx].hits;
+        let warm = self.minis[self.live_idx].score.hits >= ADOPT_SHARE * self.minis[idx].score.hits;
         for (block, _) in self.order() {
             let dirty = self.live.inner.is_dirty(block);
             let placed = if warm { next.inner.adopt(block, dirty) } else { next.inner.insert(block, dirty) };
@@ -425,7 +459,7 @@ impl Policy for Adaptive {
 
     fn access(&mut self, access: Access) -> Outcome {
         let run = self.runs.access(access.block);
-        if self.sampled(access.block) {
+        if self.sample.sampled(access.block) {
             for m in &mut self.minis {
                 m.access(access, run);
             }
@@ -570,9 +604,9 @@ mod tests {
         let frugal = CANDIDATES.iter().position(|&x| x == c("arc", 4)).unwrap();
         for (frugal_hits, chosen) in [(495.0, frugal), (480.0, plain)] {
             let mut p = Adaptive::new(1000, &Params::default());
-            (p.sampled, p.lru.promotions) = (1000.0, 100.0);
+            (p.sampled, p.lru.score.promotions) = (1000.0, 100.0);
             for (i, m) in p.minis.iter_mut().enumerate() {
-                (m.hits, m.promotions) = match i {
+                (m.score.hits, m.score.promotions) = match i {
                     _ if i == plain => (500.0, 95.0),
                     _ if i == frugal => (frugal_hits, 50.0),
                     _ => (100.0, 50.0),

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod lirs;
 pub mod lru;
 pub mod opt;
+pub mod optgen;
 pub mod s3fifo;
 pub mod sieve;
 pub mod smq;

@@ -1,0 +1,504 @@
+//! optgate: S3-FIFO behind an admission gate learnt from what Belady would have done.
+//!
+//! * [`OptGen`] (Jain and Lin, "Back to the Future: Leveraging Belady's Algorithm for
+//!   Improved Cache Replacement", ISCA 2016) follows a window of recent accesses and, for
+//!   each re-access, says whether Belady with bypass, at a given capacity, would have kept
+//!   the block since its previous access. It keeps, per access time, how many blocks OPT
+//!   holds across that time (the occupancy); a block re-accessed at `t` after `p` was kept
+//!   when every time in `[p, t)` still had room, and then takes a place in each. Taking the
+//!   intervals in the order they end is the optimal schedule, so with a window as long as
+//!   the trace its count of kept blocks is OPT's hit count (the tests check this against
+//!   [`Opt`](crate::Opt)). It runs on a spatial sample of the blocks, at the capacity
+//!   divided by the sampling rate (about [`OPT_BLOCKS`] blocks), over a window of
+//!   [`WINDOW_CAPACITIES`] of those capacities.
+//! * A [`Predictor`] learns from those verdicts, in 3-bit counters, under the signature of
+//!   the access that opened each interval: the block's region ([`REGION_BLOCKS`] blocks), read
+//!   or write, and whether the block had been accessed within the window (known for sampled
+//!   blocks only: the others count as not seen). A signature with no verdict yet follows its
+//!   class (read or write, seen or not) as a whole.
+//! * The gate lets a miss through to S3-FIFO at a *level*: level 0 lets every miss through
+//!   (S3-FIFO alone), level `l` those whose signature's counter is at least `l - 1`. How
+//!   strict to be depends on the workload (where OPT declines what S3-FIFO would hit soon
+//!   after, a strict gate loses hits; where S3-FIFO's promotions are mostly wasted, it saves
+//!   them), so the level is chosen the way `adaptive` chooses a policy: S3-FIFO in
+//!   miniature behind the gate at every level, and LRU, run on the sampled blocks, and at
+//!   the end of each epoch (one miniature capacity of sampled accesses) the live gate takes
+//!   the level whose miniature hits most within the promotion budget. Changing level costs
+//!   nothing: S3-FIFO's state stays as it is.
+//!
+//! The predictor's counters take 256 KiB whatever the cache's size; the miniatures and
+//! OPTgen take a fixed few MB. Each sampled access costs a segment-tree walk and an access
+//! to each of the ten miniatures, so the policy runs at a fraction of S3-FIFO's speed (see
+//! `docs/BENCHMARKS.md`).
+
+use std::collections::HashMap;
+
+use super::adaptive::{choose, Sampler, Score};
+use crate::hash::{mix64, StdBlockMap};
+use crate::{build, hints, Access, HintError, InsertError, Op, Outcome, Params, Policy};
+
+/// A segment tree over a ring of `2^k` time slots: add to a range, read a range's maximum,
+/// set one slot to zero. Adds are kept at the node that covers them (never pushed down): a
+/// node's maximum counts its own add and those below it.
+struct MaxTree {
+    leaves: usize,
+    max: Vec<i32>,
+    add: Vec<i32>,
+}
+
+impl MaxTree {
+    fn new(leaves: usize) -> Self {
+        assert!(leaves.is_power_of_two());
+        MaxTree { leaves, max: vec![0; 2 * leaves], add: vec![0; 2 * leaves] }
+    }
+
+    fn pull(&mut self, mut n: usize) {
+        while n > 1 {
+            n /= 2;
+            self.max[n] = self.add[n] + self.max[2 * n].max(self.max[2 * n + 1]);
+        }
+    }
+
+    /// Adds `v` to every slot of `[lo, hi)`.
+    fn add_range(&mut self, lo: usize, hi: usize, v: i32) {
+        self.add_in(1, 0, self.leaves, lo, hi, v);
+    }
+
+    fn add_in(&mut self, n: usize, nlo: usize, nhi: usize, lo: usize, hi: usize, v: i32) {
+        if hi <= nlo || nhi <= lo {
+            return;
+        }
+        if lo <= nlo && nhi <= hi {
+            self.add[n] += v;
+            self.max[n] += v;
+            return;
+        }
+        let mid = (nlo + nhi) / 2;
+        self.add_in(2 * n, nlo, mid, lo, hi, v);
+        self.add_in(2 * n + 1, mid, nhi, lo, hi, v);
+        self.max[n] = self.add[n] + self.max[2 * n].max(self.max[2 * n + 1]);
+    }
+
+    /// The largest slot of `[lo, hi)` (`i32::MIN` when empty).
+    fn max_range(&self, lo: usize, hi: usize) -> i32 {
+        self.max_in(1, 0, self.leaves, lo, hi)
+    }
+
+    fn max_in(&self, n: usize, nlo: usize, nhi: usize, lo: usize, hi: usize) -> i32 {
+        if hi <= nlo || nhi <= lo {
+            return i32::MIN;
+        }
+        if lo <= nlo && nhi <= hi {
+            return self.max[n];
+        }
+        let mid = (nlo + nhi) / 2;
+        let below = self.max_in(2 * n, nlo, mid, lo, hi).max(self.max_in(2 * n + 1, mid, nhi, lo, hi));
+        below.saturating_add(self.add[n])
+    }
+
+    /// Sets slot `i` to zero.
+    fn clear(&mut self, i: usize) {
+        let leaf = self.leaves + i;
+        let mut above = 0;
+        let mut n = leaf / 2;
+        while n >= 1 {
+            above += self.add[n];
+            n /= 2;
+        }
+        self.add[leaf] = -above;
+        self.max[leaf] = -above;
+        self.pull(leaf);
+    }
+}
+
+/// One access in the window: the block, its signature, and whether its interval is still
+/// open (the block not accessed again yet).
+#[derive(Clone, Copy)]
+struct Slot {
+    block: u64,
+    sig: Sig,
+    open: bool,
+}
+
+/// What the predictor learns under: an index into its counters, and the class a signature
+/// without a verdict follows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sig {
+    index: u32,
+    class: u8,
+}
+
+/// OPTgen over a window of `window` accesses for a cache of `capacity` blocks.
+pub struct OptGen {
+    capacity: i32,
+    mask: u64,
+    tree: MaxTree,
+    ring: Vec<Slot>,
+    last: StdBlockMap<u64>,
+    now: u64,
+    kept: u64,
+}
+
+impl OptGen {
+    /// A window of at least `window` accesses (rounded up to a power of two).
+    pub fn new(capacity: usize, window: usize) -> Self {
+        let slots = window.max(2).next_power_of_two();
+        let empty = Slot { block: u64::MAX, sig: Sig::default(), open: false };
+        OptGen {
+            capacity: capacity.min(i32::MAX as usize) as i32,
+            mask: slots as u64 - 1,
+            tree: MaxTree::new(slots),
+            ring: vec![empty; slots],
+            last: HashMap::with_capacity_and_hasher(slots, Default::default()),
+            now: 0,
+            kept: 0,
+        }
+    }
+
+    /// Re-accesses OPT would have hit so far.
+    pub fn kept(&self) -> u64 {
+        self.kept
+    }
+
+    /// Whether `block` was accessed within the window.
+    pub fn seen(&self, block: u64) -> bool {
+        self.last.contains_key(&block)
+    }
+
+    /// Records an access to `block` under `sig`, and calls `verdict(sig, kept)` for each
+    /// interval closed by it: the one `block`'s previous access opened (kept or not), and
+    /// the one leaving the window unclosed (not kept).
+    pub fn access(&mut self, block: u64, sig: Sig, mut verdict: impl FnMut(Sig, bool)) {
+        let slot = (self.now & self.mask) as usize;
+        let old = self.ring[slot];
+        if old.open {
+            verdict(old.sig, false);
+            self.last.remove(&old.block);
+        }
+        self.tree.clear(slot);
+        if let Some(prev) = self.last.insert(block, self.now) {
+            let p = (prev & self.mask) as usize;
+            let ranges = if p < slot { [(p, slot), (0, 0)] } else { [(p, self.ring.len()), (0, slot)] };
+            let full = ranges.iter().any(|&(lo, hi)| lo < hi && self.tree.max_range(lo, hi) >= self.capacity);
+            if !full {
+                for (lo, hi) in ranges {
+                    if lo < hi {
+                        self.tree.add_range(lo, hi, 1);
+                    }
+                }
+                self.kept += 1;
+            }
+            self.ring[p].open = false;
+            verdict(self.ring[p].sig, !full);
+        }
+        self.ring[slot] = Slot { block, sig, open: true };
+        self.now += 1;
+    }
+
+    fn bytes(&self) -> usize {
+        self.ring.len() * (std::mem::size_of::<Slot>() + 16) + crate::hash::std_map_bytes(&self.last)
+    }
+}
+
+/// 3-bit counters of OPT's verdicts per signature, and per class a wider one over every
+/// verdict of the class, for signatures with none yet.
+pub struct Predictor {
+    counters: Vec<u8>,
+    classes: [u8; 4],
+}
+
+/// A counter with no verdict yet.
+const UNTRAINED: u8 = u8::MAX;
+const COUNTER_MAX: u8 = 7;
+/// Where a counter's first verdict puts it: just on the side of that verdict.
+const FIRST_KEPT: u8 = 4;
+const CLASS_MAX: u8 = 63;
+/// A class lets its untrained signatures through from here (it starts here).
+const CLASS_ADMITS: u8 = 32;
+const COUNTER_BITS: u32 = 18;
+/// Blocks per region of a signature.
+const REGION_BLOCKS: u64 = 256;
+
+impl Predictor {
+    pub fn new() -> Self {
+        Predictor { counters: vec![UNTRAINED; 1 << COUNTER_BITS], classes: [CLASS_ADMITS; 4] }
+    }
+
+    /// The signature of an access to `block` by `op`, `seen` within the window.
+    pub fn sig(&self, block: u64, op: Op, seen: bool) -> Sig {
+        let class = (op == Op::Write) as u8 * 2 + seen as u8;
+        let index = (mix64((block / REGION_BLOCKS) << 2 | class as u64) >> (64 - COUNTER_BITS)) as u32;
+        Sig { index, class }
+    }
+
+    /// Whether the gate at `level` lets a miss under `sig` through.
+    pub fn admits(&self, sig: Sig, level: u8) -> bool {
+        if level == 0 {
+            return true;
+        }
+        match self.counters[sig.index as usize] {
+            UNTRAINED => self.classes[sig.class as usize] >= CLASS_ADMITS,
+            c => c >= level - 1,
+        }
+    }
+
+    pub fn train(&mut self, sig: Sig, kept: bool) {
+        let c = &mut self.counters[sig.index as usize];
+        *c = match (*c, kept) {
+            (UNTRAINED, true) => FIRST_KEPT,
+            (UNTRAINED, false) => FIRST_KEPT - 1,
+            (c, true) => (c + 1).min(COUNTER_MAX),
+            (c, false) => c.saturating_sub(1),
+        };
+        let k = &mut self.classes[sig.class as usize];
+        *k = if kept { (*k + 1).min(CLASS_MAX) } else { k.saturating_sub(1) };
+    }
+}
+
+impl Default for Predictor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Target size of the sampled OPT and of the miniatures, in blocks.
+const OPT_BLOCKS: usize = 16_384;
+/// OPTgen's window, in its capacities.
+const WINDOW_CAPACITIES: usize = 2;
+/// The gate's levels: 0 (every miss) to this.
+const TOP_LEVEL: u8 = 8;
+/// The level before the first epoch ends.
+const FIRST_LEVEL: u8 = 3;
+/// What an epoch's end keeps of the miniatures' scores.
+const DECAY: f64 = 0.8;
+/// The policy behind the gate.
+const INNER: &str = "s3fifo";
+
+/// The inner policy in miniature behind the gate at one level.
+struct Mini {
+    level: u8,
+    policy: Box<dyn Policy + Send>,
+    score: Score,
+}
+
+pub struct OptGate {
+    inner: Box<dyn Policy + Send>,
+    sample: Sampler,
+    optgen: OptGen,
+    predictor: Predictor,
+    level: u8,
+    minis: Vec<Mini>,
+    /// LRU in miniature: the promotion budget's yardstick.
+    lru: Mini,
+    /// Decayed count of sampled accesses.
+    sampled: f64,
+    epoch_len: u64,
+    in_epoch: u64,
+}
+
+impl OptGate {
+    pub fn new(capacity: usize, params: &Params) -> Self {
+        let (sample, mini_cap) = Sampler::new(capacity, OPT_BLOCKS);
+        let mini = |level, name| Mini {
+            level,
+            policy: build(name, mini_cap, params).expect("a built-in policy"),
+            score: Score::default(),
+        };
+        OptGate {
+            inner: build(INNER, capacity, params).expect("a built-in policy"),
+            sample,
+            optgen: OptGen::new(mini_cap, WINDOW_CAPACITIES * mini_cap),
+            predictor: Predictor::new(),
+            level: FIRST_LEVEL,
+            minis: (0..=TOP_LEVEL).map(|level| mini(level, INNER)).collect(),
+            lru: mini(0, "lru"),
+            sampled: 0.0,
+            epoch_len: mini_cap as u64,
+            in_epoch: 0,
+        }
+    }
+
+    /// The gate's level now (0: every miss goes through).
+    pub fn level(&self) -> u8 {
+        self.level
+    }
+
+    /// Feeds a sampled access to OPTgen and the miniatures; at an epoch's end, sets the level.
+    fn sample(&mut self, access: Access, sig: Sig) {
+        let predictor = &mut self.predictor;
+        self.optgen.access(access.block, sig, |s, kept| predictor.train(s, kept));
+        for m in self.minis.iter_mut().chain([&mut self.lru]) {
+            if m.policy.contains(access.block) || self.predictor.admits(sig, m.level) {
+                m.score.count(m.policy.access(access));
+            }
+        }
+        self.sampled += 1.0;
+        self.in_epoch += 1;
+        if self.in_epoch < self.epoch_len {
+            return;
+        }
+        self.in_epoch = 0;
+        let scores: Vec<Score> = self.minis.iter().map(|m| m.score).collect();
+        self.level = self.minis[choose(&scores, self.lru.score.promotions, self.sampled)].level;
+        for m in self.minis.iter_mut().chain([&mut self.lru]) {
+            m.score.decay(DECAY);
+        }
+        self.sampled *= DECAY;
+    }
+}
+
+impl Policy for OptGate {
+    super::adaptive::delegate!(inner);
+
+    fn name(&self) -> &'static str {
+        "optgate"
+    }
+
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    fn access(&mut self, access: Access) -> Outcome {
+        let sampled = self.sample.sampled(access.block);
+        let sig = self.predictor.sig(access.block, access.op, sampled && self.optgen.seen(access.block));
+        if sampled {
+            self.sample(access, sig);
+        }
+        if !self.inner.contains(access.block) && !self.predictor.admits(sig, self.level) {
+            return Outcome::Miss;
+        }
+        self.inner.access(access)
+    }
+
+    fn save_hints(&self) -> Vec<u8> {
+        let entries =
+            hints::decode(self.inner.name(), &self.inner.save_hints()).expect("a policy decodes its own hints");
+        hints::encode(self.name(), entries.into_iter())
+    }
+
+    fn load_hints(&mut self, bytes: &[u8]) -> Result<(), HintError> {
+        let entries = hints::decode(self.name(), bytes)?;
+        self.inner.load_hints(&hints::encode(self.inner.name(), entries.into_iter()))
+    }
+
+    fn bytes_per_entry(&self) -> f64 {
+        let minis: usize = self
+            .minis
+            .iter()
+            .chain([&self.lru])
+            .map(|m| (m.policy.bytes_per_entry() * m.policy.capacity() as f64) as usize)
+            .sum();
+        let own = self.optgen.bytes() + self.predictor.counters.len() + minis;
+        self.inner.bytes_per_entry() + own as f64 / self.capacity() as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Opt;
+
+    fn opt_hits(capacity: usize, blocks: &[u64]) -> u64 {
+        let mut opt = Opt::new(capacity, blocks);
+        blocks.iter().filter(|&&b| opt.access(Access::read(b, 0)).is_hit()).count() as u64
+    }
+
+    fn optgen_kept(capacity: usize, blocks: &[u64]) -> u64 {
+        let mut g = OptGen::new(capacity, blocks.len() + 1);
+        let sig = Predictor::new().sig(0, Op::Read, false);
+        for &b in blocks {
+            g.access(b, sig, |_, _| {});
+        }
+        g.kept()
+    }
+
+    /// With a window as long as the trace, OPTgen keeps exactly as many re-accesses as OPT
+    /// (with bypass) hits, on skewed random traces at several sizes.
+    #[test]
+    fn optgen_counts_opts_hits() {
+        for seed in 0..20u64 {
+            let blocks: Vec<u64> =
+                (0..3000u64).map(|i| mix64(seed * 10_000 + i) % (50 + seed * 20)).map(|x| x * x % 997).collect();
+            for capacity in [1, 3, 10, 40, 200] {
+                assert_eq!(
+                    optgen_kept(capacity, &blocks),
+                    opt_hits(capacity, &blocks),
+                    "seed {seed}, capacity {capacity}"
+                );
+            }
+        }
+    }
+
+    /// Verdicts move a signature's counter, and a class's untrained signatures follow the
+    /// class's verdicts: a region OPT keeps is let through at every level, one whose blocks
+    /// OPT never keeps only at levels 0 and 1 (a counter at 0), and an untrained region of a
+    /// class that OPT mostly declined is stopped from level 1.
+    #[test]
+    fn the_predictor_follows_opts_verdicts() {
+        let mut p = Predictor::new();
+        let kept = p.sig(0, Op::Read, true);
+        let declined = p.sig(10 * REGION_BLOCKS, Op::Read, true);
+        let untrained = p.sig(99 * REGION_BLOCKS, Op::Read, true);
+        let other_class = p.sig(99 * REGION_BLOCKS, Op::Write, true);
+        assert!((0..=TOP_LEVEL).all(|l| p.admits(untrained, l)), "a class starts letting misses through");
+        for _ in 0..10 {
+            p.train(kept, true);
+        }
+        for _ in 0..50 {
+            p.train(declined, false);
+        }
+        assert!((0..=TOP_LEVEL).all(|l| p.admits(kept, l)));
+        assert!(p.admits(declined, 1) && (2..=TOP_LEVEL).all(|l| !p.admits(declined, l)));
+        assert!(!p.admits(untrained, 1), "the class declined 50 of 60");
+        assert!(p.admits(other_class, 1), "the write class has no verdicts");
+    }
+
+    /// A hot set a fifth of the cache, read between long scans of blocks read once: OPT keeps
+    /// the hot blocks and none of the scanned, so the gate stops the scans (S3-FIFO alone
+    /// would promote every scanned block) and the hot set stays cached.
+    #[test]
+    fn scans_between_hot_blocks_are_stopped_at_the_gate() {
+        let mut gate = OptGate::new(1000, &Params::default());
+        let mut lru = build("lru", 1000, &Params::default()).unwrap();
+        let (mut promoted, mut lru_promoted) = (0, 0);
+        let mut scan = 1_000_000u64;
+        for round in 0..400 {
+            let blocks = (0..200).chain(scan..scan + 2000);
+            scan += 2000;
+            for b in blocks {
+                let a = Access::read(b, 0);
+                if round >= 100 {
+                    promoted += gate.access(a).is_promote() as u64;
+                    lru_promoted += lru.access(a).is_promote() as u64;
+                } else {
+                    gate.access(a);
+                    lru.access(a);
+                }
+            }
+        }
+        let hot = (0..200).filter(|&b| gate.contains(b)).count();
+        assert!(hot >= 190, "level {}: {hot} of the 200 hot blocks cached", gate.level());
+        assert!(
+            promoted * 10 < lru_promoted,
+            "level {}: {promoted} promotions against LRU's {lru_promoted}",
+            gate.level()
+        );
+    }
+
+    #[test]
+    fn the_tree_adds_clears_and_reads_maxima() {
+        let mut t = MaxTree::new(8);
+        let mut model = [0i32; 8];
+        for (i, (lo, hi, v)) in [(0, 8, 2), (2, 5, 3), (4, 7, -1), (1, 2, 9), (3, 8, 1)].into_iter().enumerate() {
+            t.add_range(lo, hi, v);
+            model[lo..hi].iter_mut().for_each(|m| *m += v);
+            t.clear(i);
+            model[i] = 0;
+            for lo in 0..8 {
+                for hi in lo + 1..=8 {
+                    assert_eq!(t.max_range(lo, hi), *model[lo..hi].iter().max().unwrap(), "[{lo}, {hi})");
+                }
+            }
+        }
+    }
+}
