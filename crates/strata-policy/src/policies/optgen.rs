@@ -10,7 +10,7 @@
 //!   the trace its count of kept blocks is OPT's hit count (the tests check this against
 //!   [`Opt`](crate::Opt)). It runs on a spatial sample of the blocks, at the capacity
 //!   divided by the sampling rate (about [`OPT_BLOCKS`] blocks), over a window of
-//!   [`WINDOW_CAPACITIES`] of those capacities.
+//!   [`WINDOW_CAPACITIES`] of those capacities (rounded up to a power of two).
 //! * A [`Predictor`] learns from those verdicts, in 3-bit counters, under the signature of
 //!   the access that opened each interval: the block's region ([`REGION_BLOCKS`] blocks), read
 //!   or write, and whether the block had been accessed within the window (known for sampled
@@ -27,9 +27,9 @@
 //!   nothing: S3-FIFO's state stays as it is.
 //!
 //! The predictor's counters take 256 KiB whatever the cache's size; the miniatures and
-//! OPTgen take a fixed few MB. Each sampled access costs a segment-tree walk and an access
-//! to each of the ten miniatures, so the policy runs at a fraction of S3-FIFO's speed (see
-//! `docs/BENCHMARKS.md`).
+//! OPTgen, about ten S3-FIFOs of at most [`OPT_BLOCKS`] blocks (up to 14 MB on the traces
+//! of `docs/BENCHMARKS.md`). Each sampled access costs a segment-tree walk and an access to each
+//! of the ten miniatures, so the policy runs at a fraction of S3-FIFO's speed.
 
 use std::collections::HashMap;
 
@@ -196,6 +196,7 @@ impl OptGen {
     }
 
     fn bytes(&self) -> usize {
+        // Per slot: the ring's entry and the tree's two arrays of two `i32`s per leaf.
         self.ring.len() * (std::mem::size_of::<Slot>() + 16) + crate::hash::std_map_bytes(&self.last)
     }
 }
