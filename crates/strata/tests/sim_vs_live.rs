@@ -105,7 +105,8 @@ async fn simulator_and_live_target_agree() {
     let accesses = reads(&trace);
     for readahead_bytes in [0, 8 * BLOCK as u32] {
         let readahead = Readahead { per: readahead_bytes as u64 / BLOCK, limit: ORIGIN_BLOCKS };
-        for policy in ["strata", "lru", "arc", "s3fifo", "2q", "sieve", "clock", "lirs", "fifo", "tinylfu", "adaptive"]
+        for policy in
+            ["strata", "lru", "arc", "s3fifo", "2q", "sieve", "clock", "lirs", "fifo", "tinylfu", "adaptive", "optgate"]
         {
             let (live, capacity, promotions) = live_hits(policy, 12 << 20, &[], &trace, readahead_bytes).await;
             let params = Params { seed: 3, origin_blocks: Some(ORIGIN_BLOCKS), ..Params::default() };
