@@ -136,7 +136,6 @@ pub struct OptGen {
     ring: Vec<Slot>,
     last: StdBlockMap<u64>,
     now: u64,
-    kept: u64,
 }
 
 impl OptGen {
@@ -151,13 +150,7 @@ impl OptGen {
             ring: vec![empty; slots],
             last: HashMap::with_capacity_and_hasher(slots, Default::default()),
             now: 0,
-            kept: 0,
         }
-    }
-
-    /// Re-accesses OPT would have hit so far.
-    pub fn kept(&self) -> u64 {
-        self.kept
     }
 
     /// Whether `block` was accessed within the window.
@@ -186,7 +179,6 @@ impl OptGen {
                         self.tree.add_range(lo, hi, 1);
                     }
                 }
-                self.kept += 1;
             }
             self.ring[p].open = false;
             verdict(self.ring[p].sig, !full);
@@ -329,7 +321,7 @@ impl OptGate {
         let predictor = &mut self.predictor;
         self.optgen.access(access.block, sig, |s, kept| predictor.train(s, kept));
         for m in self.minis.iter_mut().chain([&mut self.lru]) {
-            if m.policy.contains(access.block) || self.predictor.admits(sig, m.level) {
+            if self.predictor.admits(sig, m.level) || m.policy.contains(access.block) {
                 m.score.count(m.policy.access(access));
             }
         }
@@ -365,7 +357,7 @@ impl Policy for OptGate {
         if sampled {
             self.sample(access, sig);
         }
-        if !self.inner.contains(access.block) && !self.predictor.admits(sig, self.level) {
+        if !self.predictor.admits(sig, self.level) && !self.inner.contains(access.block) {
             return Outcome::Miss;
         }
         self.inner.access(access)
@@ -407,10 +399,11 @@ mod tests {
     fn optgen_kept(capacity: usize, blocks: &[u64]) -> u64 {
         let mut g = OptGen::new(capacity, blocks.len() + 1);
         let sig = Predictor::new().sig(0, Op::Read, false);
+        let mut kept = 0;
         for &b in blocks {
-            g.access(b, sig, |_, _| {});
+            g.access(b, sig, |_, k| kept += k as u64);
         }
-        g.kept()
+        kept
     }
 
     /// With a window as long as the trace, OPTgen keeps exactly as many re-accesses as OPT
