@@ -155,9 +155,8 @@ impl Score {
 
 /// Which of the miniatures `scores` is best: the one with the most hits among those
 /// promoting at most [`PROMOTION_BUDGET`] of `lru_promotions`, unless every such one is more
-/// than [`BUDGET_HIT_COST`] of `sampled` accesses in hits behind the one with the most; then
-/// that one.
-pub(crate) fn choose(scores: &[Score], lru_promotions: f64, sampled: f64) -> usize {
+/// than `hit_cost` of `sampled` accesses in hits behind the one with the most; then that one.
+pub(crate) fn choose(scores: &[Score], lru_promotions: f64, sampled: f64, hit_cost: f64) -> usize {
     let budget = PROMOTION_BUDGET * lru_promotions;
     let most_hits = |filter: &dyn Fn(&Score) -> bool| {
         let ms = scores.iter().enumerate().filter(|(_, m)| filter(m));
@@ -165,7 +164,7 @@ pub(crate) fn choose(scores: &[Score], lru_promotions: f64, sampled: f64) -> usi
     };
     let most = most_hits(&|_| true).expect("there are miniatures");
     match most_hits(&|m| m.promotions <= budget) {
-        Some(frugal) if scores[most].hits - scores[frugal].hits <= BUDGET_HIT_COST * sampled => frugal,
+        Some(frugal) if scores[most].hits - scores[frugal].hits <= hit_cost * sampled => frugal,
         _ => most,
     }
 }
@@ -408,7 +407,7 @@ impl Adaptive {
 
     fn end_epoch(&mut self) {
         let scores: Vec<Score> = self.minis.iter().map(|m| m.score).collect();
-        let best = choose(&scores, self.lru.score.promotions, self.sampled);
+        let best = choose(&scores, self.lru.score.promotions, self.sampled, BUDGET_HIT_COST);
         let within = |m: &Score| m.promotions <= PROMOTION_BUDGET * self.lru.score.promotions;
         let (live, next) = (&scores[self.live_idx], &scores[best]);
         let ahead = next.hits - live.hits > SWITCH_MARGIN * self.sampled;
