@@ -120,7 +120,7 @@ pub const POLICIES: &[PolicyInfo] = &[
     },
     PolicyInfo {
         name: "optgate",
-        summary: "s3fifo behind a gate that admits a miss where Belady (OPTgen, on a sample) kept blocks like it, its strictness chosen by miniature simulations",
+        summary: "s3fifo behind a gate that admits a miss where Belady (OPTgen, on a sample) kept blocks like it, with or without a doorkeeper (second recent miss, or a partial access), its strictness chosen by miniature simulations",
         new: Some(|c, p| Box::new(policies::optgen::OptGate::new(c, p))),
     },
     PolicyInfo {
