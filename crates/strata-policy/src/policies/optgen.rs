@@ -33,14 +33,15 @@
 //!   on the sampled blocks, and at the end of each epoch (one miniature capacity of sampled
 //!   accesses) the live gate takes the level whose miniature hits most within the promotion
 //!   budget, unless that is more than [`BUDGET_HIT_COST`] of the sampled accesses behind the
-//!   one with the most (`adaptive`'s choice, with half its allowance). Changing level costs nothing: S3-FIFO's state stays as it is, and the live
-//!   doorkeeper remembers every miss whether or not it is in use.
+//!   one with the most (`adaptive`'s choice, with half its allowance). Changing level costs
+//!   nothing: S3-FIFO's state stays as it is, and the live doorkeeper remembers every miss
+//!   whether or not it is in use.
 //!
-//! The predictor's counters take 256 KiB whatever the cache's size, the live doorkeeper
-//! at most 2.5 bytes per cached block; the miniatures and
-//! OPTgen, about twenty S3-FIFOs of at most [`OPT_BLOCKS`] blocks. Each sampled access costs a
-//! segment-tree walk and an access to each of the nineteen miniatures, so the policy runs at
-//! a fraction of S3-FIFO's speed.
+//! The predictor's counters take 256 KiB whatever the cache's size, the live doorkeeper at
+//! most 2.5 bytes per cached block; OPTgen and the nineteen miniatures (eighteen S3-FIFOs and
+//! an LRU) are each of at most [`OPT_BLOCKS`] blocks (4 to 25 MB in all on the traces of
+//! `docs/BENCHMARKS.md`). Each sampled access costs a segment-tree walk and an access to
+//! each miniature, so the policy runs at a fraction of S3-FIFO's speed.
 
 use std::collections::HashMap;
 
@@ -534,6 +535,7 @@ mod tests {
     #[test]
     fn a_filling_cache_takes_every_miss_whatever_the_gate() {
         let mut gate = OptGate::new(1000, &Params::default());
+        gate.epoch_len = u64::MAX; // the choice stays where the test puts it
         (gate.level, gate.door) = (TOP_LEVEL, true);
         for b in 0..1000 {
             assert!(gate.access(Access::read(b * 7, 0)).is_promote(), "miss {b} of a filling cache not taken");
@@ -544,6 +546,7 @@ mod tests {
     #[test]
     fn behind_the_doorkeeper_a_block_goes_in_on_its_second_miss_or_a_partial_one() {
         let mut gate = OptGate::new(100, &Params::default());
+        gate.epoch_len = u64::MAX; // the choice stays where the test puts it
         for b in 0..100 {
             gate.access(Access::read(b, 0));
         }
