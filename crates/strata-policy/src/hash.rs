@@ -141,6 +141,11 @@ pub(crate) fn block_map(capacity: usize) -> BlockMap {
     BlockMap::with_capacity(capacity)
 }
 
+/// A map sized for `capacity` entries with indices below `indices`, without growing.
+pub(crate) fn block_map_indexed(capacity: usize, indices: usize) -> BlockMap {
+    BlockMap::with_layout(capacity, bits_for(indices), DIST_BITS)
+}
+
 /// Bytes the map has allocated.
 pub(crate) fn map_bytes(map: &BlockMap) -> usize {
     map.slots.len() * std::mem::size_of::<u32>()
@@ -247,6 +252,12 @@ impl BlockMap {
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Forget every entry.
+    pub fn clear(&mut self) {
+        self.slots.fill(EMPTY);
+        self.len = 0;
     }
 
     #[inline]

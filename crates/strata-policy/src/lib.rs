@@ -23,6 +23,8 @@
 //! ```
 
 mod dirty;
+mod entry;
+mod ghost;
 mod hash;
 mod hints;
 mod list;

@@ -45,6 +45,27 @@ impl Linked<0> for Link {
     }
 }
 
+/// Implements [`Linked<0>`] for an entry type whose [`Link`] is its `link` field
+/// (`linked_by_field!(generic [Q] Entry<Q>)` for a type generic over `Q`).
+macro_rules! linked_by_field {
+    ($node:ty) => {
+        $crate::list::linked_by_field!(generic [] $node);
+    };
+    (generic [$($g:ident)?] $node:ty) => {
+        impl$(<$g>)? $crate::list::Linked<0> for $node {
+            #[inline]
+            fn link(&self) -> &$crate::list::Link {
+                &self.link
+            }
+            #[inline]
+            fn link_mut(&mut self) -> &mut $crate::list::Link {
+                &mut self.link
+            }
+        }
+    };
+}
+pub(crate) use linked_by_field;
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct List<const L: usize> {
     head: u32,

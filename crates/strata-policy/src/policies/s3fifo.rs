@@ -5,80 +5,75 @@
 //! `M` is a FIFO with reinsertion: a block with a non-zero 2-bit frequency is reinserted
 //! with one less. Thresholds follow the authors' reference implementation in libCacheSim
 //! (move to `M` at frequency 2, evict from `S` while it holds at least its 10% share).
+//! Entries are 16 bytes, and the ghosts are block numbers in a ring ([`GhostFifo`]) rather
+//! than entries: about 40 bytes per cached block in all, ghosts included.
 
 use super::{dirty_methods, Arena};
 use crate::dirty::Dirty;
+use crate::entry::{Entry, Queue, MAX_FREQ};
+use crate::ghost::GhostFifo;
 use crate::hash::{block_map, map_bytes, BlockMap};
-use crate::list::{Link, Linked, List};
+use crate::list::List;
 use crate::{hints, Access, HintError, InsertError, Outcome, Policy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Where {
     Small,
     Main,
-    Ghost,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Node {
-    block: u64,
-    link: Link,
-    at: Where,
-    freq: u8,
-}
-
-super::keyed_by_block!(Node);
-
-impl Linked<0> for Node {
-    fn link(&self) -> &Link {
-        &self.link
+impl Queue for Where {
+    fn bits(self) -> u8 {
+        self as u8
     }
-    fn link_mut(&mut self) -> &mut Link {
-        &mut self.link
+    fn from_bits(bits: u8) -> Self {
+        if bits == 0 {
+            Where::Small
+        } else {
+            Where::Main
+        }
     }
 }
+
+type Node = Entry<Where>;
 
 const MOVE_TO_MAIN_FREQ: u8 = 2;
-const MAX_FREQ: u8 = 3;
 
 #[derive(Debug)]
 pub struct S3Fifo {
     capacity: usize,
     small_cap: usize,
-    ghost_cap: usize,
     arena: Arena<Node>,
+    /// The cached blocks; the ghosts are in `ghost`.
     map: BlockMap,
-    /// front = oldest for all three queues.
+    /// front = oldest for both queues.
     small: List<0>,
     main: List<0>,
-    ghost: List<0>,
+    ghost: GhostFifo,
     dirty: Dirty,
 }
 
 impl S3Fifo {
     pub fn new(capacity: usize) -> Self {
-        let ghost_cap = (capacity * 9 / 10).max(1);
-        let n = capacity + ghost_cap + 1;
+        let n = capacity + 1;
         S3Fifo {
             capacity,
             small_cap: (capacity / 10).max(1),
-            ghost_cap,
             arena: Arena::with_capacity(n),
             map: block_map(n),
             small: List::new(),
             main: List::new(),
-            ghost: List::new(),
+            ghost: GhostFifo::new(capacity * 9 / 10),
             dirty: Dirty::new(n),
         }
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
-        let i = self.map.get(block, &self.arena.nodes)?;
-        (self.arena.nodes[i as usize].at != Where::Ghost).then_some(i)
+        self.map.get(block, &self.arena.nodes)
     }
 
     fn block_of(&self, i: u32) -> u64 {
-        self.arena.nodes[i as usize].block
+        self.arena.nodes[i as usize].block()
     }
 
     fn cached(&self) -> usize {
@@ -86,32 +81,29 @@ impl S3Fifo {
     }
 
     fn move_to_main(&mut self, i: u32) {
-        self.arena.nodes[i as usize].at = Where::Main;
+        self.arena.nodes[i as usize].set_at(Where::Main);
         self.main.push_back(&mut self.arena.nodes, i);
     }
 
-    fn move_to_ghost(&mut self, i: u32) {
-        self.arena.nodes[i as usize].at = Where::Ghost;
-        self.ghost.push_back(&mut self.arena.nodes, i);
-        if self.ghost.len() > self.ghost_cap {
-            let g = self.ghost.pop_front(&mut self.arena.nodes).expect("ghost is not empty");
-            let block = self.block_of(g);
-            self.map.remove(block, &self.arena.nodes);
-            self.arena.free(g);
-        }
+    /// Take entry `i` (off every queue) out of the cache.
+    fn drop_entry(&mut self, i: u32) -> u64 {
+        let block = self.block_of(i);
+        self.map.remove(block, &self.arena.nodes);
+        self.arena.free(i);
+        block
     }
 
     /// Evict one block from S: promote the frequently hit ones to M on the way.
     fn evict_small(&mut self) -> Option<u64> {
         while let Some(t) = self.small.pop_front(&mut self.arena.nodes) {
-            let node = self.arena.nodes[t as usize];
-            if node.freq >= MOVE_TO_MAIN_FREQ || self.dirty.is_dirty(t) {
+            if self.arena.nodes[t as usize].freq() >= MOVE_TO_MAIN_FREQ || self.dirty.is_dirty(t) {
                 // Like the reference implementation, a block starts over in M with no credit.
-                self.arena.nodes[t as usize].freq = 0;
+                self.arena.nodes[t as usize].set_freq(0);
                 self.move_to_main(t);
             } else {
-                self.move_to_ghost(t);
-                return Some(node.block);
+                let block = self.drop_entry(t);
+                self.ghost.remember(block);
+                return Some(block);
             }
         }
         None
@@ -128,17 +120,14 @@ impl S3Fifo {
             steps -= 1;
             let dirty = self.dirty.is_dirty(t);
             let node = &mut self.arena.nodes[t as usize];
-            if node.freq > 0 || dirty {
+            if node.freq() > 0 || dirty {
                 if !dirty {
-                    node.freq = node.freq.min(MAX_FREQ) - 1;
+                    node.set_freq(node.freq() - 1);
                 }
                 self.main.move_to_back(&mut self.arena.nodes, t);
             } else {
-                let block = node.block;
                 self.main.remove(&mut self.arena.nodes, t);
-                self.map.remove(block, &self.arena.nodes);
-                self.arena.free(t);
-                return Some(block);
+                return Some(self.drop_entry(t));
             }
         }
         None
@@ -156,10 +145,10 @@ impl S3Fifo {
     }
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
-        let i = self.arena.alloc(Node { block, link: Link::NONE, at, freq: 0 });
+        let i = self.arena.alloc(Node::new(block, at));
         match at {
             Where::Main => self.main.push_back(&mut self.arena.nodes, i),
-            _ => self.small.push_back(&mut self.arena.nodes, i),
+            Where::Small => self.small.push_back(&mut self.arena.nodes, i),
         }
         self.map.insert(block, i, &self.arena.nodes);
         i
@@ -179,17 +168,20 @@ impl Policy for S3Fifo {
         self.cached()
     }
 
-    dirty_methods!();
+    dirty_methods!(without_prefetch);
+
+    #[inline]
+    fn prefetch(&self, block: u64) {
+        self.map.prefetch(block);
+        self.ghost.prefetch(block);
+    }
 
     fn access(&mut self, a: Access) -> Outcome {
-        let found = self.map.get(a.block, &self.arena.nodes);
-        if let Some(i) = found {
+        if let Some(i) = self.resident(a.block) {
+            // The main queue only uses two bits; S counts on up to the move threshold.
             let node = &mut self.arena.nodes[i as usize];
-            if node.at != Where::Ghost {
-                // The main queue only uses two bits; S counts on up to the move threshold.
-                node.freq = (node.freq + 1).min(MAX_FREQ);
-                return Outcome::Hit;
-            }
+            node.set_freq((node.freq() + 1).min(MAX_FREQ));
+            return Outcome::Hit;
         }
         let evict = if self.cached() >= self.capacity {
             match self.evict() {
@@ -200,16 +192,8 @@ impl Policy for S3Fifo {
             None
         };
         // The eviction may have pushed this block's own ghost out of G.
-        match self.map.get(a.block, &self.arena.nodes) {
-            Some(g) => {
-                self.ghost.remove(&mut self.arena.nodes, g);
-                self.arena.nodes[g as usize].freq = 0;
-                self.move_to_main(g);
-            }
-            None => {
-                self.add(a.block, Where::Small);
-            }
-        }
+        let at = if self.ghost.forget(a.block) { Where::Main } else { Where::Small };
+        self.add(a.block, at);
         Outcome::Promote { evict }
     }
 
@@ -218,12 +202,11 @@ impl Policy for S3Fifo {
             return false;
         };
         self.dirty.set_clean(i);
-        match self.arena.nodes[i as usize].at {
+        match self.arena.nodes[i as usize].at() {
             Where::Small => self.small.remove(&mut self.arena.nodes, i),
-            _ => self.main.remove(&mut self.arena.nodes, i),
+            Where::Main => self.main.remove(&mut self.arena.nodes, i),
         }
-        self.map.remove(block, &self.arena.nodes);
-        self.arena.free(i);
+        self.drop_entry(i);
         true
     }
 
@@ -234,10 +217,7 @@ impl Policy for S3Fifo {
         if self.cached() >= self.capacity {
             return Err(InsertError::Full(self.capacity));
         }
-        if let Some(g) = self.map.remove(block, &self.arena.nodes) {
-            self.ghost.remove(&mut self.arena.nodes, g);
-            self.arena.free(g);
-        }
+        self.ghost.forget(block);
         let i = self.add(block, Where::Main);
         if dirty {
             self.dirty.set_dirty(i);
@@ -249,7 +229,7 @@ impl Policy for S3Fifo {
         let nodes = &self.arena.nodes;
         let tag = |i: u32| {
             let n = nodes[i as usize];
-            (n.block, (((n.at == Where::Main) as u8) << 2) | n.freq)
+            (n.block(), (((n.at() == Where::Main) as u8) << 2) | n.freq())
         };
         let order: Vec<(u64, u8)> = self.small.iter(nodes).map(tag).chain(self.main.iter(nodes).map(tag)).collect();
         hints::encode(self.name(), order.into_iter())
@@ -257,7 +237,7 @@ impl Policy for S3Fifo {
 
     fn load_hints(&mut self, bytes: &[u8]) -> Result<(), HintError> {
         let entries = hints::decode(self.name(), bytes)?;
-        if !self.map.is_empty() {
+        if !self.map.is_empty() || !self.ghost.is_empty() {
             return Err(HintError::NotEmpty);
         }
         for (block, tag) in entries {
@@ -266,15 +246,15 @@ impl Policy for S3Fifo {
             }
             if !self.map.contains_key(block, &self.arena.nodes) {
                 let i = self.add(block, if tag & 4 != 0 { Where::Main } else { Where::Small });
-                self.arena.nodes[i as usize].freq = (tag & 3).min(MAX_FREQ);
+                self.arena.nodes[i as usize].set_freq((tag & 3).min(MAX_FREQ));
             }
         }
         Ok(())
     }
 
     fn bytes_per_entry(&self) -> f64 {
-        let n = self.capacity + self.ghost_cap + 1;
-        let bytes = self.arena.bytes(n) + map_bytes(&self.map) + self.dirty.bytes();
+        let bytes =
+            self.arena.bytes(self.capacity + 1) + map_bytes(&self.map) + self.dirty.bytes() + self.ghost.bytes();
         bytes as f64 / self.capacity as f64
     }
 }

@@ -218,14 +218,7 @@ struct Entry {
 
 super::keyed_by_block!(Entry);
 
-impl Linked<0> for Entry {
-    fn link(&self) -> &Link {
-        &self.link
-    }
-    fn link_mut(&mut self) -> &mut Link {
-        &mut self.link
-    }
-}
+crate::list::linked_by_field!(Entry);
 
 impl Leveled for Entry {
     fn level(&self) -> usize {

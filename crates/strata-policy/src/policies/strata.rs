@@ -39,8 +39,9 @@
 
 use super::{dirty_methods, Arena};
 use crate::dirty::Dirty;
+use crate::entry::{Entry, Queue, MAX_FREQ};
 use crate::hash::{block_map, map_bytes, BlockMap};
-use crate::list::{Link, Linked, List};
+use crate::list::List;
 use crate::{hints, Access, HintError, InsertError, Outcome, Params, Policy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,79 +54,28 @@ enum Where {
     Restored = 3,
 }
 
-/// An entry: 16 bytes, the block number sharing its word with the queue and the frequency
-/// (a cache's block numbers are byte offsets over a block size of at least 512 bytes, far
-/// below 2^60), so a cached block's whole state, ghosts and map included, stays under 40
-/// bytes.
-#[derive(Clone, Copy, Debug)]
-struct Node {
-    /// Bits 0–59 the block number, 60–61 the queue ([`Where`]), 62–63 the frequency.
-    word: u64,
-    link: Link,
-}
-
-/// The frequency bits of a restored entry, which carries no credit, mark one inserted
-/// before the first access (restored at start-up) rather than a readahead neighbour.
-const STARTUP: u8 = 1;
-
-const BLOCK_BITS: u32 = 60;
-const BLOCK_MASK: u64 = (1 << BLOCK_BITS) - 1;
-
-impl Node {
-    fn new(block: u64, at: Where) -> Node {
-        assert!(block <= BLOCK_MASK, "block number {block} is past the policy's 2^60");
-        Node { word: block | (at as u64) << BLOCK_BITS, link: Link::NONE }
+impl Queue for Where {
+    fn bits(self) -> u8 {
+        self as u8
     }
-
-    #[inline]
-    fn block(&self) -> u64 {
-        self.word & BLOCK_MASK
-    }
-
-    #[inline]
-    fn at(&self) -> Where {
-        match (self.word >> BLOCK_BITS) & 3 {
+    fn from_bits(bits: u8) -> Self {
+        match bits {
             0 => Where::Small,
             1 => Where::Main,
             2 => Where::Ghost,
             _ => Where::Restored,
         }
     }
-
-    #[inline]
-    fn set_at(&mut self, at: Where) {
-        self.word = (self.word & !(3 << BLOCK_BITS)) | (at as u64) << BLOCK_BITS;
-    }
-
-    #[inline]
-    fn freq(&self) -> u8 {
-        (self.word >> (BLOCK_BITS + 2)) as u8
-    }
-
-    #[inline]
-    fn set_freq(&mut self, freq: u8) {
-        debug_assert!(freq <= MAX_FREQ);
-        self.word = (self.word & !(3 << (BLOCK_BITS + 2))) | (freq as u64) << (BLOCK_BITS + 2);
-    }
 }
 
-impl crate::hash::Keyed for Node {
-    #[inline]
-    fn key(&self) -> u64 {
-        self.block()
-    }
-}
+/// An entry: 16 bytes (see [`Entry`]), so a cached block's whole state, ghosts and map
+/// included, stays under 40 bytes.
+type Node = Entry<Where>;
 
-impl Linked<0> for Node {
-    fn link(&self) -> &Link {
-        &self.link
-    }
-    fn link_mut(&mut self) -> &mut Link {
-        &mut self.link
-    }
-}
+/// The frequency bits of a restored entry, which carries no credit, mark one inserted
+/// before the first access (restored at start-up) rather than a readahead neighbour.
+const STARTUP: u8 = 1;
 
-const MAX_FREQ: u8 = 3;
 /// Ghost history length, in cache capacities.
 const GHOST_FRACTION: f64 = 0.4;
 /// Probation queue target, as a fraction of the cache.
@@ -480,19 +430,6 @@ mod tests {
             let p = Strata::new(capacity, &Params::default());
             assert!(p.bytes_per_entry() <= 40.0, "{capacity} blocks: {} B each", p.bytes_per_entry());
         }
-    }
-
-    #[test]
-    fn a_node_keeps_its_fields_apart() {
-        let mut n = Node::new(BLOCK_MASK, Where::Restored);
-        for at in [Where::Small, Where::Main, Where::Ghost, Where::Restored] {
-            for freq in 0..=MAX_FREQ {
-                n.set_at(at);
-                n.set_freq(freq);
-                assert_eq!((n.block(), n.at(), n.freq()), (BLOCK_MASK, at, freq));
-            }
-        }
-        assert_eq!(Node::new(7, Where::Main).block(), 7);
     }
 
     /// A cache of `CAP` blocks `0..CAP`, each hit a few times so they earn credit, whose

@@ -47,7 +47,7 @@
 use super::Arena;
 use crate::dirty::Dirty;
 use crate::hash::{block_map, map_bytes, mix64, prefetch, BlockMap};
-use crate::list::{Link, Linked, List};
+use crate::list::{Link, List};
 use crate::{hints, Access, HintError, InsertError, Outcome, Params, Policy};
 
 /// Words of the sketch per line: 8 × 8 bytes, one CPU cache line.
@@ -209,16 +209,7 @@ struct Node {
 
 super::keyed_by_block!(Node);
 
-impl Linked<0> for Node {
-    #[inline]
-    fn link(&self) -> &Link {
-        &self.link
-    }
-    #[inline]
-    fn link_mut(&mut self) -> &mut Link {
-        &mut self.link
-    }
-}
+crate::list::linked_by_field!(Node);
 
 /// Initial window, as a fraction of the cache.
 const WINDOW_FRACTION: f64 = 0.01;

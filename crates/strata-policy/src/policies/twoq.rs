@@ -7,7 +7,7 @@
 use super::{dirty_methods, Arena};
 use crate::dirty::Dirty;
 use crate::hash::{block_map, map_bytes, BlockMap};
-use crate::list::{Link, Linked, List};
+use crate::list::{Link, List};
 use crate::{hints, Access, HintError, InsertError, Outcome, Policy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,14 +26,7 @@ struct Node {
 
 super::keyed_by_block!(Node);
 
-impl Linked<0> for Node {
-    fn link(&self) -> &Link {
-        &self.link
-    }
-    fn link_mut(&mut self) -> &mut Link {
-        &mut self.link
-    }
-}
+crate::list::linked_by_field!(Node);
 
 #[derive(Debug)]
 pub struct TwoQ {
