@@ -15,12 +15,12 @@ pub(crate) trait Queue: Copy {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry<Q> {
     word: u64,
-    pub link: Link,
+    link: Link,
     queue: std::marker::PhantomData<Q>,
 }
 
-pub(crate) const BLOCK_BITS: u32 = 60;
-pub(crate) const BLOCK_MASK: u64 = (1 << BLOCK_BITS) - 1;
+const BLOCK_BITS: u32 = 60;
+const BLOCK_MASK: u64 = (1 << BLOCK_BITS) - 1;
 /// The largest frequency an entry holds.
 pub(crate) const MAX_FREQ: u8 = 3;
 

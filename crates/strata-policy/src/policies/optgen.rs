@@ -39,7 +39,7 @@
 //!
 //! The predictor's counters take 256 KiB whatever the cache's size, the live doorkeeper at
 //! most 2.5 bytes per cached block; OPTgen and the nineteen miniatures (eighteen S3-FIFOs and
-//! an LRU) are each of at most [`OPT_BLOCKS`] blocks (4 to 25 MB in all on the traces of
+//! an LRU) are each of at most [`OPT_BLOCKS`] blocks (3 to 17 MB in all on the traces of
 //! `docs/BENCHMARKS.md`). Each sampled access costs a segment-tree walk and an access to
 //! each miniature, so the policy runs at a fraction of S3-FIFO's speed.
 
