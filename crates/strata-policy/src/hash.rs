@@ -92,6 +92,14 @@ impl Keyed for u64 {
     }
 }
 
+/// And so is an array of 32-bit keys (the ghosts' fingerprints).
+impl Keyed for u32 {
+    #[inline]
+    fn key(&self) -> u64 {
+        *self as u64
+    }
+}
+
 /// The value of an empty slot; a live slot never equals it because its index is never all
 /// ones.
 const EMPTY: u32 = u32::MAX;

@@ -6,7 +6,7 @@
 //! with one less. Thresholds follow the authors' reference implementation in libCacheSim
 //! (move to `M` at frequency 2, evict from `S` while it holds at least its 10% share).
 //! Entries are 16 bytes, and the ghosts are block numbers in a ring ([`GhostFifo`]) rather
-//! than entries: about 40 bytes per cached block in all, ghosts included.
+//! than entries: about 36 bytes per cached block in all, ghosts included.
 
 use super::{dirty_methods, Arena};
 use crate::dirty::Dirty;
