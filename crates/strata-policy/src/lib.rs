@@ -37,7 +37,7 @@ pub use hints::HintError;
 pub use policies::opt::Opt;
 
 /// Name of the policy strata uses when none is given.
-pub const DEFAULT_POLICY: &str = "strata";
+pub const DEFAULT_POLICY: &str = "optgate";
 
 /// A constructor in the [`POLICIES`] table: capacity in cache blocks, shared parameters.
 pub type Constructor = fn(usize, &Params) -> Box<dyn Policy + Send>;
@@ -59,9 +59,14 @@ pub struct PolicyInfo {
 /// policy is a module in [`policies`] and a row here.
 pub const POLICIES: &[PolicyInfo] = &[
     PolicyInfo {
+        name: "optgate",
+        summary: "default: s3fifo behind a gate that admits a miss where Belady (OPTgen, on a sample) kept blocks like it, with or without a doorkeeper (second recent miss, or a partial access), its strictness chosen by miniature simulations",
+        new: Some(|c, p| Box::new(policies::optgen::OptGate::new(c, p))),
+    },
+    PolicyInfo {
         name: "strata",
         summary:
-            "default: smq-style clean/dirty queues with frequency-gated admission and a ghost history (few promotions)",
+            "smq-style clean/dirty queues with frequency-gated admission and a ghost history (few promotions; the default before optgate)",
         new: Some(|c, p| Box::new(policies::strata::Strata::new(c, p))),
     },
     PolicyInfo {
@@ -119,11 +124,6 @@ pub const POLICIES: &[PolicyInfo] = &[
         name: "adaptive",
         summary: "serves with the best of strata and of s3fifo, arc, lirs, tinylfu, 2q as they are and behind doorkeepers (for every miss, or for long sequential runs), chosen by miniature simulations",
         new: Some(|c, p| Box::new(policies::adaptive::Adaptive::new(c, p))),
-    },
-    PolicyInfo {
-        name: "optgate",
-        summary: "s3fifo behind a gate that admits a miss where Belady (OPTgen, on a sample) kept blocks like it, with or without a doorkeeper (second recent miss, or a partial access), its strictness chosen by miniature simulations",
-        new: Some(|c, p| Box::new(policies::optgen::OptGate::new(c, p))),
     },
     PolicyInfo {
         name: "opt",

@@ -1,10 +1,11 @@
-//! The default policy never gets fewer hits than LRU on the synthetic workloads `strata sim`
-//! generates, at 1 to 50% of the footprint, while promoting fewer blocks.
+//! The default policy (and `strata`, the default before it) never gets fewer hits than LRU
+//! on the synthetic workloads `strata sim` generates, at 1 to 50% of the footprint, while
+//! promoting fewer blocks.
 //!
 //! Seeds are fixed, so this is deterministic. On uniform traffic every policy has the same
 //! expected hit ratio (cache / footprint): which blocks a policy holds does not change the
 //! odds of the next access, and the hit counts of strata, ARC, LIRS and S3-FIFO all scatter
-//! a few hundred either side of LRU's from one seed to the next. There strata may not fall
+//! a few hundred either side of LRU's from one seed to the next. There a policy may not fall
 //! more than three standard deviations (the square root of LRU's hit count) below LRU, which
 //! still catches any systematic loss (a cache left partly empty, blocks dropped for nothing).
 
@@ -15,6 +16,7 @@ use strata_sim::sim::{replay, BlockAccess};
 use strata_sim::synthetic::{Generator, Pattern};
 
 const BLOCKS: u64 = 32_768;
+const POLICIES: [&str; 2] = [strata_policy::DEFAULT_POLICY, "strata"];
 const REQUESTS: usize = 300_000;
 
 /// (hits, promotions) of `policy` with `size` blocks over `trace`.
@@ -25,7 +27,7 @@ fn run(policy: &str, size: usize, trace: &[BlockAccess]) -> (u64, u64) {
 }
 
 #[test]
-fn strata_gets_at_least_lru_hits() {
+fn the_default_and_strata_get_at_least_lru_hits() {
     let patterns =
         ["uniform", "zipf:0.8", "zipf:1.2", "pareto:0.2", "zoned:60/10:30/20:10/70", "scanmix:0.9:0.3", "loop"];
     let mut failures = Vec::new();
@@ -40,13 +42,15 @@ fn strata_gets_at_least_lru_hits() {
         for pct in [1, 5, 10, 25, 50] {
             let size = footprint * pct / 100;
             let (lh, lp) = run("lru", size, &trace);
-            let (sh, sp) = run("strata", size, &trace);
-            let slack = if pattern == "uniform" { 3 * (lh as f64).sqrt() as u64 } else { 0 };
-            if sh + slack < lh {
-                failures.push(format!("{pattern} at {pct}%: strata {sh} hits, lru {lh}"));
-            }
-            if sp >= lp {
-                failures.push(format!("{pattern} at {pct}%: strata {sp} promotions, lru {lp}"));
+            for policy in POLICIES {
+                let (sh, sp) = run(policy, size, &trace);
+                let slack = if pattern == "uniform" { 3 * (lh as f64).sqrt() as u64 } else { 0 };
+                if sh + slack < lh {
+                    failures.push(format!("{pattern} at {pct}%: {policy} {sh} hits, lru {lh}"));
+                }
+                if sp >= lp {
+                    failures.push(format!("{pattern} at {pct}%: {policy} {sp} promotions, lru {lp}"));
+                }
             }
         }
     }
@@ -56,7 +60,7 @@ fn strata_gets_at_least_lru_hits() {
 /// The shared CloudPhysics sample, whole, at the sizes the benchmarks publish and at half the
 /// footprint (where strata once fell below LRU).
 #[test]
-fn strata_gets_at_least_lru_hits_on_the_cloudphysics_sample() {
+fn the_default_and_strata_get_at_least_lru_hits_on_the_cloudphysics_sample() {
     let Some((reqs, _)) = common::cloudphysics_sample() else {
         return;
     };
@@ -65,9 +69,11 @@ fn strata_gets_at_least_lru_hits_on_the_cloudphysics_sample() {
     for pct in [1, 5, 10, 25, 50] {
         let size = w.footprint as usize * pct / 100;
         let (lh, lp) = run("lru", size, &w.accesses);
-        let (sh, sp) = run("strata", size, &w.accesses);
-        if sh < lh || sp >= lp {
-            failures.push(format!("{pct}%: strata {sh} hits, {sp} promotions; lru {lh} hits, {lp} promotions"));
+        for policy in POLICIES {
+            let (sh, sp) = run(policy, size, &w.accesses);
+            if sh < lh || sp >= lp {
+                failures.push(format!("{pct}%: {policy} {sh} hits, {sp} promotions; lru {lh} hits, {lp} promotions"));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -13,7 +13,7 @@ Examples:
   strata status --admin 127.0.0.1:9810
   strata cache create --origin hdd:/var/tmp/origin.img --cache /var/tmp/cache.img?size=1GiB
   strata thin pool create --metadata /var/tmp/pool.meta?size=64MiB --data /var/tmp/pool.data?size=100GiB
-  strata sim ../shared/testdata/cloudphysics-w.csv --policy strata,smq,lru --size 1%,10%
+  strata sim ../shared/testdata/cloudphysics-w.csv --policy optgate,strata,lru --size 1%,10%
 Run `strata <command> --help` for each command's options."
 )]
 struct Cli {

@@ -9,8 +9,9 @@
 //!   intervals in the order they end is the optimal schedule, so with a window as long as
 //!   the trace its count of kept blocks is OPT's hit count (the tests check this against
 //!   [`Opt`](crate::Opt)). It runs on a spatial sample of the blocks, at the capacity
-//!   divided by the sampling rate (about [`OPT_BLOCKS`] blocks), over a window of
-//!   [`WINDOW_CAPACITIES`] of those capacities (rounded up to a power of two).
+//!   divided by the sampling rate (about [`OPT_BLOCKS`] blocks, or a [`SAMPLE_SHARE`]th of
+//!   the cache's where that is more), over a window of [`WINDOW_CAPACITIES`] of those
+//!   capacities (rounded up to a power of two).
 //! * A [`Predictor`] learns from those verdicts, in 3-bit counters, under the signature of
 //!   the access that opened each interval: the block's region ([`REGION_BLOCKS`] blocks), read
 //!   or write, and whether the block had been accessed within the window (known for sampled
@@ -37,11 +38,15 @@
 //!   nothing: S3-FIFO's state stays as it is, and the live doorkeeper remembers every miss
 //!   whether or not it is in use.
 //!
-//! The predictor's counters take 256 KiB whatever the cache's size, the live doorkeeper at
-//! most 2.5 bytes per cached block; OPTgen and the nineteen miniatures (eighteen S3-FIFOs and
-//! an LRU) are each of at most [`OPT_BLOCKS`] blocks (3 to 17 MB in all on the traces of
-//! `docs/BENCHMARKS.md`). Each sampled access costs a segment-tree walk and an access to
-//! each miniature, so the policy runs at a fraction of S3-FIFO's speed.
+//! Its state beside S3-FIFO's: the predictor's counters take 256 KiB whatever the cache's
+//! size, the live doorkeeper 1.25 bytes per cached block, and OPTgen and the nineteen
+//! miniatures (eighteen S3-FIFOs and an LRU) about 830 bytes per sampled block: about 1.1 MB
+//! in all up to half a million cached blocks, and under 2 bytes per cached block beyond, so
+//! the whole policy stays under 40 bytes per cached block from a million blocks up. Each
+//! sampled access costs a segment-tree walk and an access to each miniature; the sample is
+//! at most one access in [`SAMPLE_SHARE`] once the cache holds more than that many times
+//! [`OPT_BLOCKS`] blocks, and about one in ninety for the simulator's throughput benchmark, where
+//! the policy runs faster than S3-FIFO alone (fewer promotions).
 
 use std::collections::HashMap;
 
@@ -266,8 +271,11 @@ impl Default for Predictor {
     }
 }
 
-/// Target size of the sampled OPT and of the miniatures, in blocks.
-const OPT_BLOCKS: usize = 16_384;
+/// Target size of the sampled OPT and of the miniatures, in blocks, at the least.
+const OPT_BLOCKS: usize = 1_024;
+/// The sampled OPT and the miniatures are at least this fraction (`1 / SAMPLE_SHARE`) of the
+/// cache: a larger cache sees its sample's blocks fewer times in a given stretch of accesses.
+const SAMPLE_SHARE: usize = 512;
 /// OPTgen's window, in its capacities.
 const WINDOW_CAPACITIES: usize = 2;
 /// The gate's levels: 0 (every miss) to this.
@@ -329,7 +337,7 @@ pub struct OptGate {
 
 impl OptGate {
     pub fn new(capacity: usize, params: &Params) -> Self {
-        let (sample, mini_cap) = Sampler::new(capacity, OPT_BLOCKS);
+        let (sample, mini_cap) = Sampler::new(capacity, OPT_BLOCKS.max(capacity / SAMPLE_SHARE));
         let mini = |level, door: bool, name| Mini {
             level,
             door: door.then(|| Doorkeeper::new(mini_cap * DOOR)),
@@ -457,6 +465,23 @@ mod tests {
             g.access(b, sig, |_, k| kept += k as u64);
         }
         kept
+    }
+
+    /// The bound for the default policy's state: at most 40 bytes per cached block
+    /// from a million blocks up (S3-FIFO's entries, ghosts and map, the live doorkeeper, and
+    /// the sample's OPTgen, miniatures and predictor spread over the blocks); that last part
+    /// at most 1.3 MB, or 2 bytes per cached block in caches large enough to sample more.
+    #[test]
+    fn a_cached_block_costs_at_most_40_bytes_at_scale() {
+        for capacity in [1_000, 100_000, 1 << 20, 1_677_722, 3 << 20] {
+            let p = OptGate::new(capacity, &Params::default());
+            let per_block = p.inner.bytes_per_entry() + p.live_door.bytes() as f64 / capacity as f64;
+            let fixed = (p.bytes_per_entry() - per_block) * capacity as f64;
+            assert!(fixed <= 1.3e6f64.max(2.0 * capacity as f64), "{capacity} blocks: {fixed} bytes of sample");
+            if capacity >= 1 << 20 {
+                assert!(p.bytes_per_entry() <= 40.0, "{capacity} blocks: {} B each", p.bytes_per_entry());
+            }
+        }
     }
 
     /// With a window as long as the trace, OPTgen keeps exactly as many re-accesses as OPT

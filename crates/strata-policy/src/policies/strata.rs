@@ -1,6 +1,7 @@
-//! strata: the default policy. dm-cache's smq taught that a promotion is not free (a read
-//! of the origin and a write to the cache device), so admission is a decision of its own,
-//! separate from ordering what is cached. strata keeps that discipline and changes the parts:
+//! strata: the default policy before `optgate`. dm-cache's smq taught that a promotion is not
+//! free (a read of the origin and a write to the cache device), so admission is a decision of
+//! its own, separate from ordering what is cached. strata keeps that discipline and changes
+//! the parts:
 //!
 //! * Admission. A missed block is promoted only on evidence that it will be used again
 //!   soon: the cache still has free blocks, or blocks no access has touched since a restart
@@ -421,7 +422,7 @@ mod tests {
 
     const CAP: usize = 100;
 
-    /// The bound for the default policy's state: at most 40 bytes per cached block,
+    /// The bound for a default policy's state: at most 40 bytes per cached block,
     /// ghosts, map and dirty bookkeeping included, at any size.
     #[test]
     fn a_cached_block_costs_at_most_40_bytes() {

@@ -38,7 +38,7 @@ busy time: origin reads for misses, an origin read plus a cache write for each p
 cache reads for hits; writes are charged as writethrough (no dirty data is simulated).
 
 Examples:
-  strata sim ../shared/testdata/cloudphysics-w.csv --policy strata,smq,lru,arc --size 1%,5%,10%
+  strata sim ../shared/testdata/cloudphysics-w.csv --policy optgate,strata,lru,arc --size 1%,5%,10%
   strata sim trace.csv.zst --format msr --ops read --size 64MiB,256MiB,1GiB --plot mrc.png
   strata sim --synthetic zipf:1.2 --blocks 262144 --requests 2000000 --seed 1 --csv
   strata sim trace.lis --policy smq,strata --size 10% --prefill junk --windows 20
@@ -66,7 +66,7 @@ pub struct SimArgs {
     pub format: Option<Format>,
 
     /// Comma-separated policies (see below), or "all".
-    #[arg(short, long, default_value = "strata,smq,lru,arc,lirs,s3fifo")]
+    #[arg(short, long, default_value = "optgate,strata,smq,lru,arc,lirs,s3fifo")]
     pub policy: String,
 
     /// Comma-separated cache sizes: blocks, % of footprint, or bytes (64MiB; MB is 10^6 bytes,
