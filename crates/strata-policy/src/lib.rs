@@ -387,6 +387,14 @@ pub trait Policy {
         None
     }
 
+    /// How many cached blocks the policy holds as free room: `insert`ed without an access and
+    /// not accessed since (S3-FIFO's from the start-up; `strata`'s also readahead's), if it
+    /// keeps such blocks apart (0 otherwise). They make room first, so a gate in front of
+    /// the policy admits every miss while there are any: it costs no block anyone has used.
+    fn untouched(&self) -> usize {
+        0
+    }
+
     /// Take `block` over from another policy that was serving the same workload until now,
     /// coldest blocks first (`adaptive` switching candidates). Unlike [`Policy::insert`]
     /// after a restart, the blocks are the workload's current ones in a known order, so a

@@ -345,6 +345,9 @@ macro_rules! delegate {
         fn evict_untouched(&mut self) -> Option<u64> {
             self.$($inner).+.evict_untouched()
         }
+        fn untouched(&self) -> usize {
+            self.$($inner).+.untouched()
+        }
         fn set_dirty(&mut self, block: u64) -> bool {
             self.$($inner).+.set_dirty(block)
         }

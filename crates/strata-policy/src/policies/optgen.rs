@@ -27,6 +27,8 @@
 //!   regions and the sample does not see the block's history). While the cache has room,
 //!   every miss goes in, whatever the level (smq's and `strata`'s "promote readily"): an
 //!   empty block costs no eviction, and a gate that keeps a filling cache empty loses hits.
+//!   Blocks cached at a restart and untouched since count as room (S3-FIFO evicts them
+//!   first), so a cache full of another workload's blocks fills as an empty one would.
 //! * How strict to be depends on the workload (where OPT declines what S3-FIFO would hit
 //!   soon after, a strict gate loses hits; where S3-FIFO's promotions are mostly wasted, it
 //!   saves them), so the level is chosen the way `adaptive` chooses a policy: S3-FIFO in
@@ -294,8 +296,8 @@ const DOOR: usize = 1;
 /// The policy behind the gate.
 const INNER: &str = "s3fifo";
 
-/// Whether a miss on `access` goes into `policy`: always while it has room (it is filling);
-/// otherwise when the gate at `level` lets `sig` through and, behind a doorkeeper
+/// Whether a miss on `access` goes into `policy`: always while it has room (it is filling,
+/// or holds blocks untouched since a restart, which make room first); otherwise when the gate at `level` lets `sig` through and, behind a doorkeeper
 /// (`knocked` is whether it had seen the block miss), the access covers part of the block
 /// or is the block's second recent miss.
 fn lets_in(
@@ -307,6 +309,7 @@ fn lets_in(
     sig: Sig,
 ) -> bool {
     policy.len() < policy.capacity()
+        || policy.untouched() > 0
         || (knocked.is_none_or(|k| k || !access.full_block) && predictor.admits(sig, level))
 }
 
@@ -482,6 +485,29 @@ mod tests {
                 assert!(p.bytes_per_entry() <= 40.0, "{capacity} blocks: {} B each", p.bytes_per_entry());
             }
         }
+    }
+
+    /// A cache restarted full of blocks the workload never reads (dm-cache's 2017 warm-up
+    /// failure) serves it exactly as an empty one, access by access: the gate admits every
+    /// miss while untouched blocks are left, and they make room first.
+    #[test]
+    fn a_cache_full_of_junk_behaves_as_an_empty_one() {
+        let capacity = 3_000;
+        let trace: Vec<u64> = (0..200_000u64).map(|i| mix64(i) % 20_000).map(|x| x * x / 20_000).collect();
+        let mut empty = OptGate::new(capacity, &Params::default());
+        let mut junk = OptGate::new(capacity, &Params::default());
+        for b in 0..capacity as u64 {
+            junk.insert(1 << 40 | b, false).unwrap();
+        }
+        let mut hits = 0;
+        for (n, &b) in trace.iter().enumerate() {
+            let (e, j) = (empty.access(Access::read(b, 0)), junk.access(Access::read(b, 0)));
+            assert_eq!(e.is_hit(), j.is_hit(), "access {n}");
+            assert_eq!(matches!(e, Outcome::Promote { .. }), matches!(j, Outcome::Promote { .. }), "access {n}");
+            hits += e.is_hit() as usize;
+        }
+        assert_eq!(junk.untouched(), 0);
+        assert!(hits > trace.len() / 10 && junk.level() > 0, "{hits} hits, level {}", junk.level());
     }
 
     /// With a window as long as the trace, OPTgen keeps exactly as many re-accesses as OPT

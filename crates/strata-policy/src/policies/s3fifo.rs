@@ -7,6 +7,13 @@
 //! (move to `M` at frequency 2, evict from `S` while it holds at least its 10% share).
 //! Entries are 16 bytes, and the ghosts are block numbers in a ring ([`GhostFifo`]) rather
 //! than entries: about 36 bytes per cached block in all, ghosts included.
+//!
+//! Beyond the paper, blocks cached at start-up (from the mapping, or from saved hints) carry
+//! no credit, as in `strata`: they wait on a *restored* queue in their saved order, make room
+//! before any block admitted since, and a restored block that is hit joins `S` as a newly
+//! admitted block would (with that hit counted). A cache full of another workload's blocks
+//! so empties in one cache's worth of admissions, and [`Policy::untouched`] tells a gate in
+//! front (`optgate`) to admit every miss until then.
 
 use super::{dirty_methods, Arena};
 use crate::dirty::Dirty;
@@ -20,6 +27,8 @@ use crate::{hints, Access, HintError, InsertError, Outcome, Policy};
 enum Where {
     Small,
     Main,
+    /// Cached at start-up and not accessed since.
+    Restored,
 }
 
 impl Queue for Where {
@@ -27,10 +36,10 @@ impl Queue for Where {
         self as u8
     }
     fn from_bits(bits: u8) -> Self {
-        if bits == 0 {
-            Where::Small
-        } else {
-            Where::Main
+        match bits {
+            0 => Where::Small,
+            1 => Where::Main,
+            _ => Where::Restored,
         }
     }
 }
@@ -46,11 +55,14 @@ pub struct S3Fifo {
     arena: Arena<Node>,
     /// The cached blocks; the ghosts are in `ghost`.
     map: BlockMap,
-    /// front = oldest for both queues.
+    /// front = oldest for all three queues.
     small: List<0>,
     main: List<0>,
+    restored: List<0>,
     ghost: GhostFifo,
     dirty: Dirty,
+    /// Whether any access has come yet: until then an inserted block is restored.
+    accessed: bool,
 }
 
 impl S3Fifo {
@@ -63,8 +75,10 @@ impl S3Fifo {
             map: block_map(n),
             small: List::new(),
             main: List::new(),
+            restored: List::new(),
             ghost: GhostFifo::new(capacity * 9 / 10),
             dirty: Dirty::new(n),
+            accessed: false,
         }
     }
 
@@ -77,7 +91,16 @@ impl S3Fifo {
     }
 
     fn cached(&self) -> usize {
-        self.small.len() + self.main.len()
+        self.small.len() + self.main.len() + self.restored.len()
+    }
+
+    /// The list an entry at `at` is on.
+    fn queue(&mut self, at: Where) -> &mut List<0> {
+        match at {
+            Where::Small => &mut self.small,
+            Where::Main => &mut self.main,
+            Where::Restored => &mut self.restored,
+        }
     }
 
     fn move_to_main(&mut self, i: u32) {
@@ -133,9 +156,24 @@ impl S3Fifo {
         None
     }
 
+    /// Evict the oldest clean restored block; dirty ones on the way move to M.
+    fn evict_restored(&mut self) -> Option<u64> {
+        while let Some(t) = self.restored.pop_front(&mut self.arena.nodes) {
+            if self.dirty.is_dirty(t) {
+                self.move_to_main(t);
+            } else {
+                return Some(self.drop_entry(t));
+            }
+        }
+        None
+    }
+
     fn evict(&mut self) -> Option<u64> {
         if self.dirty.count() >= self.cached() {
             return None;
+        }
+        if let Some(b) = self.evict_restored() {
+            return Some(b);
         }
         if self.small.len() >= self.small_cap || self.main.is_empty() {
             self.evict_small().or_else(|| self.evict_main())
@@ -146,12 +184,27 @@ impl S3Fifo {
 
     fn add(&mut self, block: u64, at: Where) -> u32 {
         let i = self.arena.alloc(Node::new(block, at));
-        match at {
-            Where::Main => self.main.push_back(&mut self.arena.nodes, i),
-            Where::Small => self.small.push_back(&mut self.arena.nodes, i),
-        }
+        let mut queue = *self.queue(at);
+        queue.push_back(&mut self.arena.nodes, i);
+        *self.queue(at) = queue;
         self.map.insert(block, i, &self.arena.nodes);
         i
+    }
+
+    /// Caches `block` without an access, on queue `at` (insert and adopt).
+    fn place(&mut self, block: u64, dirty: bool, at: Where) -> Result<(), InsertError> {
+        if self.resident(block).is_some() {
+            return Err(InsertError::AlreadyCached(block));
+        }
+        if self.cached() >= self.capacity {
+            return Err(InsertError::Full(self.capacity));
+        }
+        self.ghost.forget(block);
+        let i = self.add(block, at);
+        if dirty {
+            self.dirty.set_dirty(i);
+        }
+        Ok(())
     }
 }
 
@@ -177,9 +230,18 @@ impl Policy for S3Fifo {
     }
 
     fn access(&mut self, a: Access) -> Outcome {
+        self.accessed = true;
         if let Some(i) = self.resident(a.block) {
-            // The main queue only uses two bits; S counts on up to the move threshold.
             let node = &mut self.arena.nodes[i as usize];
+            if node.at() == Where::Restored {
+                // Its first hit since the start-up: into S, as if just admitted and hit.
+                node.set_at(Where::Small);
+                node.set_freq(1);
+                self.restored.remove(&mut self.arena.nodes, i);
+                self.small.push_back(&mut self.arena.nodes, i);
+                return Outcome::Hit;
+            }
+            // The main queue only uses two bits; S counts on up to the move threshold.
             node.set_freq((node.freq() + 1).min(MAX_FREQ));
             return Outcome::Hit;
         }
@@ -202,27 +264,33 @@ impl Policy for S3Fifo {
             return false;
         };
         self.dirty.set_clean(i);
-        match self.arena.nodes[i as usize].at() {
-            Where::Small => self.small.remove(&mut self.arena.nodes, i),
-            Where::Main => self.main.remove(&mut self.arena.nodes, i),
-        }
+        let at = self.arena.nodes[i as usize].at();
+        let mut queue = *self.queue(at);
+        queue.remove(&mut self.arena.nodes, i);
+        *self.queue(at) = queue;
         self.drop_entry(i);
         true
     }
 
+    /// Before the first access (a start-up), a clean block is restored: no credit, first to
+    /// make room. Later (readahead's neighbours) and dirty, it joins M without credit.
     fn insert(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
-        if self.resident(block).is_some() {
-            return Err(InsertError::AlreadyCached(block));
-        }
-        if self.cached() >= self.capacity {
-            return Err(InsertError::Full(self.capacity));
-        }
-        self.ghost.forget(block);
-        let i = self.add(block, Where::Main);
-        if dirty {
-            self.dirty.set_dirty(i);
-        }
-        Ok(())
+        let at = if self.accessed || dirty { Where::Main } else { Where::Restored };
+        self.place(block, dirty, at)
+    }
+
+    /// A block taken over from the policy that served before (see [`Policy::adopt`]): into
+    /// M without credit, in the order given.
+    fn adopt(&mut self, block: u64, dirty: bool) -> Result<(), InsertError> {
+        self.place(block, dirty, Where::Main)
+    }
+
+    fn evict_untouched(&mut self) -> Option<u64> {
+        self.evict_restored()
+    }
+
+    fn untouched(&self) -> usize {
+        self.restored.len()
     }
 
     fn save_hints(&self) -> Vec<u8> {
@@ -231,7 +299,10 @@ impl Policy for S3Fifo {
             let n = nodes[i as usize];
             (n.block(), (((n.at() == Where::Main) as u8) << 2) | n.freq())
         };
-        let order: Vec<(u64, u8)> = self.small.iter(nodes).map(tag).chain(self.main.iter(nodes).map(tag)).collect();
+        let order: Vec<(u64, u8)> = (self.restored.iter(nodes).map(tag))
+            .chain(self.small.iter(nodes).map(tag))
+            .chain(self.main.iter(nodes).map(tag))
+            .collect();
         hints::encode(self.name(), order.into_iter())
     }
 
@@ -240,13 +311,12 @@ impl Policy for S3Fifo {
         if !self.map.is_empty() || !self.ghost.is_empty() {
             return Err(HintError::NotEmpty);
         }
-        for (block, tag) in entries {
-            if self.cached() >= self.capacity {
-                break;
-            }
+        // Restored in saved order, least valuable first; the tags' credit is not carried
+        // over (see the module doc). The most valuable are kept when there are too many.
+        let skip = entries.len().saturating_sub(self.capacity);
+        for (block, _) in entries.into_iter().skip(skip) {
             if !self.map.contains_key(block, &self.arena.nodes) {
-                let i = self.add(block, if tag & 4 != 0 { Where::Main } else { Where::Small });
-                self.arena.nodes[i as usize].set_freq((tag & 3).min(MAX_FREQ));
+                self.add(block, Where::Restored);
             }
         }
         Ok(())
@@ -256,5 +326,85 @@ impl Policy for S3Fifo {
         let bytes =
             self.arena.bytes(self.capacity + 1) + map_bytes(&self.map) + self.dirty.bytes() + self.ghost.bytes();
         bytes as f64 / self.capacity as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::mix64;
+
+    const CAP: usize = 100;
+
+    /// A cache restarted with blocks `0..CAP` cached (inserted before any access).
+    fn restarted() -> S3Fifo {
+        let mut p = S3Fifo::new(CAP);
+        for b in 0..CAP as u64 {
+            p.insert(b, false).unwrap();
+        }
+        assert_eq!(p.untouched(), CAP);
+        p
+    }
+
+    /// New misses evict the restored blocks, oldest first, before anything admitted since;
+    /// a restored block that is hit stays, and is no longer untouched.
+    #[test]
+    fn restored_blocks_make_room_first() {
+        let mut p = restarted();
+        assert!(p.access(Access::read(7, 0)).is_hit());
+        let mut evicted = Vec::new();
+        for b in 1_000..1_000 + CAP as u64 - 1 {
+            match p.access(Access::read(b, 0)) {
+                Outcome::Promote { evict } => evicted.push(evict.expect("the cache is full")),
+                other => panic!("{b}: {other:?}"),
+            }
+        }
+        let expected: Vec<u64> = (0..CAP as u64).filter(|&b| b != 7).collect();
+        assert_eq!(evicted, expected);
+        assert_eq!(p.untouched(), 0);
+        assert!(p.contains(7));
+    }
+
+    /// Blocks inserted once accesses have begun (readahead's neighbours) are not restored.
+    #[test]
+    fn inserts_after_the_first_access_are_not_untouched() {
+        let mut p = S3Fifo::new(CAP);
+        p.access(Access::read(1, 0));
+        p.insert(2, false).unwrap();
+        assert_eq!(p.untouched(), 0);
+        assert_eq!(p.evict_untouched(), None);
+    }
+
+    /// A cache full of blocks the workload never reads serves it exactly as an empty one:
+    /// the same hits and promotions, access by access.
+    #[test]
+    fn a_cache_full_of_junk_behaves_as_an_empty_one() {
+        let trace: Vec<u64> = (0..20_000u64).map(|i| mix64(i) % 400).map(|x| x * x / 400).collect();
+        let mut empty = S3Fifo::new(CAP);
+        let mut junk = S3Fifo::new(CAP);
+        for b in 0..CAP as u64 {
+            junk.insert(1_000_000 + b, false).unwrap();
+        }
+        for (n, &b) in trace.iter().enumerate() {
+            let (e, j) = (empty.access(Access::read(b, 0)), junk.access(Access::read(b, 0)));
+            assert_eq!(e.is_hit(), j.is_hit(), "access {n}");
+            assert_eq!(matches!(e, Outcome::Promote { .. }), matches!(j, Outcome::Promote { .. }), "access {n}");
+        }
+    }
+
+    /// Saved hints come back as restored blocks in their saved order.
+    #[test]
+    fn hints_restore_blocks_without_credit() {
+        let mut p = S3Fifo::new(CAP);
+        for round in 0..3 {
+            for b in 0..CAP as u64 {
+                assert_eq!(p.access(Access::read(b, 0)).is_hit(), round > 0);
+            }
+        }
+        let mut q = S3Fifo::new(CAP);
+        q.load_hints(&p.save_hints()).unwrap();
+        assert_eq!((q.len(), q.untouched()), (CAP, CAP));
+        let first = q.access(Access::read(5_000, 0));
+        assert!(matches!(first, Outcome::Promote { evict: Some(_) }), "{first:?}");
     }
 }

@@ -369,6 +369,10 @@ impl Policy for Strata {
         self.evict_restored(true)
     }
 
+    fn untouched(&self) -> usize {
+        self.restored.len()
+    }
+
     /// A block taken over from the policy that served before (see [`Policy::adopt`]): it
     /// joins main without credit, in the order given, so the coldest go first and nothing
     /// is admitted on their account.
