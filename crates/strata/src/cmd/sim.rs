@@ -140,9 +140,9 @@ pub struct SimArgs {
 
     /// Readahead as the cache target's `readahead`: a promoted read miss also brings in the
     /// other blocks of its aligned window of BYTES that are not cached, while the cache has
-    /// free room or (with `--prefill`, policy `strata`) prefilled blocks nothing has read
-    /// yet to replace (they count as promotions; nothing else is evicted for them). 0 or
-    /// one block: none.
+    /// free room or (with `--prefill`, policies `optgate`, `strata` and `s3fifo`) prefilled
+    /// blocks nothing has read yet to replace (they count as promotions; nothing else is
+    /// evicted for them). 0 or one block: none.
     #[arg(long, value_name = "BYTES", default_value = "0")]
     pub readahead: String,
 }
