@@ -257,7 +257,7 @@ impl Runs {
 /// filter (16 bits and 4 probes per block): a block is remembered while it is in either, and
 /// the older one is cleared when the newer one has taken `len / 2` blocks. False positives
 /// (about 0.3% with both generations full) let a block through a turn early, and matter
-/// more than their share suggests: at 2.4% (10 bits a block) `optgate` lost up to 1.5 points
+/// more than their share suggests: at 2.4% (10 bits a block) `optgate` lost up to 2.9 points
 /// of hits on several traces. The filters are sized to the bit, not to a power of two:
 /// `len * 2` bytes in all, probes placed by multiply-shift.
 #[derive(Debug)]

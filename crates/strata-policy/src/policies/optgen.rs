@@ -41,14 +41,14 @@
 //!   whether or not it is in use.
 //!
 //! Its state beside S3-FIFO's: the predictor's counters take 256 KiB whatever the cache's
-//! size, the live doorkeeper 1.25 bytes per cached block, and OPTgen and the nineteen
+//! size, the live doorkeeper 2 bytes per cached block, and OPTgen and the nineteen
 //! miniatures (eighteen S3-FIFOs and an LRU) about 830 bytes per sampled block: about 1.1 MB
 //! in all up to half a million cached blocks, and under 2 bytes per cached block beyond, so
 //! the whole policy stays under 40 bytes per cached block from a million blocks up. Each
 //! sampled access costs a segment-tree walk and an access to each miniature; the sample is
 //! at most one access in [`SAMPLE_SHARE`] once the cache holds more than that many times
-//! [`OPT_BLOCKS`] blocks, and about one in ninety for the simulator's throughput benchmark, where
-//! the policy runs faster than S3-FIFO alone (fewer promotions).
+//! [`OPT_BLOCKS`] blocks, and about one in ninety for the simulator's throughput benchmark,
+//! where the policy runs faster than S3-FIFO alone (fewer promotions).
 
 use std::collections::HashMap;
 
@@ -297,9 +297,10 @@ const DOOR: usize = 1;
 const INNER: &str = "s3fifo";
 
 /// Whether a miss on `access` goes into `policy`: always while it has room (it is filling,
-/// or holds blocks untouched since a restart, which make room first); otherwise when the gate at `level` lets `sig` through and, behind a doorkeeper
-/// (`knocked` is whether it had seen the block miss), the access covers part of the block
-/// or is the block's second recent miss.
+/// or holds blocks untouched since a restart, which make room first); otherwise when the
+/// gate at `level` lets `sig` through and, behind a doorkeeper (`knocked` is whether it had
+/// seen the block miss), the access covers part of the block or is the block's second
+/// recent miss.
 fn lets_in(
     policy: &dyn Policy,
     predictor: &Predictor,
