@@ -266,7 +266,6 @@ pub struct Doorkeeper {
     current: usize,
     added: usize,
     per_generation: usize,
-    bits: u64,
 }
 
 impl Doorkeeper {
@@ -276,13 +275,7 @@ impl Doorkeeper {
     pub fn new(len: usize) -> Self {
         let per_generation = (len / 2).max(1);
         let words = (per_generation * Self::BITS_PER_BLOCK).div_ceil(64);
-        Doorkeeper {
-            generations: [vec![0; words], vec![0; words]],
-            current: 0,
-            added: 0,
-            per_generation,
-            bits: words as u64 * 64,
-        }
+        Doorkeeper { generations: [vec![0; words], vec![0; words]], current: 0, added: 0, per_generation }
     }
 
     /// The bits `block` sets, by double hashing of one 64-bit hash.
@@ -290,7 +283,8 @@ impl Doorkeeper {
         let h = mix64(block);
         // Multiply-shift keeps a probe's high bits, so the step must have high bits too.
         let (a, b) = (h, h.rotate_left(32) | 1);
-        std::array::from_fn(|i| ((a.wrapping_add((i as u64).wrapping_mul(b)) as u128 * self.bits as u128) >> 64) as u64)
+        let bits = self.generations[0].len() as u128 * 64;
+        std::array::from_fn(|i| ((a.wrapping_add((i as u64).wrapping_mul(b)) as u128 * bits) >> 64) as u64)
     }
 
     fn in_generation(&self, g: usize, bits: &[u64; Self::PROBES]) -> bool {
