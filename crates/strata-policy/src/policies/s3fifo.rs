@@ -293,17 +293,13 @@ impl Policy for S3Fifo {
         self.restored.len()
     }
 
+    /// The cached blocks, least valuable first (restored, `S`, then `M`); no tags, since
+    /// a restart carries no credit over (see the module doc).
     fn save_hints(&self) -> Vec<u8> {
         let nodes = &self.arena.nodes;
-        let tag = |i: u32| {
-            let n = nodes[i as usize];
-            (n.block(), (((n.at() == Where::Main) as u8) << 2) | n.freq())
-        };
-        let order: Vec<(u64, u8)> = (self.restored.iter(nodes).map(tag))
-            .chain(self.small.iter(nodes).map(tag))
-            .chain(self.main.iter(nodes).map(tag))
-            .collect();
-        hints::encode(self.name(), order.into_iter())
+        let order: Vec<u32> =
+            self.restored.iter(nodes).chain(self.small.iter(nodes)).chain(self.main.iter(nodes)).collect();
+        hints::encode(self.name(), order.into_iter().map(|i| (nodes[i as usize].block(), 0)))
     }
 
     fn load_hints(&mut self, bytes: &[u8]) -> Result<(), HintError> {
@@ -311,8 +307,8 @@ impl Policy for S3Fifo {
         if !self.map.is_empty() || !self.ghost.is_empty() {
             return Err(HintError::NotEmpty);
         }
-        // Restored in saved order, least valuable first; the tags' credit is not carried
-        // over (see the module doc). The most valuable are kept when there are too many.
+        // Restored in saved order, least valuable first; the most valuable are kept when
+        // there are too many.
         let skip = entries.len().saturating_sub(self.capacity);
         for (block, _) in entries.into_iter().skip(skip) {
             if !self.map.contains_key(block, &self.arena.nodes) {
