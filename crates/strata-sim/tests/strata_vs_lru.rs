@@ -6,8 +6,12 @@
 //! expected hit ratio (cache / footprint): which blocks a policy holds does not change the
 //! odds of the next access, and the hit counts of strata, ARC, LIRS and S3-FIFO all scatter
 //! a few hundred either side of LRU's from one seed to the next. There a policy may not fall
-//! more than three standard deviations (the square root of LRU's hit count) below LRU, which
+//! more than three standard deviations of the difference of two hit counts below LRU (each
+//! count's variance is about the count itself, so the difference's about twice LRU's), which
 //! still catches any systematic loss (a cache left partly empty, blocks dropped for nothing).
+//! At 10% (`strata sim --synthetic uniform --blocks 32768 --requests 300000`, seeds 1 to 6)
+//! the default's hits are 482 below to 280 above LRU's (29,630 to 30,088): the bound there is
+//! about 730.
 
 mod common;
 
@@ -44,7 +48,7 @@ fn the_default_and_strata_get_at_least_lru_hits() {
             let (lh, lp) = run("lru", size, &trace);
             for policy in POLICIES {
                 let (sh, sp) = run(policy, size, &trace);
-                let slack = if pattern == "uniform" { 3 * (lh as f64).sqrt() as u64 } else { 0 };
+                let slack = if pattern == "uniform" { 3 * (2.0 * lh as f64).sqrt() as u64 } else { 0 };
                 if sh + slack < lh {
                     failures.push(format!("{pattern} at {pct}%: {policy} {sh} hits, lru {lh}"));
                 }
