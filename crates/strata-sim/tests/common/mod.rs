@@ -5,16 +5,22 @@ use std::path::Path;
 
 use strata_sim::trace::{open_reader, Format, Requests};
 
-/// The shared CloudPhysics sample (`../shared/testdata` next to the repository) opened for
-/// parsing, with the format guessed from its content; or `None`, after saying the test is
-/// skipped, when it is not there. Under CI (`CI=true`) a missing sample fails the test: a
-/// checkout without it would pass these tests without running them.
-pub fn cloudphysics_sample() -> Option<(Requests<Box<dyn BufRead + Send>>, Format)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/cloudphysics-w.csv");
+/// A trace of the shared test data (`../shared/testdata` next to the repository, `name`
+/// relative to it) opened for parsing, with the format guessed from its content; or `None`,
+/// after saying the test is skipped, when it is not there. Under CI (`CI=true`) a missing
+/// trace fails the test: a checkout without it would pass these tests without running them.
+pub fn testdata(name: &str) -> Option<(Requests<Box<dyn BufRead + Send>>, Format)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata").join(name);
     if !path.exists() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{} not present (CI=true)", path.display());
         eprintln!("SKIP: {} not present", path.display());
         return None;
     }
     Some(Requests::new(open_reader(&path).unwrap(), None).unwrap())
+}
+
+/// The shared CloudPhysics sample (see [`testdata`]).
+#[allow(dead_code)] // not every test binary that shares this module reads it
+pub fn cloudphysics_sample() -> Option<(Requests<Box<dyn BufRead + Send>>, Format)> {
+    testdata("cloudphysics-w.csv")
 }
