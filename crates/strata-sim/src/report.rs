@@ -63,8 +63,8 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
     let mut out = String::new();
     let _ = write!(
         out,
-        "{:<8} {:>12} {:>10} {:>9} {:>8} {:>9} {:>12} {:>10} {:>9}",
-        "policy", "size", "", "capacity", "hit%", "bytehit%", "promotions", "promo/lru", "B/entry"
+        "{:<8} {:>12} {:>10} {:>9} {:>8} {:>9} {:>12} {:>10} {:>10} {:>9}",
+        "policy", "size", "", "capacity", "hit%", "bytehit%", "promotions", "promo/lru", "promo/hit", "B/entry"
     );
     if with_cost {
         let _ = write!(out, " {:>11} {:>13} {:>12}", "read us", "origin busy s", "cache busy s");
@@ -78,9 +78,14 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
             }
             _ => "-".to_string(),
         };
+        // What each hit cost in origin reads and cache writes.
+        let per_hit = match r.counts.hits {
+            0 => "-".to_string(),
+            hits => format!("{:.2}", r.counts.promotions as f64 / hits as f64),
+        };
         let _ = write!(
             out,
-            "{:<8} {:>12} {:>10} {:>9} {:>8.2} {:>9.2} {:>12} {:>10} {:>9.1}",
+            "{:<8} {:>12} {:>10} {:>9} {:>8.2} {:>9.2} {:>12} {:>10} {:>10} {:>9.1}",
             r.policy,
             thousands(r.size_blocks as u64),
             label(r.size_blocks),
@@ -89,6 +94,7 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
             100.0 * r.counts.byte_hit_ratio(),
             thousands(r.counts.promotions),
             vs_lru,
+            per_hit,
             r.bytes_per_entry,
         );
         match &r.cost {
@@ -217,4 +223,40 @@ pub fn plot(path: &Path, title: &str, results: &[RunResult], block_size: u64) ->
         ..Default::default()
     };
     strata_plot::line_chart(path, &spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::Counts;
+
+    fn result(policy: &str, hits: u64, promotions: u64) -> RunResult {
+        RunResult {
+            policy: policy.into(),
+            size_blocks: 10,
+            counts: Counts { accesses: 100, hits, promotions, ..Counts::default() },
+            bytes_per_entry: 0.0,
+            elapsed: Default::default(),
+            cost: None,
+        }
+    }
+
+    /// The table prices each hit in promotions (an origin read and a cache write each) beside
+    /// the promotions against LRU's: 30 promotions for 20 hits is 1.50, LRU's 60 for 40 is
+    /// 1.50 too though it promotes twice as much; no hits, no price.
+    #[test]
+    fn the_table_gives_promotions_per_hit() {
+        let w = Workload { block_size: 4096, ..Workload::default() };
+        let rows = [result("lru", 40, 60), result("arc", 20, 30), result("none", 0, 5)];
+        let table = table(&rows, &w, &[]);
+        // The last three columns: promo/lru, promo/hit, B/entry.
+        fn tail(line: &str) -> Vec<&str> {
+            line.split_whitespace().rev().skip(1).take(2).collect()
+        }
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(tail(lines[0]), ["promo/hit", "promo/lru"], "{table}");
+        assert_eq!(tail(lines[1]), ["1.50", "1.00"], "{table}");
+        assert_eq!(tail(lines[2]), ["1.50", "0.50"], "{table}");
+        assert_eq!(tail(lines[3])[0], "-", "{table}");
+    }
 }
