@@ -65,7 +65,7 @@ fn opt_is_never_beaten_on_synthetic_traces() {
 
 #[test]
 fn opt_is_never_beaten_on_the_cloudphysics_sample() {
-    let Some((reqs, _)) = common::cloudphysics_sample() else {
+    let Some((reqs, _)) = common::testdata("cloudphysics-w.csv") else {
         return;
     };
     // The first 30,000 requests keep this test quick in debug builds.

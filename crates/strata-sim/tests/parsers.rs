@@ -192,7 +192,7 @@ fn reads_gzip_and_zstd() {
 
 #[test]
 fn the_cloudphysics_sample_parses() {
-    let Some((reqs, format)) = common::cloudphysics_sample() else {
+    let Some((reqs, format)) = common::testdata("cloudphysics-w.csv") else {
         return;
     };
     assert_eq!(format, Format::Cloudphysics);

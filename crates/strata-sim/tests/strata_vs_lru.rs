@@ -65,7 +65,7 @@ fn the_default_and_strata_get_at_least_lru_hits() {
 /// footprint (where strata once fell below LRU).
 #[test]
 fn the_default_and_strata_get_at_least_lru_hits_on_the_cloudphysics_sample() {
-    let Some((reqs, _)) = common::cloudphysics_sample() else {
+    let Some((reqs, _)) = common::testdata("cloudphysics-w.csv") else {
         return;
     };
     let w = strata_sim::sim::split_requests(reqs, 4096, strata_sim::sim::Ops::All, 1_000_000).unwrap();

@@ -18,9 +18,3 @@ pub fn testdata(name: &str) -> Option<(Requests<Box<dyn BufRead + Send>>, Format
     }
     Some(Requests::new(open_reader(&path).unwrap(), None).unwrap())
 }
-
-/// The shared CloudPhysics sample (see [`testdata`]).
-#[allow(dead_code)] // not every test binary that shares this module reads it
-pub fn cloudphysics_sample() -> Option<(Requests<Box<dyn BufRead + Send>>, Format)> {
-    testdata("cloudphysics-w.csv")
-}
