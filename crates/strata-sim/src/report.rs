@@ -70,19 +70,13 @@ pub fn table(results: &[RunResult], w: &Workload, size_labels: &[(usize, String)
         let _ = write!(out, " {:>11} {:>13} {:>12}", "read us", "origin busy s", "cache busy s");
     }
     out.push('\n');
+    // `a` per `b`, or a dash where there is no `b`.
+    let per = |a: u64, b: u64| if b == 0 { "-".to_string() } else { format!("{:.2}", a as f64 / b as f64) };
     for r in results {
         let lru = results.iter().find(|o| o.policy == "lru" && o.size_blocks == r.size_blocks);
-        let vs_lru = match lru {
-            Some(l) if l.counts.promotions > 0 => {
-                format!("{:.2}", r.counts.promotions as f64 / l.counts.promotions as f64)
-            }
-            _ => "-".to_string(),
-        };
+        let vs_lru = per(r.counts.promotions, lru.map_or(0, |l| l.counts.promotions));
         // What each hit cost in origin reads and cache writes.
-        let per_hit = match r.counts.hits {
-            0 => "-".to_string(),
-            hits => format!("{:.2}", r.counts.promotions as f64 / hits as f64),
-        };
+        let per_hit = per(r.counts.promotions, r.counts.hits);
         let _ = write!(
             out,
             "{:<8} {:>12} {:>10} {:>9} {:>8.2} {:>9.2} {:>12} {:>10} {:>10} {:>9.1}",
