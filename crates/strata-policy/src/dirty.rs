@@ -27,7 +27,7 @@ const WRITING: u8 = 2;
 const IN_RING: u8 = 4;
 const DIRTINESS: u8 = 3;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Dirty {
     state: Vec<u8>,
     /// front = the oldest position.

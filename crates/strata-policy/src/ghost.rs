@@ -22,7 +22,7 @@ const GONE: u32 = u32::MAX;
 /// The ring's spare length, as a fraction of the capacity (`1 / SPARE`).
 const SPARE: usize = 4;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct GhostFifo {
     /// Position `p` (counted from the first block ever put in) is at `ring[p % ring.len()]`:
     /// the fingerprint of the block put in there.

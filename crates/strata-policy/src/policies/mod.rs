@@ -86,7 +86,7 @@ pub(crate) use keyed_by_block;
 
 /// A free-list arena: indices stay stable while an entry lives, and freed slots are reused,
 /// so the arena never grows past the most entries ever live at once.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Arena<N> {
     pub nodes: Vec<N>,
     free: Vec<u32>,

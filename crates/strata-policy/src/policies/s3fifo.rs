@@ -48,7 +48,7 @@ type Node = Entry<Where>;
 
 const MOVE_TO_MAIN_FREQ: u8 = 2;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct S3Fifo {
     capacity: usize,
     small_cap: usize,
