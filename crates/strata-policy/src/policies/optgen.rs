@@ -47,11 +47,14 @@
 //!   choice, and the strict gate then keeps them out of the live cache (on P12 at 1% the
 //!   choice did worse than any of levels 0–2 held alone). So a second set of the same
 //!   miniatures is started at each epoch's end from the state of the level in force, the live
-//!   cache's contents in miniature, and a switch goes ahead unless, over the epoch, that set's
-//!   choice between the two levels keeps the one in force and it hits more than
-//!   [`BUDGET_HIT_COST`] of the sampled accesses more than the other. Started from one state
-//!   every epoch, that set alone chooses worse (it cannot see what a level would hold after
-//!   a long stretch at it), so it only vetoes.
+//!   cache's contents in miniature, and a switch to a stricter level (one that lets in no
+//!   miss the level in force would not) goes ahead unless, over the epoch, that set's choice
+//!   between the two levels keeps the one in force and it hits more than [`BUDGET_HIT_COST`]
+//!   of the sampled accesses more than the other. A switch to a level that lets in some
+//!   misses the one in force does not is never vetoed: there the live cache takes in what
+//!   that level's miniature holds. Started from one state every epoch, the second set alone
+//!   chooses worse (it cannot see what a level would hold after a long stretch at it), so
+//!   it only vetoes.
 //!
 //! Its state beside S3-FIFO's: the predictor's counters take 256 KiB whatever the cache's
 //! size, the live doorkeeper 2 bytes per cached block, and OPTgen and the thirty-seven
@@ -346,6 +349,11 @@ impl<P: Policy> Mini<P> {
         }
     }
 
+    /// Whether every miss it lets in, `other` would let in too.
+    fn no_laxer_than<Q>(&self, other: &Mini<Q>) -> bool {
+        self.level >= other.level && self.door.is_some() >= other.door.is_some()
+    }
+
     fn bytes(&self) -> usize {
         (self.policy.bytes_per_entry() * self.policy.capacity() as f64) as usize
             + self.door.as_ref().map_or(0, Doorkeeper::bytes)
@@ -430,10 +438,12 @@ impl OptGate {
         let now = self.minis.iter().position(|m| (m.level, m.door.is_some()) == (self.level, self.door));
         let now = now.expect("the level in force has its miniature");
         let mut pick = choice(&scores);
-        if pick != now {
-            // Started from the live cache's contents, the level in force does clearly better
-            // than the one chosen: what drew the choice there is what that level's miniature
-            // holds and the live cache does not, which the chosen gate might keep out.
+        if pick != now && self.minis[pick].no_laxer_than(&self.minis[now]) {
+            // A stricter gate is chosen, yet started from the live cache's contents the level
+            // in force does clearly better: what drew the choice there is what that level's
+            // miniature holds and the live cache does not, which the stricter gate would keep
+            // out. (A gate that lets in everything the one in force does lets the live cache
+            // take in what its miniature holds.)
             let (stay, go) = (self.from_live[now].score, self.from_live[pick].score);
             if choice(&[stay, go]) == 0 && stay.hits - go.hits > BUDGET_HIT_COST * self.sampled {
                 pick = now;
@@ -656,25 +666,34 @@ mod tests {
         assert!(gate.access(Access::read(700, 0)).is_promote(), "without the doorkeeper a miss stayed out");
     }
 
-    /// The free-running miniatures draw the choice to a strict level whose miniature holds
+    /// The free-running miniatures draw the choice to a stricter level whose miniature holds
     /// blocks the live cache lacks; started from the live cache's contents, that level does
     /// clearly worse than the one in force, and the switch is vetoed. Where the two sets agree
-    /// within the choice's allowance, it goes ahead.
+    /// within the choice's allowance, or the level chosen lets in some misses the one in force
+    /// does not, it goes ahead.
     #[test]
-    fn a_switch_the_live_contents_refute_is_vetoed() {
-        for (lure_from_live, switched) in [(20.0, false), (98.0, true)] {
+    fn a_switch_to_a_stricter_level_the_live_contents_refute_is_vetoed() {
+        let cases = [
+            (TOP_LEVEL, true, 20.0, false),
+            (TOP_LEVEL, false, 20.0, false),
+            (TOP_LEVEL, true, 98.0, true),
+            (0, false, 20.0, true),
+            (0, true, 20.0, true),
+        ];
+        for (level, door, lure_from_live, switched) in cases {
             let mut gate = OptGate::new(1000, &Params::default());
             (gate.level, gate.door) = (1, false);
             gate.sampled = 1000.0;
             gate.lru.score = Score { hits: 100.0, promotions: 500.0 };
-            let lure = gate.minis.iter().position(|m| m.level == TOP_LEVEL && m.door.is_some()).unwrap();
+            let lure = gate.minis.iter().position(|m| (m.level, m.door.is_some()) == (level, door)).unwrap();
             for (i, (free, live)) in gate.minis.iter_mut().zip(&mut gate.from_live).enumerate() {
                 free.score = Score { hits: if i == lure { 300.0 } else { 100.0 }, promotions: 300.0 };
                 live.score = Score { hits: if i == lure { lure_from_live } else { 100.0 }, promotions: 300.0 };
             }
             gate.end_epoch();
-            let want = if switched { (TOP_LEVEL, true) } else { (1, false) };
-            assert_eq!((gate.level, gate.door), want, "from the live contents the lure hits {lure_from_live}");
+            let want = if switched { (level, door) } else { (1, false) };
+            let case = format!("level {level}, doorkeeper {door}, from the live contents {lure_from_live} hits");
+            assert_eq!((gate.level, gate.door), want, "{case}");
         }
     }
 
