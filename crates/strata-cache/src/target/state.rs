@@ -277,7 +277,7 @@ impl Inner {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::format::{Layout, Superblock};
     use crate::meta::Meta;
@@ -292,8 +292,18 @@ mod tests {
     const ORIGIN: u64 = 8 << 20;
     const BLOCK: u32 = 32 << 10;
 
-    /// A cache of a few dozen slots over 256 origin blocks, formatted in memory.
-    async fn small_cache(mode: Mode, cache: &Arc<MemDev>, origin: &Arc<MemDev>, fresh: bool) -> Arc<CacheDev> {
+    /// A cache of a few dozen slots (on a 2 MiB `cache`) over 256 origin blocks (an 8 MiB
+    /// `origin`), formatted in memory.
+    pub(in crate::target) async fn small_cache<C, O>(
+        mode: Mode,
+        cache: &Arc<C>,
+        origin: &Arc<O>,
+        fresh: bool,
+    ) -> Arc<CacheDev>
+    where
+        C: BlockDev + 'static,
+        O: BlockDev + 'static,
+    {
         let meta = if fresh {
             let slots = Layout::fit(cache.size(), BLOCK);
             let l = Layout::new(slots, BLOCK);

@@ -35,7 +35,8 @@ pub(super) enum Route {
     Bypass,
     /// Planned again, after the cache device refused it (`Piece::Refused`) or another change
     /// overtook its plan: counted already, and seen by the policy. A cached block is written
-    /// as its mode has it; an uncached one goes to the origin.
+    /// as its mode has it, a dirty one also to the origin in writeback; an uncached one goes
+    /// to the origin.
     Retry,
 }
 
@@ -467,8 +468,11 @@ impl Inner {
             let plan = match (mode, dirty) {
                 // A dirty block's newest data is in its slot: keep writing it there, and to
                 // the origin too in every mode but writeback (a dirty-limited writeback adds
-                // no dirty block by writing one already dirty).
-                (_, true) if st.meta.sb.mode != Mode::Writeback => WritePlan::Both(s),
+                // no dirty block by writing one already dirty). A retry goes to the origin
+                // too in every mode: its slot refused it once (or another write overtook its
+                // plan, a rare race), and the volume, taken out of writeback by the refusal,
+                // may be back in it since (an admin's change).
+                (_, true) if st.meta.sb.mode != Mode::Writeback || route == Route::Retry => WritePlan::Both(s),
                 (_, true) => WritePlan::Cache(s),
                 (Mode::Writeback | Mode::Writethrough, false) => WritePlan::Replace(s),
                 (Mode::Writearound | Mode::Passthrough | Mode::Cleaner, false) => {
@@ -519,5 +523,53 @@ impl Inner {
             }
             _ => WritePlan::Origin,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Piece, Route};
+    use crate::format::Mode;
+    use crate::target::state::tests::small_cache;
+    use crate::CacheStatus;
+    use std::sync::Arc;
+    use strata_io::fault::{FaultDev, Rule};
+    use strata_io::mem::MemDev;
+    use strata_io::{BlockDev, Buf};
+
+    /// A whole-block write its dirty block's slot refused is written again (`write_refused`).
+    /// The refusal takes the volume out of writeback; an admin may put it back before the
+    /// retry is planned. The retry still goes through to the origin and frees the slot,
+    /// rather than trying the slot again and failing the write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_write_retried_back_in_writeback_still_reaches_the_origin() {
+        let (cache, cache_faults) = FaultDev::new(MemDev::new(2 << 20));
+        let (cache, origin) = (Arc::new(cache), Arc::new(MemDev::new(8 << 20)));
+        let dev = small_cache(Mode::Writeback, &cache, &origin, true).await;
+        dev.message("writeback_percent 100").await.unwrap(); // no write-back meanwhile
+        let block = dev.inner.block;
+        let fill = |v: u8| Buf::from_slice(&vec![v; block as usize]);
+        dev.write(3 * block, fill(1), false).await.unwrap();
+        dev.flush().await.unwrap();
+        assert_eq!(CacheStatus::of(&dev).unwrap().dirty_blocks, 1);
+        let sb = dev.inner.state.lock().meta.sb.clone();
+        cache_faults.add(Rule::write_error(sb.data_offset..sb.data_offset + sb.slots * block).always());
+
+        let refused = dev.inner.write_piece(3, 0, fill(4), true, Route::Policy).await.unwrap();
+        assert!(matches!(refused, Piece::Refused), "the slot refused the write");
+        assert_eq!(CacheStatus::of(&dev).unwrap().mode, "writethrough", "the fault left writeback");
+        dev.message("mode writeback").await.unwrap();
+        let need = dev.inner.write_refused(3, 0, fill(4), true).await.expect("the retry reaches the origin");
+        if let Some(n) = need {
+            dev.inner.commit_upto(n).await.unwrap();
+        }
+
+        let on_origin = origin.read(3 * block, Buf::zeroed(block as usize)).await.unwrap();
+        assert_eq!(on_origin.to_vec(), vec![4; block as usize]);
+        let s = CacheStatus::of(&dev).unwrap();
+        assert_eq!((s.dirty_blocks, s.cached_blocks), (0, 0), "{s:?}");
+        let read = dev.read(3 * block, Buf::zeroed(block as usize)).await.unwrap();
+        assert_eq!(read.to_vec(), vec![4; block as usize]);
+        dev.check_invariants().unwrap();
     }
 }
