@@ -351,7 +351,7 @@ impl<P: Policy> Mini<P> {
     }
 
     /// Whether every miss it lets in, `other` would let in too.
-    fn no_laxer_than<Q>(&self, other: &Mini<Q>) -> bool {
+    fn no_laxer_than(&self, other: &Self) -> bool {
         self.level >= other.level && self.door.is_some() >= other.door.is_some()
     }
 
@@ -379,7 +379,7 @@ pub struct OptGate {
     live_door: Doorkeeper,
     minis: Vec<Mini<S3Fifo>>,
     /// The same levels started each epoch from the state of the level in force (the live
-    /// cache's contents, in miniature): they may veto a switch.
+    /// cache's contents, in miniature): they may veto a switch to a stricter level.
     from_live: Vec<Mini<S3Fifo>>,
     /// LRU in miniature: the promotion budget's yardstick.
     lru: Mini<Lru>,
