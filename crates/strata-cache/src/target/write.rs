@@ -14,7 +14,8 @@ use tokio::sync::OwnedRwLockWriteGuard;
 enum WritePlan {
     /// Write a dirty block's slot in place (no durable clean mapping names that slot).
     Cache(u32),
-    /// Writethrough of a dirty block: the origin and its slot.
+    /// A dirty block written to the origin and its slot (outside writeback, or a write its
+    /// slot refused once).
     Both(u32),
     Origin,
     /// Promote by writing the whole block into a new slot.
@@ -33,11 +34,15 @@ pub(super) enum Route {
     /// Around the cache (a sequential stream past the cutoff) unless its block is cached;
     /// counted as a hit, or as a miss and a bypassed write.
     Bypass,
-    /// Planned again, after the cache device refused it (`Piece::Refused`) or another change
-    /// overtook its plan: counted already, and seen by the policy. A cached block is written
-    /// as its mode has it, a dirty one also to the origin in writeback; an uncached one goes
-    /// to the origin.
+    /// Planned again after another change overtook its plan: counted already, and seen by
+    /// the policy. A cached block is written as its mode has it; an uncached one goes to the
+    /// origin.
     Retry,
+    /// Planned again after the cache device refused it (`Piece::Refused`): as `Retry`, but a
+    /// dirty block goes to the origin too whatever the mode, since its slot may refuse again
+    /// and the volume, taken out of writeback by the refusal, may be back in it since (an
+    /// admin's change).
+    Refused,
 }
 
 /// What became of one piece of a write.
@@ -85,8 +90,8 @@ impl Inner {
     }
 
     /// Writes again a piece the cache device refused (`Piece::Refused`), planned afresh under
-    /// the block's lock (`Route::Retry`): to the origin if the block is not cached, else as
-    /// the block's mode has it (a dirty block's slot and the origin, once out of writeback).
+    /// the block's lock (`Route::Refused`): to the origin if the block is not cached, else as
+    /// the block's mode has it, a dirty block to its slot and the origin in every mode.
     /// Written to the origin without the lock, a read could promote the block's older content
     /// meanwhile and keep it cached, clean, after the write lands.
     pub(super) async fn write_refused(
@@ -96,7 +101,7 @@ impl Inner {
         data: Buf,
         fua: bool,
     ) -> Result<Option<u64>> {
-        match self.write_piece(b, within, data, fua, Route::Retry).await? {
+        match self.write_piece(b, within, data, fua, Route::Refused).await? {
             Piece::Done(need) => Ok(need),
             Piece::Refused => unreachable!("a retried write promotes nothing and fails where a slot refuses it"),
         }
@@ -132,9 +137,10 @@ impl Inner {
                         Err(e) => {
                             self.dirty_slot_refused(b, s, &e);
                             // A whole block is written again, through to the origin (`Both`,
-                            // once out of writeback), which frees the slot. Part of one fails:
-                            // the rest of the block's newest data is the slot's alone.
-                            if route != Route::Retry && within == 0 && n == self.block_len(b) {
+                            // `Route::Refused`), which frees the slot. Part of one fails: the
+                            // rest of the block's newest data is the slot's alone.
+                            let first = matches!(route, Route::Policy | Route::Bypass);
+                            if first && within == 0 && n == self.block_len(b) {
                                 Ok(Piece::Refused)
                             } else {
                                 Err(e)
@@ -458,7 +464,7 @@ impl Inner {
         let mode = self.write_mode(&st);
         st.zeroed.remove(&b);
         if let Some(&s) = st.map.get(&b) {
-            if route != Route::Retry {
+            if matches!(route, Route::Policy | Route::Bypass) {
                 Counters::bump(&self.counters.write_hits);
             }
             let dirty = st.meta.entries[s as usize].dirty;
@@ -468,11 +474,9 @@ impl Inner {
             let plan = match (mode, dirty) {
                 // A dirty block's newest data is in its slot: keep writing it there, and to
                 // the origin too in every mode but writeback (a dirty-limited writeback adds
-                // no dirty block by writing one already dirty). A retry goes to the origin
-                // too in every mode: its slot refused it once (or another write overtook its
-                // plan, a rare race), and the volume, taken out of writeback by the refusal,
-                // may be back in it since (an admin's change).
-                (_, true) if st.meta.sb.mode != Mode::Writeback || route == Route::Retry => WritePlan::Both(s),
+                // no dirty block by writing one already dirty). A write its slot refused goes
+                // to the origin too in every mode (`Route::Refused`).
+                (_, true) if st.meta.sb.mode != Mode::Writeback || route == Route::Refused => WritePlan::Both(s),
                 (_, true) => WritePlan::Cache(s),
                 (Mode::Writeback | Mode::Writethrough, false) => WritePlan::Replace(s),
                 (Mode::Writearound | Mode::Passthrough | Mode::Cleaner, false) => {
@@ -488,7 +492,7 @@ impl Inner {
             return plan;
         }
         match route {
-            Route::Retry => return WritePlan::Origin,
+            Route::Retry | Route::Refused => return WritePlan::Origin,
             Route::Bypass => {
                 Counters::bump(&self.counters.write_misses);
                 Counters::bump(&self.counters.bypassed);
@@ -559,6 +563,10 @@ mod tests {
         assert!(matches!(refused, Piece::Refused), "the slot refused the write");
         assert_eq!(CacheStatus::of(&dev).unwrap().mode, "writethrough", "the fault left writeback");
         dev.message("mode writeback").await.unwrap();
+        // Not written back meanwhile (which would make it a clean block's write, planned
+        // otherwise): the retry meets a dirty block in writeback.
+        let s = CacheStatus::of(&dev).unwrap();
+        assert_eq!((s.mode.as_str(), s.dirty_blocks), ("writeback", 1), "{s:?}");
         let need = dev.inner.write_refused(3, 0, fill(4), true).await.expect("the retry reaches the origin");
         if let Some(n) = need {
             dev.inner.commit_upto(n).await.unwrap();
