@@ -674,16 +674,20 @@ mod tests {
     /// does not, it goes ahead.
     #[test]
     fn a_switch_to_a_stricter_level_the_live_contents_refute_is_vetoed() {
+        // (level in force, with the doorkeeper), (level chosen, with the doorkeeper), the
+        // chosen level's hits from the live contents, whether the switch stands.
         let cases = [
-            (TOP_LEVEL, true, 20.0, false),
-            (TOP_LEVEL, false, 20.0, false),
-            (TOP_LEVEL, true, 98.0, true),
-            (0, false, 20.0, true),
-            (0, true, 20.0, true),
+            ((1, false), (TOP_LEVEL, true), 20.0, false),
+            ((1, false), (TOP_LEVEL, false), 20.0, false),
+            ((1, true), (TOP_LEVEL, true), 20.0, false),
+            ((1, false), (TOP_LEVEL, true), 98.0, true),
+            ((1, false), (0, false), 20.0, true),
+            ((1, false), (0, true), 20.0, true),
+            ((1, true), (TOP_LEVEL, false), 20.0, true),
         ];
-        for (level, door, lure_from_live, switched) in cases {
+        for (now, (level, door), lure_from_live, switched) in cases {
             let mut gate = OptGate::new(1000, &Params::default());
-            (gate.level, gate.door) = (1, false);
+            (gate.level, gate.door) = now;
             gate.sampled = 1000.0;
             gate.lru.score = Score { hits: 100.0, promotions: 500.0 };
             let lure = gate.minis.iter().position(|m| (m.level, m.door.is_some()) == (level, door)).unwrap();
@@ -692,8 +696,9 @@ mod tests {
                 live.score = Score { hits: if i == lure { lure_from_live } else { 100.0 }, promotions: 300.0 };
             }
             gate.end_epoch();
-            let want = if switched { (level, door) } else { (1, false) };
-            let case = format!("level {level}, doorkeeper {door}, from the live contents {lure_from_live} hits");
+            let want = if switched { (level, door) } else { now };
+            let case =
+                format!("{now:?} to level {level}, doorkeeper {door}, from the live contents {lure_from_live} hits");
             assert_eq!((gate.level, gate.door), want, "{case}");
         }
     }
