@@ -86,10 +86,20 @@ pub(crate) use keyed_by_block;
 
 /// A free-list arena: indices stay stable while an entry lives, and freed slots are reused,
 /// so the arena never grows past the most entries ever live at once.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Arena<N> {
     pub nodes: Vec<N>,
     free: Vec<u32>,
+}
+
+/// A copy keeps the room reserved for its entries: a copy of a filling arena that then
+/// fills would otherwise grow by doubling, past the room the original reserved.
+impl<N: Clone> Clone for Arena<N> {
+    fn clone(&self) -> Self {
+        let mut nodes = Vec::with_capacity(self.nodes.capacity());
+        nodes.extend_from_slice(&self.nodes);
+        Arena { nodes, free: self.free.clone() }
+    }
 }
 
 impl<N> Arena<N> {

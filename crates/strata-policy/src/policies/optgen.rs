@@ -544,6 +544,22 @@ mod tests {
         }
     }
 
+    /// The second set's miniatures are copied at every epoch's end, the first times before
+    /// they are full: the copies keep the room the miniatures reserved, so while they fill
+    /// (and after) the policy's state is what it was when all were empty.
+    #[test]
+    fn copies_of_filling_miniatures_take_no_more_room() {
+        let mut gate = OptGate::new(100_000, &Params::default());
+        let empty = gate.bytes_per_entry();
+        for i in 0..500_000u64 {
+            gate.access(Access::read(mix64(i) % 1_000_000, 0));
+            if i % 1_000 == 0 {
+                let now = gate.bytes_per_entry();
+                assert!(now - empty < 0.01, "{empty} bytes per cached block when empty, {now} after {i} accesses");
+            }
+        }
+    }
+
     /// A cache restarted full of blocks the workload never reads (dm-cache's 2017 warm-up
     /// failure) serves it exactly as an empty one, access by access: the gate admits every
     /// miss while untouched blocks are left, and they make room first.
