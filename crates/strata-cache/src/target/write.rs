@@ -45,6 +45,13 @@ pub(super) enum Route {
     Refused,
 }
 
+impl Route {
+    /// The piece's first plan, not a retry: counted, and free to report a refusal.
+    fn first(self) -> bool {
+        matches!(self, Route::Policy | Route::Bypass)
+    }
+}
+
 /// What became of one piece of a write.
 pub(super) enum Piece {
     /// Written. With FUA, the table change that must be durable before the write is
@@ -139,8 +146,7 @@ impl Inner {
                             // A whole block is written again, through to the origin (`Both`,
                             // `Route::Refused`), which frees the slot. Part of one fails: the
                             // rest of the block's newest data is the slot's alone.
-                            let first = matches!(route, Route::Policy | Route::Bypass);
-                            if first && within == 0 && n == self.block_len(b) {
+                            if route.first() && within == 0 && n == self.block_len(b) {
                                 Ok(Piece::Refused)
                             } else {
                                 Err(e)
@@ -464,7 +470,7 @@ impl Inner {
         let mode = self.write_mode(&st);
         st.zeroed.remove(&b);
         if let Some(&s) = st.map.get(&b) {
-            if matches!(route, Route::Policy | Route::Bypass) {
+            if route.first() {
                 Counters::bump(&self.counters.write_hits);
             }
             let dirty = st.meta.entries[s as usize].dirty;

@@ -450,9 +450,10 @@ impl OptGate {
                 pick = now;
             }
         }
-        let live = self.from_live[now].policy.clone();
-        for m in &mut self.from_live {
-            m.policy.clone_from(&live);
+        let (before, rest) = self.from_live.split_at_mut(now);
+        let (live, after) = rest.split_first_mut().expect("the level in force has its miniature");
+        for m in before.iter_mut().chain(after) {
+            m.policy.clone_from(&live.policy);
         }
         (self.level, self.door) = (self.minis[pick].level, self.minis[pick].door.is_some());
         for m in self.minis.iter_mut().chain(&mut self.from_live) {
