@@ -1,6 +1,7 @@
 //! S3-FIFO (Yang et al., SOSP'23): three static FIFO queues. New blocks enter a small queue
 //! `S` (10% of the cache); most are read once and leave it quickly into the ghost queue `G`
-//! (which remembers 90% of a cache's worth of block numbers, no data). Blocks hit at least
+//! (which remembers 90% of a cache's worth of block numbers, no data, or as many as
+//! [`S3Fifo::with_ghosts`] is given: `optgate` gives half a cache). Blocks hit at least
 //! twice while in `S` move to the main queue `M`; a miss on a ghost goes straight to `M`.
 //! `M` is a FIFO with reinsertion: a block with a non-zero 2-bit frequency is reinserted
 //! with one less. Thresholds follow the authors' reference implementation in libCacheSim
@@ -67,6 +68,11 @@ pub struct S3Fifo {
 
 impl S3Fifo {
     pub fn new(capacity: usize) -> Self {
+        Self::with_ghosts(capacity, capacity * 9 / 10)
+    }
+
+    /// An S3-FIFO whose ghost queue remembers `ghosts` blocks rather than 90% of a cache.
+    pub fn with_ghosts(capacity: usize, ghosts: usize) -> Self {
         let n = capacity + 1;
         S3Fifo {
             capacity,
@@ -76,7 +82,7 @@ impl S3Fifo {
             small: List::new(),
             main: List::new(),
             restored: List::new(),
-            ghost: GhostFifo::new(capacity * 9 / 10),
+            ghost: GhostFifo::new(ghosts),
             dirty: Dirty::new(n),
             accessed: false,
         }
@@ -326,7 +332,7 @@ impl Policy for S3Fifo {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::hash::mix64;
 
@@ -386,6 +392,39 @@ mod tests {
             assert_eq!(e.is_hit(), j.is_hit(), "access {n}");
             assert_eq!(matches!(e, Outcome::Promote { .. }), matches!(j, Outcome::Promote { .. }), "access {n}");
         }
+    }
+
+    /// Whether block 0, read once and pushed out of `S` by new blocks, then read again
+    /// after `gap` more blocks went out after it, came back into `M`: there it outlives a
+    /// long run of blocks read once, which pass through `S`.
+    pub(crate) fn comes_back_to_main(mut p: S3Fifo, gap: usize) -> bool {
+        let mut next = 1u64;
+        let mut miss = |p: &mut S3Fifo| {
+            next += 1;
+            match p.access(Access::read(next, 0)) {
+                Outcome::Promote { evict } => evict,
+                other => panic!("{next}: {other:?}"),
+            }
+        };
+        p.access(Access::read(0, 0));
+        while miss(&mut p) != Some(0) {}
+        for _ in 0..gap {
+            miss(&mut p);
+        }
+        assert!(!p.access(Access::read(0, 0)).is_hit());
+        for _ in 0..3 * p.capacity() {
+            miss(&mut p);
+        }
+        p.contains(0)
+    }
+
+    /// The ghost queue remembers as many blocks as it is given: 90% of the cache by default.
+    #[test]
+    fn a_ghost_is_remembered_for_as_many_evictions_as_the_queue_holds() {
+        assert!(comes_back_to_main(S3Fifo::new(CAP), 85));
+        assert!(!comes_back_to_main(S3Fifo::new(CAP), 95));
+        assert!(comes_back_to_main(S3Fifo::with_ghosts(CAP, 50), 45));
+        assert!(!comes_back_to_main(S3Fifo::with_ghosts(CAP, 50), 55));
     }
 
     /// Saved hints come back as restored blocks in their saved order.
