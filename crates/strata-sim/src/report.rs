@@ -252,5 +252,8 @@ mod tests {
         assert_eq!(tail(lines[1]), ["1.50", "1.00"], "{table}");
         assert_eq!(tail(lines[2]), ["1.50", "0.50"], "{table}");
         assert_eq!(tail(lines[3])[0], "-", "{table}");
+        // Without an LRU row at that size there is nothing to compare promotions with.
+        let alone = super::table(&rows[1..2], &w, &[]);
+        assert_eq!(tail(alone.lines().nth(1).unwrap()), ["1.50", "-"], "{alone}");
     }
 }
