@@ -312,8 +312,9 @@ const DOOR: usize = 1;
 
 /// The S3-FIFO behind the gate, live and in miniature. Its ghost queue remembers half a
 /// cache of blocks, as 2Q's does, rather than S3-FIFO's 90%: a block missed again within
-/// that span goes to the main queue, where a longer span let in blocks of longer reuse
-/// that the main queue mostly lost again (measured in `docs/BENCHMARKS.md`).
+/// that span goes to the main queue, and a longer span, letting in blocks of longer reuse,
+/// held fewer of the rule's cells out of sample (`docs/BENCHMARKS.md`, "ghosts for half a
+/// cache").
 fn s3fifo(capacity: usize) -> S3Fifo {
     S3Fifo::with_ghosts(capacity, capacity / 2)
 }
