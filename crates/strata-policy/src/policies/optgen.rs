@@ -372,7 +372,8 @@ impl<P: Policy> Mini<P> {
     }
 }
 
-/// The gate's levels in miniature, each with and without a doorkeeper.
+/// The gate's levels in miniature, each with and without a doorkeeper: the doorless ones
+/// first, then those with it, each from level 0 up (see [`level_index`]).
 fn levels(capacity: usize) -> Vec<Mini<S3Fifo>> {
     [false, true]
         .into_iter()
@@ -380,13 +381,18 @@ fn levels(capacity: usize) -> Vec<Mini<S3Fifo>> {
         .collect()
 }
 
+/// Where [`levels`] puts a level, with or without the doorkeeper.
+fn level_index(level: u8, door: bool) -> usize {
+    door as usize * (TOP_LEVEL as usize + 1) + level as usize
+}
+
 pub struct OptGate {
     inner: Box<dyn Policy + Send>,
     sample: Sampler,
     optgen: OptGen,
     predictor: Predictor,
-    level: u8,
-    door: bool,
+    /// The level in force: its miniature's index in `minis` (and in `from_live`).
+    in_force: usize,
     live_door: Doorkeeper,
     minis: Vec<Mini<S3Fifo>>,
     /// The same levels started each epoch from the state of the level in force (the live
@@ -408,8 +414,7 @@ impl OptGate {
             sample,
             optgen: OptGen::new(mini_cap, WINDOW_CAPACITIES * mini_cap),
             predictor: Predictor::new(),
-            level: FIRST_LEVEL,
-            door: false,
+            in_force: level_index(FIRST_LEVEL, false),
             live_door: Doorkeeper::new(capacity * DOOR),
             minis: levels(mini_cap),
             from_live: levels(mini_cap),
@@ -422,7 +427,12 @@ impl OptGate {
 
     /// The gate's level now (0: every miss goes through).
     pub fn level(&self) -> u8 {
-        self.level
+        self.minis[self.in_force].level
+    }
+
+    /// Whether the doorkeeper is in use now.
+    fn door(&self) -> bool {
+        self.minis[self.in_force].door.is_some()
     }
 
     /// Feeds a sampled access to OPTgen and the miniatures; at an epoch's end, sets the level.
@@ -446,8 +456,7 @@ impl OptGate {
     /// contents, and decays the scores.
     fn end_epoch(&mut self) {
         let scores: Vec<Score> = self.minis.iter().map(|m| m.score).collect();
-        let now = self.minis.iter().position(|m| (m.level, m.door.is_some()) == (self.level, self.door));
-        let now = now.expect("the level in force has its miniature");
+        let now = self.in_force;
         let mut pick = choose(&scores, self.lru.score.promotions, self.sampled, BUDGET_HIT_COST);
         if pick != now && self.minis[pick].no_laxer_than(&self.minis[now]) {
             // A stricter gate is chosen, yet started from the live cache's contents the level
@@ -465,7 +474,7 @@ impl OptGate {
         for m in before.iter_mut().chain(after) {
             m.policy.clone_from(&live.policy);
         }
-        (self.level, self.door) = (self.minis[pick].level, self.minis[pick].door.is_some());
+        self.in_force = pick;
         for m in self.minis.iter_mut().chain(&mut self.from_live) {
             m.score.decay(DECAY);
         }
@@ -493,7 +502,7 @@ impl Policy for OptGate {
         }
         if !self.inner.contains(access.block) {
             let knocked = self.live_door.check_and_remember(access.block);
-            if !lets_in(&*self.inner, &self.predictor, self.level, self.door.then_some(knocked), access, sig) {
+            if !lets_in(&*self.inner, &self.predictor, self.level(), self.door().then_some(knocked), access, sig) {
                 return Outcome::Miss;
             }
         }
@@ -689,7 +698,7 @@ mod tests {
     fn a_filling_cache_takes_every_miss_whatever_the_gate() {
         let mut gate = OptGate::new(1000, &Params::default());
         gate.epoch_len = u64::MAX; // the choice stays where the test puts it
-        (gate.level, gate.door) = (TOP_LEVEL, true);
+        gate.in_force = level_index(TOP_LEVEL, true);
         for b in 0..1000 {
             assert!(gate.access(Access::read(b * 7, 0)).is_promote(), "miss {b} of a filling cache not taken");
         }
@@ -703,12 +712,12 @@ mod tests {
         for b in 0..100 {
             gate.access(Access::read(b, 0));
         }
-        (gate.level, gate.door) = (0, true);
+        gate.in_force = level_index(0, true);
         assert!(!gate.access(Access::read(500, 0)).is_promote(), "a first whole-block miss went in");
         assert!(gate.access(Access::read(500, 0)).is_promote(), "a second miss stayed out");
         let partial = Access { full_block: false, ..Access::read(600, 0) };
         assert!(gate.access(partial).is_promote(), "a partial miss stayed out");
-        gate.door = false;
+        gate.in_force = level_index(0, false);
         assert!(gate.access(Access::read(700, 0)).is_promote(), "without the doorkeeper a miss stayed out");
     }
 
@@ -732,7 +741,7 @@ mod tests {
         ];
         for (now, (level, door), lure_from_live, switched) in cases {
             let mut gate = OptGate::new(1000, &Params::default());
-            (gate.level, gate.door) = now;
+            gate.in_force = level_index(now.0, now.1);
             gate.sampled = 1000.0;
             gate.lru.score = Score { hits: 100.0, promotions: 500.0 };
             let lure = gate.minis.iter().position(|m| (m.level, m.door.is_some()) == (level, door)).unwrap();
@@ -744,7 +753,7 @@ mod tests {
             let want = if switched { (level, door) } else { now };
             let case =
                 format!("{now:?} to level {level}, doorkeeper {door}, from the live contents {lure_from_live} hits");
-            assert_eq!((gate.level, gate.door), want, "{case}");
+            assert_eq!((gate.level(), gate.door()), want, "{case}");
         }
     }
 
