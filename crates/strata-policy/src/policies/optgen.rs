@@ -78,8 +78,9 @@ use crate::hash::{mix64, StdBlockMap};
 use crate::{hints, Access, HintError, InsertError, Op, Outcome, Params, Policy};
 
 /// A segment tree over a ring of `2^k` time slots: add to a range, read a range's maximum,
-/// set one slot to zero. Adds are kept at the node that covers them (never pushed down): a
-/// node's maximum counts its own add and those below it.
+/// set one slot to zero. A node's maximum counts its own pending add and those below it; a
+/// read first pushes the pending adds above its two ends down to their children, and every
+/// walk is a loop, leaves to root or root to leaves.
 struct MaxTree {
     leaves: usize,
     max: Vec<i32>,
@@ -92,6 +93,12 @@ impl MaxTree {
         MaxTree { leaves, max: vec![0; 2 * leaves], add: vec![0; 2 * leaves] }
     }
 
+    fn apply(&mut self, n: usize, v: i32) {
+        self.max[n] += v;
+        self.add[n] += v;
+    }
+
+    /// Recomputes the maxima above node `n`.
     fn pull(&mut self, mut n: usize) {
         while n > 1 {
             n /= 2;
@@ -99,54 +106,64 @@ impl MaxTree {
         }
     }
 
-    /// Adds `v` to every slot of `[lo, hi)`.
+    /// Moves the pending adds above node `n` down, root first, so its maximum is its slots'.
+    fn push(&mut self, n: usize) {
+        for shift in (1..=self.leaves.trailing_zeros()).rev() {
+            let a = n >> shift;
+            let v = std::mem::take(&mut self.add[a]);
+            if v != 0 {
+                self.apply(2 * a, v);
+                self.apply(2 * a + 1, v);
+            }
+        }
+    }
+
+    /// Adds `v` to every slot of `[lo, hi)` (not empty).
     fn add_range(&mut self, lo: usize, hi: usize, v: i32) {
-        self.add_in(1, 0, self.leaves, lo, hi, v);
+        let (mut l, mut r) = (lo + self.leaves, hi + self.leaves);
+        while l < r {
+            if l & 1 == 1 {
+                self.apply(l, v);
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                self.apply(r, v);
+            }
+            l /= 2;
+            r /= 2;
+        }
+        self.pull(lo + self.leaves);
+        self.pull(hi - 1 + self.leaves);
     }
 
-    fn add_in(&mut self, n: usize, nlo: usize, nhi: usize, lo: usize, hi: usize, v: i32) {
-        if hi <= nlo || nhi <= lo {
-            return;
+    /// The largest slot of `[lo, hi)` (not empty).
+    fn max_range(&mut self, lo: usize, hi: usize) -> i32 {
+        let (mut l, mut r) = (lo + self.leaves, hi + self.leaves);
+        self.push(l);
+        self.push(r - 1);
+        let mut max = i32::MIN;
+        while l < r {
+            if l & 1 == 1 {
+                max = max.max(self.max[l]);
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                max = max.max(self.max[r]);
+            }
+            l /= 2;
+            r /= 2;
         }
-        if lo <= nlo && nhi <= hi {
-            self.add[n] += v;
-            self.max[n] += v;
-            return;
-        }
-        let mid = (nlo + nhi) / 2;
-        self.add_in(2 * n, nlo, mid, lo, hi, v);
-        self.add_in(2 * n + 1, mid, nhi, lo, hi, v);
-        self.max[n] = self.add[n] + self.max[2 * n].max(self.max[2 * n + 1]);
-    }
-
-    /// The largest slot of `[lo, hi)` (`i32::MIN` when empty).
-    fn max_range(&self, lo: usize, hi: usize) -> i32 {
-        self.max_in(1, 0, self.leaves, lo, hi)
-    }
-
-    fn max_in(&self, n: usize, nlo: usize, nhi: usize, lo: usize, hi: usize) -> i32 {
-        if hi <= nlo || nhi <= lo {
-            return i32::MIN;
-        }
-        if lo <= nlo && nhi <= hi {
-            return self.max[n];
-        }
-        let mid = (nlo + nhi) / 2;
-        let below = self.max_in(2 * n, nlo, mid, lo, hi).max(self.max_in(2 * n + 1, mid, nhi, lo, hi));
-        below.saturating_add(self.add[n])
+        max
     }
 
     /// Sets slot `i` to zero.
     fn clear(&mut self, i: usize) {
         let leaf = self.leaves + i;
-        let mut above = 0;
-        let mut n = leaf / 2;
-        while n >= 1 {
-            above += self.add[n];
-            n /= 2;
-        }
-        self.add[leaf] = -above;
-        self.max[leaf] = -above;
+        self.push(leaf);
+        self.max[leaf] = 0;
+        self.add[leaf] = 0;
         self.pull(leaf);
     }
 }
@@ -802,6 +819,30 @@ mod tests {
                 for hi in lo + 1..=8 {
                     assert_eq!(t.max_range(lo, hi), *model[lo..hi].iter().max().unwrap(), "[{lo}, {hi})");
                 }
+            }
+        }
+    }
+
+    /// The same against a model over random operations on a larger tree.
+    #[test]
+    fn the_tree_agrees_with_a_model_over_random_operations() {
+        const N: usize = 64;
+        let (mut t, mut model) = (MaxTree::new(N), [0i32; N]);
+        for i in 0..20_000u64 {
+            let r = mix64(i);
+            let (a, b) = ((r % N as u64) as usize, ((r >> 8) % N as u64) as usize);
+            let (lo, hi) = (a.min(b), a.max(b) + 1);
+            match (r >> 16) % 3 {
+                0 => {
+                    let v = ((r >> 24) % 7) as i32 - 3;
+                    t.add_range(lo, hi, v);
+                    model[lo..hi].iter_mut().for_each(|m| *m += v);
+                }
+                1 => {
+                    t.clear(a);
+                    model[a] = 0;
+                }
+                _ => assert_eq!(t.max_range(lo, hi), *model[lo..hi].iter().max().unwrap(), "step {i}: [{lo}, {hi})"),
             }
         }
     }
