@@ -84,6 +84,7 @@ use crate::{hints, Access, HintError, InsertError, Op, Outcome, Params, Policy};
 struct MaxTree {
     leaves: usize,
     max: Vec<i32>,
+    /// Pending adds; only an inner node's are read (a leaf's maximum is its value).
     add: Vec<i32>,
 }
 
@@ -163,7 +164,6 @@ impl MaxTree {
         let leaf = self.leaves + i;
         self.push(leaf);
         self.max[leaf] = 0;
-        self.add[leaf] = 0;
         self.pull(leaf);
     }
 }
@@ -520,14 +520,14 @@ impl Policy for OptGate {
     }
 
     fn access(&mut self, access: Access) -> Outcome {
-        let sampled = self.sample.sampled(access.block);
         let sig = self.predictor.sig(access.block, access.op);
         if self.training.sampled(access.block) {
             let predictor = &mut self.predictor;
             self.optgen.access(access.block, sig, |s, kept| predictor.train(s, kept));
-        }
-        if sampled {
-            self.sample(access, sig);
+            // The miniatures' sample lies within OPTgen's: most accesses hash once.
+            if self.sample.sampled(access.block) {
+                self.sample(access, sig);
+            }
         }
         if !self.inner.contains(access.block) {
             let knocked = self.live_door.check_and_remember(access.block);
