@@ -108,8 +108,10 @@ const SWITCH_MARGIN: f64 = 0.005;
 /// Promotions allowed, as a fraction of what LRU's miniature promotes.
 const PROMOTION_BUDGET: f64 = 0.75;
 /// The most the budget may cost, in hits per sampled access: when every candidate within it
-/// is further behind the one with the most hits, that one serves, whatever it promotes.
-const BUDGET_HIT_COST: f64 = 0.01;
+/// is further behind the one with the most hits, that one serves, whatever it promotes. A
+/// point, as the rule the default is held to allows a point behind the best policy (`optgate`
+/// chooses its level with the same allowance).
+pub(crate) const BUDGET_HIT_COST: f64 = 0.01;
 /// At a switch, the outgoing candidate's hits (in miniature), as a share of the incoming
 /// one's, from which the cached blocks are taken over as they are rather than as a restart's.
 const ADOPT_SHARE: f64 = 0.9;

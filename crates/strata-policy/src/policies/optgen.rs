@@ -39,7 +39,7 @@
 //!   on the sampled blocks, and at the end of each epoch (one miniature capacity of sampled
 //!   accesses) the live gate takes the level whose miniature hits most within the promotion
 //!   budget, unless that is more than [`BUDGET_HIT_COST`] of the sampled accesses behind the
-//!   one with the most (`adaptive`'s choice, with half its allowance). Changing level costs
+//!   one with the most (`adaptive`'s choice and allowance). Changing level costs
 //!   nothing: S3-FIFO's state stays as it is, and the live doorkeeper remembers every miss
 //!   whether or not it is in use.
 //! * The miniatures run free, each with its own contents, and a strict level's miniature can
@@ -71,7 +71,7 @@
 
 use std::collections::HashMap;
 
-use super::adaptive::{choose, Doorkeeper, Sampler, Score};
+use super::adaptive::{choose, Doorkeeper, Sampler, Score, BUDGET_HIT_COST};
 use super::lru::Lru;
 use super::s3fifo::S3Fifo;
 use crate::hash::{mix64, StdBlockMap};
@@ -331,11 +331,6 @@ const TOP_LEVEL: u8 = 8;
 const FIRST_LEVEL: u8 = 3;
 /// What an epoch's end keeps of the miniatures' scores.
 const DECAY: f64 = 0.8;
-/// The most a frugal level may cost, in hits per sampled access, against the level with the
-/// most (`adaptive`'s is twice this): a frugal level loses a little more in the live cache
-/// than in miniature, and the rule this is held to allows a point behind the best policy in
-/// all.
-const BUDGET_HIT_COST: f64 = 0.005;
 /// Capacities the doorkeeper remembers.
 const DOOR: usize = 1;
 
