@@ -158,10 +158,11 @@ impl Score {
 /// Which of the miniatures `scores` is best: the one with the most hits among those
 /// promoting at most [`PROMOTION_BUDGET`] of `lru_promotions`, unless every such one is more
 /// than `hit_cost` of `sampled` accesses in hits behind the one with the most; then that one.
-/// Among equals the later one: `optgate` lists its levels from the laxest to the strictest,
-/// so where every level scores alike (a cache still filling lets every miss in at any level)
-/// it takes the strictest, with the doorkeeper. Keeping the level in force on such a tie
-/// held fewer of the rule's cells out of sample (`docs/BENCHMARKS.md`).
+/// Among equals the later one: `optgate` lists its levels without the doorkeeper and then
+/// with it, each from level 0 up, so where every level scores alike (a cache still filling
+/// lets every miss in at any level) it takes the strictest, the top level with the
+/// doorkeeper. Keeping the level in force on such a tie held fewer of the rule's cells out
+/// of sample (`docs/BENCHMARKS.md`).
 pub(crate) fn choose(scores: &[Score], lru_promotions: f64, sampled: f64, hit_cost: f64) -> usize {
     let budget = PROMOTION_BUDGET * lru_promotions;
     let most_hits = |filter: &dyn Fn(&Score) -> bool| {
@@ -519,8 +520,8 @@ mod tests {
     #[test]
     fn a_tie_goes_to_the_later_miniature() {
         let (lavish, frugal) = (Score { hits: 10.0, promotions: 10.0 }, Score { hits: 10.0, promotions: 5.0 });
-        assert_eq!(choose(&[lavish, lavish, lavish], 10.0, 100.0, 0.005), 2);
-        assert_eq!(choose(&[frugal, frugal, lavish], 10.0, 100.0, 0.005), 1);
+        assert_eq!(choose(&[lavish, lavish, lavish], 10.0, 100.0, BUDGET_HIT_COST), 2);
+        assert_eq!(choose(&[frugal, frugal, lavish], 10.0, 100.0, BUDGET_HIT_COST), 1);
     }
 
     #[test]

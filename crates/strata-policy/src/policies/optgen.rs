@@ -78,9 +78,9 @@ use crate::hash::{mix64, StdBlockMap};
 use crate::{hints, Access, HintError, InsertError, Op, Outcome, Params, Policy};
 
 /// A segment tree over a ring of `2^k` time slots: add to a range, read a range's maximum,
-/// set one slot to zero. A node's maximum counts its own pending add and those below it; a
-/// read first pushes the pending adds above its two ends down to their children, and every
-/// walk is a loop, leaves to root or root to leaves.
+/// set one slot to zero. A node's maximum counts its own pending add and those below it, so
+/// the root's is every slot's; a range's read first pushes the pending adds above its two
+/// ends down to their children, and every walk is a loop, leaves to root or root to leaves.
 struct MaxTree {
     leaves: usize,
     max: Vec<i32>,
