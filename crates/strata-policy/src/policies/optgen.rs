@@ -526,7 +526,7 @@ impl Policy for OptGate {
         if self.training.sampled(access.block) {
             let predictor = &mut self.predictor;
             self.optgen.access(access.block, sig, |s, kept| predictor.train(s, kept));
-            // The miniatures' sample lies within OPTgen's: most accesses hash once.
+            // The miniatures' sample lies within OPTgen's: most accesses are checked against one.
             if self.sample.sampled(access.block) {
                 self.sample(access, sig);
             }
