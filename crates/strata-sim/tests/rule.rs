@@ -18,12 +18,11 @@ const TRACES: [&str; 4] = ["cloudphysics-w.csv", "arc/P2.lis.zst", "arc/P6.lis.z
 const SIZES: &str = "1%,2%,5%,10%,25%,50%";
 const FIVE: [&str; 5] = ["arc", "lirs", "s3fifo", "2q", "tinylfu"];
 /// Cells (of 24) where the default holds the rule, at the least.
-const HELD_AT_LEAST: usize = 22;
-/// How far below LRU's hit ratio (points) the default may fall in any cell. A cell more than
-/// 0.1 below misses the rule and the count above has it; this bounds the loss where the
-/// default misses by trading hits for promotions (P6 at 50%, 0.3 point below LRU at 0.82×
-/// its promotions), well short of the point below LRU the default fell before the rule.
-const BELOW_LRU_AT_MOST: f64 = 0.5;
+const HELD_AT_LEAST: usize = 23;
+/// How far below LRU's hit ratio (points) the default may fall in any cell: the rule's own
+/// 0.1, so even the cell it misses (P12 at 50%, short of the best of the five) stays level
+/// with LRU or above.
+const BELOW_LRU_AT_MOST: f64 = 0.1;
 
 fn hit_percent(r: &RunResult) -> f64 {
     100.0 * r.counts.hit_ratio()

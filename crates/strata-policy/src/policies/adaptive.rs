@@ -158,10 +158,10 @@ impl Score {
 /// Which of the miniatures `scores` is best: the one with the most hits among those
 /// promoting at most [`PROMOTION_BUDGET`] of `lru_promotions`, unless every such one is more
 /// than `hit_cost` of `sampled` accesses in hits behind the one with the most; then that one.
-/// Among equals the later one: `optgate` lists its levels without the doorkeeper and then
-/// with it, each from level 0 up, so where every level scores alike (a cache still filling
-/// lets every miss in at any level) it takes the strictest, the top level with the
-/// doorkeeper. Keeping the level in force on such a tie held fewer of the rule's cells out
+/// Among equals the later one: `optgate` lists its levels without the doorkeeper, then with
+/// it for long runs, then with it for every miss, each from level 0 up, so where every level
+/// scores alike (a cache still filling lets every miss in at any level) it takes the
+/// strictest, the top level with the doorkeeper for every miss. Keeping the level in force on such a tie held fewer of the rule's cells out
 /// of sample (`docs/BENCHMARKS.md`).
 pub(crate) fn choose(scores: &[Score], lru_promotions: f64, sampled: f64, hit_cost: f64) -> usize {
     let budget = PROMOTION_BUDGET * lru_promotions;
@@ -230,14 +230,14 @@ impl Gated {
 
 /// Sequential runs, as a direct-mapped table of the block each recent run expects next
 /// and how long it is: an access continuing a run lengthens it, any other starts one.
-struct Runs {
+pub(crate) struct Runs {
     next: Vec<(u64, u32)>,
 }
 
 impl Runs {
     const SLOTS: usize = 256;
 
-    fn new() -> Self {
+    pub fn new() -> Self {
         Runs { next: vec![(u64::MAX, 0); Self::SLOTS] }
     }
 
@@ -246,7 +246,7 @@ impl Runs {
     }
 
     /// Which block of its run `block` is (1: it starts one).
-    fn access(&mut self, block: u64) -> u32 {
+    pub fn access(&mut self, block: u64) -> u32 {
         let here = &mut self.next[Self::slot(block)];
         let len = match *here {
             (next, len) if next == block => {

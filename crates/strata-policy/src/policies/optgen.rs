@@ -22,12 +22,15 @@
 //!   serve (in sample 15 of 24 cells held the rule, 17 without it; held out 48 of 60, 49).
 //! * The gate lets a miss through to S3-FIFO at a *level*: level 0 lets every miss through
 //!   (S3-FIFO alone), level `l` those whose signature's counter is at least `l - 1`. Each
-//!   level comes with or without a *doorkeeper* (a two-generation Bloom filter of the
-//!   blocks missed within about [`DOOR`] cache capacities): behind it, a whole-block miss
-//!   goes in only on the block's second recent miss, a partial one at once (the rest of its
-//!   stream is about to touch the block: `strata`'s second-reference and partial-access
-//!   admission, which the predictor cannot learn where one-touch and reused blocks share
-//!   regions and the sample does not see the block's history). While the cache has room,
+//!   level comes without a *doorkeeper* (a two-generation Bloom filter of the blocks missed
+//!   within about [`DOOR`] cache capacities), with one for every miss, and with one for the
+//!   misses of long sequential runs alone (from a run's [`LONG_RUN`]th block on: a scan's
+//!   blocks, often read once, knock twice, and the short requests around them do not pay
+//!   for it). Behind it, a whole-block miss it stops goes in only on the block's second
+//!   recent miss, a partial one at once (the rest of its stream is about to touch the block:
+//!   `strata`'s second-reference and partial-access admission, which the predictor cannot
+//!   learn where one-touch and reused blocks share regions and the sample does not see the
+//!   block's history). While the cache has room,
 //!   every miss goes in, whatever the level (smq's and `strata`'s "promote readily"): an
 //!   empty block costs no eviction, and a gate that keeps a filling cache empty loses hits.
 //!   Blocks cached at a restart and untouched since count as room (S3-FIFO evicts them
@@ -35,7 +38,7 @@
 //! * How strict to be depends on the workload (where OPT declines what S3-FIFO would hit
 //!   soon after, a strict gate loses hits; where S3-FIFO's promotions are mostly wasted, it
 //!   saves them), so the level is chosen the way `adaptive` chooses a policy: S3-FIFO in
-//!   miniature behind the gate at every level, with and without a doorkeeper, and LRU, run
+//!   miniature behind the gate at every level with each kind of doorkeeper, and LRU, run
 //!   on the sampled blocks, and at the end of each epoch (one miniature capacity of sampled
 //!   accesses) the live gate takes the level whose miniature hits most within the promotion
 //!   budget, unless that is more than [`BUDGET_HIT_COST`] of the sampled accesses behind the
@@ -59,11 +62,12 @@
 //!
 //! Its state beside S3-FIFO's (31.5 bytes per cached block with its ghosts at half a cache,
 //! see [`s3fifo`]): the predictor's counters take 256 KiB whatever the cache's size, the
-//! live doorkeeper 2 bytes per cached block, and OPTgen and the thirty-seven miniatures (two
-//! sets of eighteen S3-FIFOs, and an LRU) the rest: about 2.7 MB in all up to three quarters
-//! of a million cached blocks, and under 4.2 bytes per cached block beyond (3.0 at a
-//! million), so the whole policy takes about 36.2 to 37.7 bytes per cached block from a million
-//! blocks up. An access OPTgen follows costs a segment-tree walk, and one the miniatures see an
+//! live doorkeeper 2 bytes per cached block, and OPTgen and the fifty-five miniatures (two
+//! sets of twenty-seven S3-FIFOs, and an LRU) the rest: about 3.3 MB in all up to three
+//! quarters of a million cached blocks, and under 5 bytes per cached block beyond (3.75 at a
+//! million), so the whole policy takes about 37.2 to 38.4 bytes per cached block from a
+//! million blocks up. Every access looks up its sequential run in a table of 256 recent ones
+//! (4 KiB). An access OPTgen follows costs a segment-tree walk, and one the miniatures see an
 //! access to each of them; the miniatures' sample is at most one access in [`SAMPLE_SHARE`]
 //! once the cache holds more than that many times [`OPT_BLOCKS`] blocks, and about one in
 //! ninety for the simulator's throughput benchmark, where the policy runs faster than
@@ -71,7 +75,7 @@
 
 use std::collections::HashMap;
 
-use super::adaptive::{choose, Doorkeeper, Sampler, Score, BUDGET_HIT_COST};
+use super::adaptive::{choose, Doorkeeper, Runs, Sampler, Score, BUDGET_HIT_COST};
 use super::lru::Lru;
 use super::s3fifo::S3Fifo;
 use crate::hash::{mix64, StdBlockMap};
@@ -333,6 +337,35 @@ const FIRST_LEVEL: u8 = 3;
 const DECAY: f64 = 0.8;
 /// Capacities the doorkeeper remembers.
 const DOOR: usize = 1;
+/// Where a sequential run becomes long: the doorkeeper for long runs stops the misses of a
+/// run's blocks from this one on. At cache blocks of 64 KiB that is 4 MiB, bcache's
+/// `sequential_cutoff`; 32 or 128 blocks held as many of the rule's cells or one fewer
+/// (`docs/BENCHMARKS.md`).
+const LONG_RUN: u32 = 64;
+
+/// Which misses a level's doorkeeper stops (a whole-block miss on a block not missed
+/// recently), from the laxest to the strictest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Door {
+    None,
+    /// The misses of a sequential run's blocks from the [`LONG_RUN`]th on: a long run's
+    /// blocks are often read once (a scan, a backup, a copy), the rest more often again.
+    LongRuns,
+    Every,
+}
+
+impl Door {
+    const ALL: [Door; 3] = [Door::None, Door::LongRuns, Door::Every];
+
+    /// Whether it stops a miss on the `run`th block of its sequential run.
+    fn stops(self, run: u32) -> bool {
+        match self {
+            Door::None => false,
+            Door::LongRuns => run >= LONG_RUN,
+            Door::Every => true,
+        }
+    }
+}
 
 /// The S3-FIFO behind the gate, live and in miniature. Its ghost queue remembers half a
 /// cache of blocks, as 2Q's does, rather than S3-FIFO's 90%: a block missed again within
@@ -361,24 +394,27 @@ fn lets_in(
         || (knocked.is_none_or(|k| k || !access.full_block) && predictor.admits(sig, level))
 }
 
-/// A policy in miniature behind the gate at one level, with or without a doorkeeper.
+/// A policy in miniature behind the gate at one level and one kind of doorkeeper.
 struct Mini<P> {
     level: u8,
+    kind: Door,
+    /// The blocks missed recently (every miss, whichever it stops); none without a door.
     door: Option<Doorkeeper>,
     policy: P,
     score: Score,
 }
 
 impl<P: Policy> Mini<P> {
-    fn new(level: u8, door: bool, policy: P) -> Self {
-        let door = door.then(|| Doorkeeper::new(policy.capacity() * DOOR));
-        Mini { level, door, policy, score: Score::default() }
+    fn new(level: u8, kind: Door, policy: P) -> Self {
+        let door = (kind != Door::None).then(|| Doorkeeper::new(policy.capacity() * DOOR));
+        Mini { level, kind, door, policy, score: Score::default() }
     }
 
-    /// Feeds it a sampled access.
-    fn access(&mut self, predictor: &Predictor, access: Access, sig: Sig) {
+    /// Feeds it a sampled access, the `run`th block of its sequential run.
+    fn access(&mut self, predictor: &Predictor, access: Access, sig: Sig, run: u32) {
         if self.policy.contains(access.block) || {
-            let knocked = self.door.as_mut().map(|d| d.check_and_remember(access.block));
+            let knocked =
+                self.door.as_mut().map(|d| d.check_and_remember(access.block)).filter(|_| self.kind.stops(run));
             lets_in(&self.policy, predictor, self.level, knocked, access, sig)
         } {
             self.score.count(self.policy.access(access));
@@ -387,7 +423,7 @@ impl<P: Policy> Mini<P> {
 
     /// Whether every miss it lets in, `other` would let in too.
     fn no_laxer_than(&self, other: &Self) -> bool {
-        self.level >= other.level && self.door.is_some() >= other.door.is_some()
+        self.level >= other.level && self.kind >= other.kind
     }
 
     fn bytes(&self) -> usize {
@@ -396,18 +432,19 @@ impl<P: Policy> Mini<P> {
     }
 }
 
-/// The gate's levels in miniature, each with and without a doorkeeper: the doorless ones
-/// first, then those with it, each from level 0 up (see [`level_index`]).
+/// The gate's levels in miniature, each with every kind of doorkeeper: the doorless ones
+/// first, then those for long runs, then those for every miss, each from level 0 up (see
+/// [`level_index`]).
 fn levels(capacity: usize) -> Vec<Mini<S3Fifo>> {
-    [false, true]
+    Door::ALL
         .into_iter()
-        .flat_map(|door| (0..=TOP_LEVEL).map(move |level| Mini::new(level, door, s3fifo(capacity))))
+        .flat_map(|kind| (0..=TOP_LEVEL).map(move |level| Mini::new(level, kind, s3fifo(capacity))))
         .collect()
 }
 
-/// Where [`levels`] puts a level, with or without the doorkeeper.
-fn level_index(level: u8, door: bool) -> usize {
-    door as usize * (TOP_LEVEL as usize + 1) + level as usize
+/// Where [`levels`] puts a level with a kind of doorkeeper.
+fn level_index(level: u8, kind: Door) -> usize {
+    kind as usize * (TOP_LEVEL as usize + 1) + level as usize
 }
 
 pub struct OptGate {
@@ -421,6 +458,8 @@ pub struct OptGate {
     /// The level in force: its miniature's index in `minis` (and in `from_live`).
     in_force: usize,
     live_door: Doorkeeper,
+    /// The sequential runs of every access (the doorkeeper for long runs needs them).
+    runs: Runs,
     minis: Vec<Mini<S3Fifo>>,
     /// The same levels started each epoch from the state of the level in force (the live
     /// cache's contents, in miniature): they may veto a switch to a stricter level.
@@ -443,11 +482,12 @@ impl OptGate {
             training,
             optgen: OptGen::new(opt_cap, WINDOW_CAPACITIES * opt_cap),
             predictor: Predictor::new(),
-            in_force: level_index(FIRST_LEVEL, false),
+            in_force: level_index(FIRST_LEVEL, Door::None),
             live_door: Doorkeeper::new(capacity * DOOR),
+            runs: Runs::new(),
             minis: levels(mini_cap),
             from_live: levels(mini_cap),
-            lru: Mini::new(0, false, Lru::new(mini_cap)),
+            lru: Mini::new(0, Door::None, Lru::new(mini_cap)),
             sampled: 0.0,
             epoch_len: mini_cap as u64,
             in_epoch: 0,
@@ -459,17 +499,18 @@ impl OptGate {
         self.minis[self.in_force].level
     }
 
-    /// Whether the doorkeeper is in use now.
-    fn door(&self) -> bool {
-        self.minis[self.in_force].door.is_some()
+    /// The doorkeeper in use now.
+    fn door(&self) -> Door {
+        self.minis[self.in_force].kind
     }
 
-    /// Feeds a sampled access to the miniatures; at an epoch's end, sets the level.
-    fn sample(&mut self, access: Access, sig: Sig) {
+    /// Feeds a sampled access (the `run`th block of its sequential run) to the miniatures; at
+    /// an epoch's end, sets the level.
+    fn sample(&mut self, access: Access, sig: Sig, run: u32) {
         for m in self.minis.iter_mut().chain(&mut self.from_live) {
-            m.access(&self.predictor, access, sig);
+            m.access(&self.predictor, access, sig, run);
         }
-        self.lru.access(&self.predictor, access, sig);
+        self.lru.access(&self.predictor, access, sig, run);
         self.sampled += 1.0;
         self.in_epoch += 1;
         if self.in_epoch < self.epoch_len {
@@ -523,17 +564,19 @@ impl Policy for OptGate {
 
     fn access(&mut self, access: Access) -> Outcome {
         let sig = self.predictor.sig(access.block, access.op);
+        let run = self.runs.access(access.block);
         if self.training.sampled(access.block) {
             let predictor = &mut self.predictor;
             self.optgen.access(access.block, sig, |s, kept| predictor.train(s, kept));
             // The miniatures' sample lies within OPTgen's: most accesses are checked against one.
             if self.sample.sampled(access.block) {
-                self.sample(access, sig);
+                self.sample(access, sig, run);
             }
         }
         if !self.inner.contains(access.block) {
             let knocked = self.live_door.check_and_remember(access.block);
-            if !lets_in(&*self.inner, &self.predictor, self.level(), self.door().then_some(knocked), access, sig) {
+            let knocked = self.door().stops(run).then_some(knocked);
+            if !lets_in(&*self.inner, &self.predictor, self.level(), knocked, access, sig) {
                 return Outcome::Miss;
             }
         }
@@ -581,7 +624,7 @@ mod tests {
     /// The bound for the default policy's state: at most 40 bytes per cached block
     /// from a million blocks up (S3-FIFO's entries, ghosts and map, the live doorkeeper, and
     /// the samples' OPTgen, miniatures and predictor spread over the blocks); that last part
-    /// at most 2.8 MB, or 4.2 bytes per cached block in caches large enough to sample more
+    /// at most 3.4 MB, or 5 bytes per cached block in caches large enough to sample more
     /// (the most where the samples start to grow and where OPTgen's window doubles).
     #[test]
     fn a_cached_block_costs_at_most_40_bytes_at_scale() {
@@ -589,7 +632,7 @@ mod tests {
             let p = OptGate::new(capacity, &Params::default());
             let per_block = p.inner.bytes_per_entry() + p.live_door.bytes() as f64 / capacity as f64;
             let fixed = (p.bytes_per_entry() - per_block) * capacity as f64;
-            assert!(fixed <= 2.8e6f64.max(4.2 * capacity as f64), "{capacity} blocks: {fixed} bytes of samples");
+            assert!(fixed <= 3.4e6f64.max(5.0 * capacity as f64), "{capacity} blocks: {fixed} bytes of samples");
             if capacity >= 1 << 20 {
                 assert!(p.bytes_per_entry() <= 40.0, "{capacity} blocks: {} B each", p.bytes_per_entry());
             }
@@ -749,11 +792,33 @@ mod tests {
     fn a_filling_cache_takes_every_miss_whatever_the_gate() {
         let mut gate = OptGate::new(1000, &Params::default());
         gate.epoch_len = u64::MAX; // the choice stays where the test puts it
-        gate.in_force = level_index(TOP_LEVEL, true);
+        gate.in_force = level_index(TOP_LEVEL, Door::Every);
         for b in 0..1000 {
             assert!(gate.access(Access::read(b * 7, 0)).is_promote(), "miss {b} of a filling cache not taken");
         }
         assert!(!gate.access(Access::read(1_000_000, 0)).is_promote(), "a full cache behind a closed gate took a miss");
+    }
+
+    /// Behind the doorkeeper for long runs, the first [`LONG_RUN`] - 1 blocks of a sequential
+    /// run go in at their first miss and the rest at their second; a run starts over wherever
+    /// the blocks stop following on.
+    #[test]
+    fn behind_the_doorkeeper_for_long_runs_a_runs_blocks_from_the_long_runth_knock_twice() {
+        let mut gate = OptGate::new(1000, &Params::default());
+        gate.epoch_len = u64::MAX; // the choice stays where the test puts it
+        for b in 0..1000 {
+            gate.access(Access::read(b * 3, 0));
+        }
+        gate.in_force = level_index(0, Door::LongRuns);
+        let run = 10_000..10_000 + 2 * LONG_RUN as u64;
+        let first: Vec<bool> = run.clone().map(|b| gate.access(Access::read(b, 0)).is_promote()).collect();
+        let short = LONG_RUN as usize - 1;
+        assert!(first[..short].iter().all(|&p| p), "a block of a short run stayed out");
+        assert!(first[short..].iter().all(|&p| !p), "a first miss in a long run went in");
+        assert!(run.skip(short).all(|b| gate.access(Access::read(b, 0)).is_promote()), "a second miss stayed out");
+        for b in (20_000..20_000 + 4 * LONG_RUN as u64).step_by(2) {
+            assert!(gate.access(Access::read(b, 0)).is_promote(), "a miss outside any run stayed out");
+        }
     }
 
     #[test]
@@ -763,12 +828,12 @@ mod tests {
         for b in 0..100 {
             gate.access(Access::read(b, 0));
         }
-        gate.in_force = level_index(0, true);
+        gate.in_force = level_index(0, Door::Every);
         assert!(!gate.access(Access::read(500, 0)).is_promote(), "a first whole-block miss went in");
         assert!(gate.access(Access::read(500, 0)).is_promote(), "a second miss stayed out");
         let partial = Access { full_block: false, ..Access::read(600, 0) };
         assert!(gate.access(partial).is_promote(), "a partial miss stayed out");
-        gate.in_force = level_index(0, false);
+        gate.in_force = level_index(0, Door::None);
         assert!(gate.access(Access::read(700, 0)).is_promote(), "without the doorkeeper a miss stayed out");
     }
 
@@ -779,23 +844,27 @@ mod tests {
     /// does not, it goes ahead.
     #[test]
     fn a_switch_to_a_stricter_level_the_live_contents_refute_is_vetoed() {
-        // (level in force, with the doorkeeper), (level chosen, with the doorkeeper), the
-        // chosen level's hits from the live contents, whether the switch stands.
+        // (level in force, its doorkeeper), (level chosen, its doorkeeper), the chosen
+        // level's hits from the live contents, whether the switch stands.
+        use Door::{Every, LongRuns, None};
         let cases = [
-            ((1, false), (TOP_LEVEL, true), 20.0, false),
-            ((1, false), (TOP_LEVEL, false), 20.0, false),
-            ((1, true), (TOP_LEVEL, true), 20.0, false),
-            ((1, false), (TOP_LEVEL, true), 98.0, true),
-            ((1, false), (0, false), 20.0, true),
-            ((1, false), (0, true), 20.0, true),
-            ((1, true), (TOP_LEVEL, false), 20.0, true),
+            ((1, None), (TOP_LEVEL, Every), 20.0, false),
+            ((1, None), (TOP_LEVEL, None), 20.0, false),
+            ((1, Every), (TOP_LEVEL, Every), 20.0, false),
+            ((1, None), (1, LongRuns), 20.0, false),
+            ((1, LongRuns), (1, Every), 20.0, false),
+            ((1, None), (TOP_LEVEL, Every), 98.0, true),
+            ((1, None), (0, None), 20.0, true),
+            ((1, None), (0, Every), 20.0, true),
+            ((1, Every), (TOP_LEVEL, None), 20.0, true),
+            ((1, Every), (TOP_LEVEL, LongRuns), 20.0, true),
         ];
         for (now, (level, door), lure_from_live, switched) in cases {
             let mut gate = OptGate::new(1000, &Params::default());
             gate.in_force = level_index(now.0, now.1);
             gate.sampled = 1000.0;
             gate.lru.score = Score { hits: 100.0, promotions: 500.0 };
-            let lure = gate.minis.iter().position(|m| (m.level, m.door.is_some()) == (level, door)).unwrap();
+            let lure = gate.minis.iter().position(|m| (m.level, m.kind) == (level, door)).unwrap();
             for (i, (free, live)) in gate.minis.iter_mut().zip(&mut gate.from_live).enumerate() {
                 free.score = Score { hits: if i == lure { 300.0 } else { 100.0 }, promotions: 300.0 };
                 live.score = Score { hits: if i == lure { lure_from_live } else { 100.0 }, promotions: 300.0 };
@@ -803,7 +872,7 @@ mod tests {
             gate.end_epoch();
             let want = if switched { (level, door) } else { now };
             let case =
-                format!("{now:?} to level {level}, doorkeeper {door}, from the live contents {lure_from_live} hits");
+                format!("{now:?} to level {level}, doorkeeper {door:?}, from the live contents {lure_from_live} hits");
             assert_eq!((gate.level(), gate.door()), want, "{case}");
         }
     }
