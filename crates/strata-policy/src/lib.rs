@@ -60,7 +60,7 @@ pub struct PolicyInfo {
 pub const POLICIES: &[PolicyInfo] = &[
     PolicyInfo {
         name: "optgate",
-        summary: "default: s3fifo behind a gate that admits a miss where Belady (OPTgen, on a sample) kept blocks like it, with or without a doorkeeper (second recent miss, or a partial access), its strictness chosen by miniature simulations",
+        summary: "default: s3fifo behind a gate that admits a miss where Belady (OPTgen, on a sample) kept blocks like it, behind no doorkeeper or one (second recent miss, or a partial access) for every miss or for long sequential runs, its strictness chosen by miniature simulations",
         new: Some(|c, p| Box::new(policies::optgen::OptGate::new(c, p))),
     },
     PolicyInfo {
