@@ -20,8 +20,8 @@ const FIVE: [&str; 5] = ["arc", "lirs", "s3fifo", "2q", "tinylfu"];
 /// Cells (of 24) where the default holds the rule, at the least.
 const HELD_AT_LEAST: usize = 23;
 /// How far below LRU's hit ratio (points) the default may fall in any cell: the rule's own
-/// 0.1, so even the cell it misses (P12 at 50%, short of the best of the five) stays level
-/// with LRU or above.
+/// 0.1, so even a cell it misses (P12 at 50%, short of the best of the five) stays within
+/// the rule's 0.1 of LRU.
 const BELOW_LRU_AT_MOST: f64 = 0.1;
 
 fn hit_percent(r: &RunResult) -> f64 {

@@ -161,8 +161,8 @@ impl Score {
 /// Among equals the later one: `optgate` lists its levels without the doorkeeper, then with
 /// it for long runs, then with it for every miss, each from level 0 up, so where every level
 /// scores alike (a cache still filling lets every miss in at any level) it takes the
-/// strictest, the top level with the doorkeeper for every miss. Keeping the level in force on such a tie held fewer of the rule's cells out
-/// of sample (`docs/BENCHMARKS.md`).
+/// strictest, the top level with the doorkeeper for every miss. Keeping the level in force
+/// on such a tie held fewer of the rule's cells out of sample (`docs/BENCHMARKS.md`).
 pub(crate) fn choose(scores: &[Score], lru_promotions: f64, sampled: f64, hit_cost: f64) -> usize {
     let budget = PROMOTION_BUDGET * lru_promotions;
     let most_hits = |filter: &dyn Fn(&Score) -> bool| {

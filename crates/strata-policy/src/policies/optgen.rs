@@ -30,11 +30,11 @@
 //!   recent miss, a partial one at once (the rest of its stream is about to touch the block:
 //!   `strata`'s second-reference and partial-access admission, which the predictor cannot
 //!   learn where one-touch and reused blocks share regions and the sample does not see the
-//!   block's history). While the cache has room,
-//!   every miss goes in, whatever the level (smq's and `strata`'s "promote readily"): an
-//!   empty block costs no eviction, and a gate that keeps a filling cache empty loses hits.
-//!   Blocks cached at a restart and untouched since count as room (S3-FIFO evicts them
-//!   first), so a cache full of another workload's blocks fills as an empty one would.
+//!   block's history). While the cache has room, every miss goes in, whatever the level
+//!   (smq's and `strata`'s "promote readily"): an empty block costs no eviction, and a gate
+//!   that keeps a filling cache empty loses hits. Blocks cached at a restart and untouched
+//!   since count as room (S3-FIFO evicts them first), so a cache full of another workload's
+//!   blocks fills as an empty one would.
 //! * How strict to be depends on the workload (where OPT declines what S3-FIFO would hit
 //!   soon after, a strict gate loses hits; where S3-FIFO's promotions are mostly wasted, it
 //!   saves them), so the level is chosen the way `adaptive` chooses a policy: S3-FIFO in
@@ -65,7 +65,7 @@
 //! live doorkeeper 2 bytes per cached block, and OPTgen and the fifty-five miniatures (two
 //! sets of twenty-seven S3-FIFOs, and an LRU) the rest: about 3.3 MB in all up to three
 //! quarters of a million cached blocks, and under 5 bytes per cached block beyond (3.75 at a
-//! million), so the whole policy takes about 37.2 to 38.4 bytes per cached block from a
+//! million), so the whole policy takes about 37 to 38.4 bytes per cached block from a
 //! million blocks up. Every access looks up its sequential run in a table of 256 recent ones
 //! (4 KiB). An access OPTgen follows costs a segment-tree walk, and one the miniatures see an
 //! access to each of them; the miniatures' sample is at most one access in [`SAMPLE_SHARE`]
@@ -339,15 +339,18 @@ const DECAY: f64 = 0.8;
 const DOOR: usize = 1;
 /// Where a sequential run becomes long: the doorkeeper for long runs stops the misses of a
 /// run's blocks from this one on. At cache blocks of 64 KiB that is 4 MiB, bcache's
-/// `sequential_cutoff`; 32 or 128 blocks held as many of the rule's cells or one fewer
-/// (`docs/BENCHMARKS.md`).
+/// `sequential_cutoff` and the cache target's own default one, past which a stream's
+/// requests bypass the policy altogether; there the cutoff does this doorkeeper's work, and
+/// the doorkeeper matters at smaller blocks (from 256 KiB of a stream at 4 KiB blocks) or
+/// with the cutoff off, as in the simulator. 32 or 128 blocks held as many of the rule's
+/// cells or one fewer (`docs/BENCHMARKS.md`).
 const LONG_RUN: u32 = 64;
 
 /// Which misses a level's doorkeeper stops (a whole-block miss on a block not missed
 /// recently), from the laxest to the strictest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Door {
-    None,
+    Off,
     /// The misses of a sequential run's blocks from the [`LONG_RUN`]th on: a long run's
     /// blocks are often read once (a scan, a backup, a copy), the rest more often again.
     LongRuns,
@@ -355,15 +358,23 @@ enum Door {
 }
 
 impl Door {
-    const ALL: [Door; 3] = [Door::None, Door::LongRuns, Door::Every];
+    const ALL: [Door; 3] = [Door::Off, Door::LongRuns, Door::Every];
 
     /// Whether it stops a miss on the `run`th block of its sequential run.
     fn stops(self, run: u32) -> bool {
         match self {
-            Door::None => false,
+            Door::Off => false,
             Door::LongRuns => run >= LONG_RUN,
             Door::Every => true,
         }
+    }
+
+    /// A miss on `block`, the `run`th of its run, knocks at `door`, which remembers every
+    /// miss whether this kind stops it or not: where it does, whether `door` had seen the
+    /// block miss before.
+    fn knock(self, door: &mut Doorkeeper, block: u64, run: u32) -> Option<bool> {
+        let knocked = door.check_and_remember(block);
+        self.stops(run).then_some(knocked)
     }
 }
 
@@ -378,9 +389,9 @@ fn s3fifo(capacity: usize) -> S3Fifo {
 
 /// Whether a miss on `access` goes into `policy`: always while it has room (it is filling,
 /// or holds blocks untouched since a restart, which make room first); otherwise when the
-/// gate at `level` lets `sig` through and, behind a doorkeeper (`knocked` is whether it had
-/// seen the block miss), the access covers part of the block or is the block's second
-/// recent miss.
+/// gate at `level` lets `sig` through and, where a doorkeeper stops the miss (`knocked` is
+/// whether it had seen the block miss; `None` where none stops it), the access covers part
+/// of the block or is the block's second recent miss.
 fn lets_in(
     policy: &dyn Policy,
     predictor: &Predictor,
@@ -406,15 +417,15 @@ struct Mini<P> {
 
 impl<P: Policy> Mini<P> {
     fn new(level: u8, kind: Door, policy: P) -> Self {
-        let door = (kind != Door::None).then(|| Doorkeeper::new(policy.capacity() * DOOR));
+        let door = (kind != Door::Off).then(|| Doorkeeper::new(policy.capacity() * DOOR));
         Mini { level, kind, door, policy, score: Score::default() }
     }
 
     /// Feeds it a sampled access, the `run`th block of its sequential run.
     fn access(&mut self, predictor: &Predictor, access: Access, sig: Sig, run: u32) {
         if self.policy.contains(access.block) || {
-            let knocked =
-                self.door.as_mut().map(|d| d.check_and_remember(access.block)).filter(|_| self.kind.stops(run));
+            let kind = self.kind;
+            let knocked = self.door.as_mut().and_then(|d| kind.knock(d, access.block, run));
             lets_in(&self.policy, predictor, self.level, knocked, access, sig)
         } {
             self.score.count(self.policy.access(access));
@@ -482,12 +493,12 @@ impl OptGate {
             training,
             optgen: OptGen::new(opt_cap, WINDOW_CAPACITIES * opt_cap),
             predictor: Predictor::new(),
-            in_force: level_index(FIRST_LEVEL, Door::None),
+            in_force: level_index(FIRST_LEVEL, Door::Off),
             live_door: Doorkeeper::new(capacity * DOOR),
             runs: Runs::new(),
             minis: levels(mini_cap),
             from_live: levels(mini_cap),
-            lru: Mini::new(0, Door::None, Lru::new(mini_cap)),
+            lru: Mini::new(0, Door::Off, Lru::new(mini_cap)),
             sampled: 0.0,
             epoch_len: mini_cap as u64,
             in_epoch: 0,
@@ -574,8 +585,7 @@ impl Policy for OptGate {
             }
         }
         if !self.inner.contains(access.block) {
-            let knocked = self.live_door.check_and_remember(access.block);
-            let knocked = self.door().stops(run).then_some(knocked);
+            let knocked = self.door().knock(&mut self.live_door, access.block, run);
             if !lets_in(&*self.inner, &self.predictor, self.level(), knocked, access, sig) {
                 return Outcome::Miss;
             }
@@ -799,25 +809,77 @@ mod tests {
         assert!(!gate.access(Access::read(1_000_000, 0)).is_promote(), "a full cache behind a closed gate took a miss");
     }
 
-    /// Behind the doorkeeper for long runs, the first [`LONG_RUN`] - 1 blocks of a sequential
-    /// run go in at their first miss and the rest at their second; a run starts over wherever
-    /// the blocks stop following on.
+    /// Behind the doorkeeper for long runs, a sequential run's first [`LONG_RUN`] - 1 blocks
+    /// go in at their first miss and the rest at their second, and a block whose earlier miss
+    /// it let through (alone, out of any run; gone since) has knocked already. The cache is sampled, so
+    /// most accesses reach neither OPTgen nor the miniatures, and they count in their runs
+    /// all the same. A run broken by a gap starts over.
     #[test]
     fn behind_the_doorkeeper_for_long_runs_a_runs_blocks_from_the_long_runth_knock_twice() {
-        let mut gate = OptGate::new(1000, &Params::default());
+        let capacity = 20_000;
+        let mut gate = OptGate::new(capacity, &Params::default());
+        assert!(gate.minis[0].policy.capacity() < capacity, "the cache is sampled");
         gate.epoch_len = u64::MAX; // the choice stays where the test puts it
-        for b in 0..1000 {
+        for b in 0..capacity as u64 {
             gate.access(Access::read(b * 3, 0));
         }
         gate.in_force = level_index(0, Door::LongRuns);
-        let run = 10_000..10_000 + 2 * LONG_RUN as u64;
-        let first: Vec<bool> = run.clone().map(|b| gate.access(Access::read(b, 0)).is_promote()).collect();
+        let long = LONG_RUN as u64;
+        let run = 1_000_000..1_000_000 + 2 * long;
+        let early = run.start + long + 10;
+        assert!(gate.access(Access::read(early, 0)).is_promote(), "a miss out of any run stayed out");
+        assert!(gate.remove(early), "the block missed early is not cached");
         let short = LONG_RUN as usize - 1;
-        assert!(first[..short].iter().all(|&p| p), "a block of a short run stayed out");
-        assert!(first[short..].iter().all(|&p| !p), "a first miss in a long run went in");
-        assert!(run.skip(short).all(|b| gate.access(Access::read(b, 0)).is_promote()), "a second miss stayed out");
-        for b in (20_000..20_000 + 4 * LONG_RUN as u64).step_by(2) {
-            assert!(gate.access(Access::read(b, 0)).is_promote(), "a miss outside any run stayed out");
+        for (i, b) in run.clone().enumerate() {
+            let promoted = gate.access(Access::read(b, 0)).is_promote();
+            assert_eq!(promoted, i < short || b == early, "block {i} of a run, missed once");
+        }
+        for (i, b) in run.enumerate() {
+            let outcome = gate.access(Access::read(b, 0));
+            let want = if i < short || b == early { outcome.is_hit() } else { outcome.is_promote() };
+            assert!(want, "block {i} of the run read again: {outcome:?}");
+        }
+        let broken = (3_000_000..3_000_000 + long - 1).chain(3_000_000 + long..3_000_000 + 2 * long - 1);
+        for b in broken {
+            assert!(gate.access(Access::read(b, 0)).is_promote(), "block {b} of a run broken by a gap stayed out");
+        }
+    }
+
+    /// A miniature behind the doorkeeper for long runs stops the misses at a long run's
+    /// positions as the live gate does, and remembers every miss: a block let through at a
+    /// short run's position and gone since goes in at its next miss, wherever in a run.
+    #[test]
+    fn a_miniature_behind_the_doorkeeper_for_long_runs_knocks_as_the_live_gate_does() {
+        let predictor = Predictor::new();
+        let sig = predictor.sig(0, Op::Read);
+        let mut m = Mini::new(0, Door::LongRuns, s3fifo(100));
+        let miss = |m: &mut Mini<S3Fifo>, b: u64, run: u32| {
+            m.access(&predictor, Access::read(b, 0), sig, run);
+            m.policy.contains(b)
+        };
+        for b in 0..100 {
+            miss(&mut m, b, 1);
+        }
+        assert!(!miss(&mut m, 1_000, LONG_RUN), "a first miss at a long run's position went in");
+        assert!(miss(&mut m, 1_000, LONG_RUN), "a second miss stayed out");
+        assert!(miss(&mut m, 2_000, LONG_RUN - 1), "a miss at a short run's position stayed out");
+        assert!(m.policy.remove(2_000), "the block let through is not cached");
+        miss(&mut m, 2_001, 1); // the room it left: a full miniature judges the next miss
+        assert!(miss(&mut m, 2_000, LONG_RUN), "a block that had knocked stayed out");
+
+        // The gate hands its miniatures each access's place in its run.
+        let mut gate = OptGate::new(1_000, &Params::default());
+        gate.epoch_len = u64::MAX;
+        for b in 0..1_000 {
+            gate.access(Access::read(b * 3, 0));
+        }
+        let run = 1_000_000..1_000_000 + 2 * LONG_RUN as u64;
+        for b in run.clone() {
+            gate.access(Access::read(b, 0));
+        }
+        let m = &gate.minis[level_index(0, Door::LongRuns)];
+        for (i, b) in run.enumerate() {
+            assert_eq!(m.policy.contains(b), i + 1 < LONG_RUN as usize, "block {i} of a run in miniature");
         }
     }
 
@@ -833,7 +895,7 @@ mod tests {
         assert!(gate.access(Access::read(500, 0)).is_promote(), "a second miss stayed out");
         let partial = Access { full_block: false, ..Access::read(600, 0) };
         assert!(gate.access(partial).is_promote(), "a partial miss stayed out");
-        gate.in_force = level_index(0, Door::None);
+        gate.in_force = level_index(0, Door::Off);
         assert!(gate.access(Access::read(700, 0)).is_promote(), "without the doorkeeper a miss stayed out");
     }
 
@@ -846,17 +908,17 @@ mod tests {
     fn a_switch_to_a_stricter_level_the_live_contents_refute_is_vetoed() {
         // (level in force, its doorkeeper), (level chosen, its doorkeeper), the chosen
         // level's hits from the live contents, whether the switch stands.
-        use Door::{Every, LongRuns, None};
+        use Door::{Every, LongRuns, Off};
         let cases = [
-            ((1, None), (TOP_LEVEL, Every), 20.0, false),
-            ((1, None), (TOP_LEVEL, None), 20.0, false),
+            ((1, Off), (TOP_LEVEL, Every), 20.0, false),
+            ((1, Off), (TOP_LEVEL, Off), 20.0, false),
             ((1, Every), (TOP_LEVEL, Every), 20.0, false),
-            ((1, None), (1, LongRuns), 20.0, false),
+            ((1, Off), (1, LongRuns), 20.0, false),
             ((1, LongRuns), (1, Every), 20.0, false),
-            ((1, None), (TOP_LEVEL, Every), 98.0, true),
-            ((1, None), (0, None), 20.0, true),
-            ((1, None), (0, Every), 20.0, true),
-            ((1, Every), (TOP_LEVEL, None), 20.0, true),
+            ((1, Off), (TOP_LEVEL, Every), 98.0, true),
+            ((1, Off), (0, Off), 20.0, true),
+            ((1, Off), (0, Every), 20.0, true),
+            ((1, Every), (TOP_LEVEL, Off), 20.0, true),
             ((1, Every), (TOP_LEVEL, LongRuns), 20.0, true),
         ];
         for (now, (level, door), lure_from_live, switched) in cases {
