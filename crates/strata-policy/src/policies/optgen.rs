@@ -70,8 +70,8 @@
 //! (4 KiB). An access OPTgen follows costs a segment-tree walk, and one the miniatures see an
 //! access to each of them; the miniatures' sample is at most one access in [`SAMPLE_SHARE`]
 //! once the cache holds more than that many times [`OPT_BLOCKS`] blocks, and about one in
-//! ninety for the simulator's throughput benchmark, where the policy runs faster than
-//! S3-FIFO alone (fewer promotions to make room for).
+//! ninety for the simulator's throughput benchmark, where the policy runs below S3-FIFO
+//! alone since the doorkeeper for long runs (`docs/BENCHMARKS.md`).
 
 use std::collections::HashMap;
 
