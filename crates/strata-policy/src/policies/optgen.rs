@@ -811,9 +811,9 @@ mod tests {
 
     /// Behind the doorkeeper for long runs, a sequential run's first [`LONG_RUN`] - 1 blocks
     /// go in at their first miss and the rest at their second, and a block whose earlier miss
-    /// it let through (alone, out of any run; gone since) has knocked already. The cache is sampled, so
-    /// most accesses reach neither OPTgen nor the miniatures, and they count in their runs
-    /// all the same. A run broken by a gap starts over.
+    /// it let through (alone, out of any run; gone since) has knocked already. The cache is
+    /// sampled, so most accesses reach neither OPTgen nor the miniatures, and they count in
+    /// their runs all the same. A run broken by a gap starts over.
     #[test]
     fn behind_the_doorkeeper_for_long_runs_a_runs_blocks_from_the_long_runth_knock_twice() {
         let capacity = 20_000;
