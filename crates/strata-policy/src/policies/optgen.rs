@@ -415,7 +415,27 @@ struct Mini<P> {
     score: Score,
 }
 
-impl<P: Policy> Mini<P> {
+/// A policy behind a gate: an access whose miss goes in only where `admit` says so.
+trait Admitting: Policy + Sized {
+    fn access_admitting(&mut self, access: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome {
+        if self.contains(access.block) || admit(self) {
+            self.access(access)
+        } else {
+            Outcome::Miss
+        }
+    }
+}
+
+impl Admitting for Lru {}
+
+impl Admitting for S3Fifo {
+    /// One look-up of the block where the default takes two (the gate's hottest path).
+    fn access_admitting(&mut self, access: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome {
+        S3Fifo::access_admitting(self, access, admit)
+    }
+}
+
+impl<P: Admitting> Mini<P> {
     fn new(level: u8, kind: Door, policy: P) -> Self {
         let door = (kind != Door::Off).then(|| Doorkeeper::new(policy.capacity() * DOOR));
         Mini { level, kind, door, policy, score: Score::default() }
@@ -423,13 +443,11 @@ impl<P: Policy> Mini<P> {
 
     /// Feeds it a sampled access, the `run`th block of its sequential run.
     fn access(&mut self, predictor: &Predictor, access: Access, sig: Sig, run: u32) {
-        if self.policy.contains(access.block) || {
-            let kind = self.kind;
-            let knocked = self.door.as_mut().and_then(|d| kind.knock(d, access.block, run));
-            lets_in(&self.policy, predictor, self.level, knocked, access, sig)
-        } {
-            self.score.count(self.policy.access(access));
-        }
+        let (kind, level, door) = (self.kind, self.level, &mut self.door);
+        self.score.count(self.policy.access_admitting(access, |policy| {
+            let knocked = door.as_mut().and_then(|d| kind.knock(d, access.block, run));
+            lets_in(policy, predictor, level, knocked, access, sig)
+        }));
     }
 
     /// Whether every miss it lets in, `other` would let in too.
@@ -459,7 +477,7 @@ fn level_index(level: u8, kind: Door) -> usize {
 }
 
 pub struct OptGate {
-    inner: Box<dyn Policy + Send>,
+    inner: S3Fifo,
     /// The blocks the miniatures see.
     sample: Sampler,
     /// The blocks OPTgen sees (every block `sample` holds, and more).
@@ -488,7 +506,7 @@ impl OptGate {
         let (sample, mini_cap) = Sampler::new(capacity, OPT_BLOCKS.max(capacity / SAMPLE_SHARE));
         let (training, opt_cap) = Sampler::new(capacity, TRAINING_SAMPLES * mini_cap);
         OptGate {
-            inner: Box::new(s3fifo(capacity)),
+            inner: s3fifo(capacity),
             sample,
             training,
             optgen: OptGen::new(opt_cap, WINDOW_CAPACITIES * opt_cap),
@@ -584,13 +602,12 @@ impl Policy for OptGate {
                 self.sample(access, sig, run);
             }
         }
-        if !self.inner.contains(access.block) {
-            let knocked = self.door().knock(&mut self.live_door, access.block, run);
-            if !lets_in(&*self.inner, &self.predictor, self.level(), knocked, access, sig) {
-                return Outcome::Miss;
-            }
-        }
-        self.inner.access(access)
+        let (door, level) = (self.door(), self.level());
+        let (live_door, predictor) = (&mut self.live_door, &self.predictor);
+        self.inner.access_admitting(access, |inner| {
+            let knocked = door.knock(live_door, access.block, run);
+            lets_in(inner, predictor, level, knocked, access, sig)
+        })
     }
 
     fn save_hints(&self) -> Vec<u8> {
@@ -658,7 +675,7 @@ mod tests {
         assert!(!comes_back_to_main(s3fifo(100), 49));
         let gate = OptGate::new(100_000, &Params::default());
         let size = |p: &dyn Policy| p.bytes_per_entry() * p.capacity() as f64;
-        assert_eq!(size(&*gate.inner), size(&s3fifo(100_000)));
+        assert_eq!(size(&gate.inner), size(&s3fifo(100_000)));
         assert!(size(&s3fifo(100_000)) < size(&S3Fifo::new(100_000)));
         let mini = gate.minis[0].policy.capacity();
         for m in gate.minis.iter().chain(&gate.from_live) {

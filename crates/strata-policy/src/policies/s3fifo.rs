@@ -212,6 +212,42 @@ impl S3Fifo {
         }
         Ok(())
     }
+
+    /// An access whose miss, if any, goes in only where `admit` says so (a gate in front):
+    /// `contains` then `access` in one look-up. A miss refused leaves no trace.
+    pub fn access_admitting(&mut self, a: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome {
+        if let Some(i) = self.resident(a.block) {
+            self.accessed = true;
+            let node = &mut self.arena.nodes[i as usize];
+            if node.at() == Where::Restored {
+                // Its first hit since the start-up: into S, as if just admitted and hit.
+                node.set_at(Where::Small);
+                node.set_freq(1);
+                self.restored.remove(&mut self.arena.nodes, i);
+                self.small.push_back(&mut self.arena.nodes, i);
+                return Outcome::Hit;
+            }
+            // The main queue only uses two bits; S counts on up to the move threshold.
+            node.set_freq((node.freq() + 1).min(MAX_FREQ));
+            return Outcome::Hit;
+        }
+        if !admit(self) {
+            return Outcome::Miss;
+        }
+        self.accessed = true;
+        let evict = if self.cached() >= self.capacity {
+            match self.evict() {
+                Some(b) => Some(b),
+                None => return Outcome::Miss,
+            }
+        } else {
+            None
+        };
+        // The eviction may have pushed this block's own ghost out of G.
+        let at = if self.ghost.forget(a.block) { Where::Main } else { Where::Small };
+        self.add(a.block, at);
+        Outcome::Promote { evict }
+    }
 }
 
 impl Policy for S3Fifo {
@@ -236,33 +272,7 @@ impl Policy for S3Fifo {
     }
 
     fn access(&mut self, a: Access) -> Outcome {
-        self.accessed = true;
-        if let Some(i) = self.resident(a.block) {
-            let node = &mut self.arena.nodes[i as usize];
-            if node.at() == Where::Restored {
-                // Its first hit since the start-up: into S, as if just admitted and hit.
-                node.set_at(Where::Small);
-                node.set_freq(1);
-                self.restored.remove(&mut self.arena.nodes, i);
-                self.small.push_back(&mut self.arena.nodes, i);
-                return Outcome::Hit;
-            }
-            // The main queue only uses two bits; S counts on up to the move threshold.
-            node.set_freq((node.freq() + 1).min(MAX_FREQ));
-            return Outcome::Hit;
-        }
-        let evict = if self.cached() >= self.capacity {
-            match self.evict() {
-                Some(b) => Some(b),
-                None => return Outcome::Miss,
-            }
-        } else {
-            None
-        };
-        // The eviction may have pushed this block's own ghost out of G.
-        let at = if self.ghost.forget(a.block) { Where::Main } else { Where::Small };
-        self.add(a.block, at);
-        Outcome::Promote { evict }
+        self.access_admitting(a, |_| true)
     }
 
     fn remove(&mut self, block: u64) -> bool {
@@ -375,6 +385,32 @@ pub(crate) mod tests {
         p.insert(2, false).unwrap();
         assert_eq!(p.untouched(), 0);
         assert_eq!(p.evict_untouched(), None);
+    }
+
+    /// A miss a gate in front refuses leaves no trace: nothing evicted, the block's ghost
+    /// kept, and before any access admitted a later insert is still restored. A hit asks no
+    /// gate.
+    #[test]
+    fn a_refused_miss_leaves_no_trace() {
+        let mut p = S3Fifo::new(CAP);
+        assert_eq!(p.access_admitting(Access::read(1_000, 0), |_| false), Outcome::Miss);
+        p.insert(0, false).unwrap();
+        assert_eq!(p.untouched(), 1);
+        for b in 1..=CAP as u64 + 1 {
+            p.access(Access::read(b, 0));
+        }
+        // Block 0 (restored) made room first, then block 1 went to the ghosts.
+        assert!(!p.contains(1) && p.ghost.contains(1));
+        let before = (p.small.len(), p.main.len());
+        for b in [1, 5_000] {
+            assert_eq!(p.access_admitting(Access::read(b, 0), |_| false), Outcome::Miss);
+            assert!(!p.contains(b));
+        }
+        assert_eq!((p.small.len(), p.main.len()), before);
+        assert!(p.ghost.contains(1));
+        assert!(p.access_admitting(Access::read(2, 0), |_| panic!("a hit asks no gate")).is_hit());
+        assert!(matches!(p.access_admitting(Access::read(1, 0), |_| true), Outcome::Promote { evict: Some(_) }));
+        assert_eq!(p.main.len(), before.1 + 1, "a ghost's block goes to the main queue");
     }
 
     /// A cache full of blocks the workload never reads serves it exactly as an empty one:
