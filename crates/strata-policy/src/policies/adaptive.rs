@@ -301,8 +301,9 @@ impl Doorkeeper {
     /// Whether `block` was remembered; remembers it either way.
     pub fn check_and_remember(&mut self, block: u64) -> bool {
         let bits = self.probes(block);
-        let seen = self.in_generation(0, &bits) || self.in_generation(1, &bits);
-        if !self.in_generation(self.current, &bits) {
+        let in_current = self.in_generation(self.current, &bits);
+        let seen = in_current || self.in_generation(self.current ^ 1, &bits);
+        if !in_current {
             if self.added >= self.per_generation {
                 self.current ^= 1;
                 self.generations[self.current].fill(0);
