@@ -228,16 +228,23 @@ fn a_removed_export_can_be_added_again_at_once() {
     rt.block_on(async {
         strata::http::add_export(&admin, &spec, false).await.unwrap();
         for round in 0..40 {
-            // Clients reading while the export is forced away.
-            let readers: Vec<_> = (0..3)
-                .map(|_| {
-                    let sock = sock.clone();
-                    tokio::spawn(async move {
-                        let Ok(mut c) = Client::connect_unix(&sock, "x").await else { return };
-                        while c.read(0, 65536).await.is_ok() {}
-                    })
-                })
-                .collect();
+            // Clients reading while the export is forced away: three connected before, which
+            // the removal must cut off, and one connecting as it goes, which may reach the
+            // export added again (so it reads a bounded number of times).
+            let mut readers = Vec::new();
+            for _ in 0..3 {
+                let mut c = Client::connect_unix(&sock, "x").await.unwrap();
+                readers.push(tokio::spawn(async move { while c.read(0, 65536).await.is_ok() {} }));
+            }
+            let racing = sock.clone();
+            readers.push(tokio::spawn(async move {
+                let Ok(mut c) = Client::connect_unix(&racing, "x").await else { return };
+                for _ in 0..1_000 {
+                    if c.read(0, 65536).await.is_err() {
+                        return;
+                    }
+                }
+            }));
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             strata::http::remove_export(&admin, "x", true).await.unwrap();
             strata::http::add_export(&admin, &spec, false)
