@@ -364,6 +364,20 @@ pub trait Policy {
     /// Record one access and decide hit, miss or promotion.
     fn access(&mut self, access: Access) -> Outcome;
 
+    /// [`Policy::access`] behind a gate: a miss goes in only where `admit` says so, and one
+    /// refused leaves no trace. `contains` then `access`, or one look-up where a policy
+    /// overrides it (`S3Fifo`, behind `optgate`'s gate).
+    fn access_admitting(&mut self, access: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome
+    where
+        Self: Sized,
+    {
+        if self.contains(access.block) || admit(self) {
+            self.access(access)
+        } else {
+            Outcome::Miss
+        }
+    }
+
     /// A hint that `block` will be accessed soon: the policy may start loading what the
     /// access will look at (its map slot) into the CPU's caches. Changes no decision. The
     /// simulator, which holds the whole trace, calls it a few accesses ahead.

@@ -415,27 +415,7 @@ struct Mini<P> {
     score: Score,
 }
 
-/// A policy behind a gate: an access whose miss goes in only where `admit` says so.
-trait Admitting: Policy + Sized {
-    fn access_admitting(&mut self, access: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome {
-        if self.contains(access.block) || admit(self) {
-            self.access(access)
-        } else {
-            Outcome::Miss
-        }
-    }
-}
-
-impl Admitting for Lru {}
-
-impl Admitting for S3Fifo {
-    /// One look-up of the block where the default takes two (the gate's hottest path).
-    fn access_admitting(&mut self, access: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome {
-        S3Fifo::access_admitting(self, access, admit)
-    }
-}
-
-impl<P: Admitting> Mini<P> {
+impl<P: Policy> Mini<P> {
     fn new(level: u8, kind: Door, policy: P) -> Self {
         let door = (kind != Door::Off).then(|| Doorkeeper::new(policy.capacity() * DOOR));
         Mini { level, kind, door, policy, score: Score::default() }
@@ -529,6 +509,7 @@ impl OptGate {
     }
 
     /// The doorkeeper in use now.
+    #[cfg(test)]
     fn door(&self) -> Door {
         self.minis[self.in_force].kind
     }
@@ -602,11 +583,10 @@ impl Policy for OptGate {
                 self.sample(access, sig, run);
             }
         }
-        let (door, level) = (self.door(), self.level());
-        let (live_door, predictor) = (&mut self.live_door, &self.predictor);
+        let (gate, live_door, predictor) = (&self.minis[self.in_force], &mut self.live_door, &self.predictor);
         self.inner.access_admitting(access, |inner| {
-            let knocked = door.knock(live_door, access.block, run);
-            lets_in(inner, predictor, level, knocked, access, sig)
+            let knocked = gate.kind.knock(live_door, access.block, run);
+            lets_in(inner, predictor, gate.level, knocked, access, sig)
         })
     }
 
