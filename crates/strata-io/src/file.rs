@@ -73,6 +73,7 @@ pub struct FileDev {
     flushed: AtomicU64,
     fdatasyncs: AtomicU64,
     flushes_skipped: AtomicU64,
+    _claimed: Option<Claimed>,
 }
 
 const BLKGETSIZE64: libc::c_ulong = 0x80081272;
@@ -146,9 +147,10 @@ impl FileDev {
             Err(e) => return Err(Error::from_os(e, ctx("cannot open"))),
         };
         let meta = file.metadata().map_err(|e| Error::from_os(e, ctx("cannot stat")))?;
-        if claim == Claim::Default {
-            lock(&file, path, &meta, opts.read_only)?;
-        }
+        let claimed = match claim {
+            Claim::Default => Some(lock(&file, path, &meta, opts.read_only)?),
+            Claim::Unclaimed => None,
+        };
         let block_device = meta.file_type().is_block_device();
         let fd = file.as_raw_fd();
         let (size, sector) = if block_device {
@@ -185,6 +187,7 @@ impl FileDev {
             flushed: AtomicU64::new(0),
             fdatasyncs: AtomicU64::new(0),
             flushes_skipped: AtomicU64::new(0),
+            _claimed: claimed,
         })
     }
 
@@ -475,26 +478,54 @@ impl FileDev {
 /// moment after the process has been reaped.
 const DEAD_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// The files this process's devices hold claims on, as (device, inode), once per claim.
+static CLAIMS: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::Mutex::new(Vec::new());
+
+/// A device's entry in `CLAIMS`, for the device's life. A lock this process holds on a file
+/// with no entry is a claim being let go: the kernel drops a file's lock with its last
+/// reference, and io_uring lets go of its reference a moment after the device has closed it.
+struct Claimed((u64, u64));
+
+impl Drop for Claimed {
+    fn drop(&mut self) {
+        let mut claims = CLAIMS.lock();
+        if let Some(i) = claims.iter().position(|&c| c == self.0) {
+            claims.swap_remove(i);
+        }
+    }
+}
+
 /// Takes the advisory lock of a claim on `file`: shared when read-only, exclusive otherwise.
-/// Fails at once while a live process holds it; waits up to `DEAD_HOLDER_WAIT` while the lock
-/// has no live holder (a process killed a moment ago).
-fn lock(file: &File, path: &Path, meta: &std::fs::Metadata, read_only: bool) -> Result<()> {
+/// Fails at once while a live holder has it (another process, or a device of this one);
+/// waits up to `DEAD_HOLDER_WAIT` while it has none (a process killed a moment ago, a device
+/// of this process just closed).
+fn lock(file: &File, path: &Path, meta: &std::fs::Metadata, read_only: bool) -> Result<Claimed> {
     use std::os::unix::fs::MetadataExt;
     let op = if read_only { libc::LOCK_SH } else { libc::LOCK_EX };
+    let key = (meta.dev(), meta.ino());
+    let claimed = || {
+        CLAIMS.lock().push(key);
+        Claimed(key)
+    };
+    let me = std::process::id();
     let start = std::time::Instant::now();
     loop {
         // SAFETY: flock on our own fd.
         if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
-            return Ok(());
+            return Ok(claimed());
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
             // A file system without locks (some FUSE ones) must not make the file unusable.
             eprintln!("strata: {}: cannot lock it ({e}); nothing stops a second writer", path.display());
-            return Ok(());
+            return Ok(claimed());
         }
         let holders = flock_holders(meta.dev(), meta.ino());
-        let live = holders.iter().any(|h| h.pid == 0 || std::path::Path::new(&format!("/proc/{}", h.pid)).exists());
+        let live = holders.iter().any(|h| match h.pid {
+            0 => true,
+            pid if pid == me => CLAIMS.lock().contains(&key),
+            pid => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        });
         if live || start.elapsed() >= DEAD_HOLDER_WAIT {
             let who = describe_holders(&holders)
                 .unwrap_or_else(|| "in use by another open of it (no holder found in /proc/locks)".to_string());
@@ -743,6 +774,31 @@ impl BlockDev for FileDev {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock this process holds on a file none of its devices claims (a closed device's
+    /// file that io_uring still references for a moment) is waited for; a device's claim is
+    /// refused.
+    #[test]
+    fn a_claim_being_let_go_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.img");
+        let opts = FileOptions { create_size: Some(1 << 20), direct: false, ..FileOptions::default() };
+        drop(FileDev::open(&path, &opts).unwrap());
+        // The lock as a lingering reference holds it: taken by this process, no device's.
+        let lingering = File::open(&path).unwrap();
+        // SAFETY: flock on our own fd.
+        assert_eq!(unsafe { libc::flock(lingering.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(lingering);
+        });
+        let dev = FileDev::open(&path, &opts).expect("waited for the lingering lock");
+        letting_go.join().unwrap();
+        let e = FileDev::open(&path, &opts).err().expect("a device's claim refuses a second open");
+        assert!(e.context.contains("already open in this process"), "{e}");
+        drop(dev);
+        FileDev::open(&path, &opts).expect("the claim went with its device");
+    }
 
     /// After a failed flush the device refuses flushes and writes (reads go on) until it is
     /// reopened: a retried fdatasync on a buffered file succeeds after the kernel dropped
