@@ -473,9 +473,9 @@ impl FileDev {
     }
 }
 
-/// How long a claim waits for a lock whose holder is gone: the kernel drops a killed process's
-/// locks only when its last reference to the file goes, and io_uring lets go of its files a
-/// moment after the process has been reaped.
+/// How long a claim waits for a lock whose holder is gone: the kernel drops a lock only when
+/// the last reference to its file goes, and io_uring lets go of its files a moment after the
+/// process that used them has been reaped, or after a device of this process has closed one.
 const DEAD_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The files this process's devices hold claims on, as (device, inode), once per claim.
