@@ -227,6 +227,14 @@ impl BlockMap {
     /// The slot holding `key`.
     #[inline]
     fn find<K: Keyed>(&self, key: u64, keys: &[K]) -> Option<usize> {
+        self.probe(key, |s| keys[self.index(s) as usize].key() == key)
+    }
+
+    /// The first slot along `key`'s probe whose distance and tag are those `key` would have
+    /// there and whose entry `is_key` accepts; none once an empty slot or an entry nearer its
+    /// home shows `key` would have been placed before.
+    #[inline]
+    fn probe(&self, key: u64, is_key: impl Fn(u32) -> bool) -> Option<usize> {
         let h = hash(key);
         let tag = h as u32 & self.tag_mask;
         let mut pos = self.home(h);
@@ -242,7 +250,7 @@ impl BlockMap {
                 // Nearer its home than `key` would be: `key` would have taken this slot.
                 return None;
             }
-            if sd == d && s & self.tag_mask == tag && keys[self.index(s) as usize].key() == key {
+            if sd == d && s & self.tag_mask == tag && is_key(s) {
                 return Some(pos);
             }
             pos = self.next(pos);
@@ -343,6 +351,22 @@ impl BlockMap {
     #[inline]
     pub fn prefetch(&self, key: u64) {
         prefetch(&self.slots[self.home(hash(key))]);
+    }
+
+    /// Start loading the arena entry `key`'s lookup will read first, found from the slots
+    /// alone (so best once [`BlockMap::prefetch`] has brought them in).
+    #[inline]
+    pub fn prefetch_entry<K: Keyed>(&self, key: u64, keys: &[K]) {
+        if let Some(entry) = self.first_candidate(key).and_then(|i| keys.get(i as usize)) {
+            prefetch(entry);
+        }
+    }
+
+    /// The index of the first entry whose key a lookup of `key` reads: the key's own where
+    /// the tag tells it from the entries before it.
+    #[inline]
+    fn first_candidate(&self, key: u64) -> Option<u32> {
+        self.probe(key, |_| true).map(|pos| self.index(self.slots[pos]))
     }
 
     /// Make room for one more entry, with index `i`: twice the slots when the table is full,
@@ -459,7 +483,19 @@ mod tests {
                         assert_eq!(old, std.remove(&key));
                         free.extend(old);
                     }
-                    _ => assert_eq!(ours.get(key, &keys), std.get(&key).copied()),
+                    _ => {
+                        let found = ours.get(key, &keys);
+                        assert_eq!(found, std.get(&key).copied());
+                        // The entry the lookup reads first: its own, or one whose tag is
+                        // the key's (a key missing may find one too).
+                        let first = ours.first_candidate(key);
+                        assert!(found.is_none() || first.is_some(), "{key}: no candidate");
+                        if let Some(f) = first.filter(|&f| Some(f) != found) {
+                            let tag = |k: u64| hash(k) as u32 & ours.tag_mask;
+                            assert_eq!(tag(keys[f as usize]), tag(key), "{key}: entry {f} read first");
+                        }
+                        ours.prefetch_entry(key, &keys);
+                    }
                 }
                 assert_eq!(ours.len(), std.len());
                 if step % 4096 == 0 {

@@ -386,6 +386,14 @@ pub trait Policy {
         let _ = block;
     }
 
+    /// A second hint for `block`, nearer its access than [`Policy::prefetch`]'s: the policy may
+    /// follow what the first brought in (the map slot) to the entry behind it. Changes no
+    /// decision.
+    #[inline]
+    fn prefetch_entry(&self, block: u64) {
+        let _ = block;
+    }
+
     /// Drop `block` from the cache (a failed promotion, a discard, an IO error). Returns
     /// whether it was cached. The policy may remember it in its history.
     fn remove(&mut self, block: u64) -> bool;

@@ -244,6 +244,8 @@ fn replay_observed<O: Observer>(
     // Far enough ahead that a map slot arrives from memory before its access, near enough
     // that it is still cached then.
     const PREFETCH_AHEAD: usize = 8;
+    // Half as far, the entry behind the slot: by then the slot has arrived.
+    const PREFETCH_NEAR: usize = 4;
     let mut c = Counts::default();
     let n = accesses.len();
     let nwin = windows.max(1);
@@ -259,6 +261,9 @@ fn replay_observed<O: Observer>(
             for (j, a) in chunk.iter().enumerate() {
                 if let Some(next) = accesses.get(base + j + PREFETCH_AHEAD) {
                     policy.prefetch(next.block);
+                }
+                if let Some(near) = accesses.get(base + j + PREFETCH_NEAR) {
+                    policy.prefetch_entry(near.block);
                 }
                 bytes += a.bytes as u64;
                 let out = policy.access(a.to_access());

@@ -348,6 +348,9 @@ macro_rules! delegate {
         fn prefetch(&self, block: u64) {
             self.$($inner).+.prefetch(block)
         }
+        fn prefetch_entry(&self, block: u64) {
+            self.$($inner).+.prefetch_entry(block)
+        }
         fn remove(&mut self, block: u64) -> bool {
             self.$($inner).+.remove(block)
         }

@@ -235,6 +235,11 @@ impl Policy for S3Fifo {
         self.ghost.prefetch(block);
     }
 
+    #[inline]
+    fn prefetch_entry(&self, block: u64) {
+        self.map.prefetch_entry(block, &self.arena.nodes);
+    }
+
     fn access(&mut self, a: Access) -> Outcome {
         self.access_admitting(a, |_| true)
     }
