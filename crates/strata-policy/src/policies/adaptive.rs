@@ -345,12 +345,6 @@ macro_rules! delegate {
         fn contains(&self, block: u64) -> bool {
             self.$($inner).+.contains(block)
         }
-        fn prefetch(&self, block: u64) {
-            self.$($inner).+.prefetch(block)
-        }
-        fn prefetch_entry(&self, block: u64) {
-            self.$($inner).+.prefetch_entry(block)
-        }
         fn remove(&mut self, block: u64) -> bool {
             self.$($inner).+.remove(block)
         }
@@ -473,6 +467,14 @@ impl Adaptive {
 
 impl Policy for Adaptive {
     delegate!(live.inner);
+
+    fn prefetch(&self, block: u64) {
+        self.live.inner.prefetch(block)
+    }
+
+    fn prefetch_entry(&self, block: u64) {
+        self.live.inner.prefetch_entry(block)
+    }
 
     fn name(&self) -> &'static str {
         "adaptive"

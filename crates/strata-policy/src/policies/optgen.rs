@@ -573,6 +573,27 @@ impl Policy for OptGate {
         self.inner.capacity()
     }
 
+    /// The live cache's map slot and, for a block of the miniatures' sample, theirs: a
+    /// sampled access looks its block up in every miniature.
+    fn prefetch(&self, block: u64) {
+        self.inner.prefetch(block);
+        if self.sample.sampled(block) {
+            for m in self.minis.iter().chain(&self.from_live) {
+                m.policy.prefetch(block);
+            }
+            self.lru.policy.prefetch(block);
+        }
+    }
+
+    fn prefetch_entry(&self, block: u64) {
+        self.inner.prefetch_entry(block);
+        if self.sample.sampled(block) {
+            for m in self.minis.iter().chain(&self.from_live) {
+                m.policy.prefetch_entry(block);
+            }
+        }
+    }
+
     fn access(&mut self, access: Access) -> Outcome {
         let sig = self.predictor.sig(access.block, access.op);
         let run = self.runs.access(access.block);
