@@ -512,6 +512,11 @@ impl Policy for TinyLfu {
         self.sketch.prefetch(block);
     }
 
+    #[inline]
+    fn prefetch_entry(&self, block: u64) {
+        self.map.prefetch_entry(block, &self.arena.nodes);
+    }
+
     super::dirty_methods!(without_prefetch);
 
     #[inline]
