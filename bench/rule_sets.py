@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Issue 13's rule on every set of cells `docs/BENCHMARKS.md` reports for a decision of the
+default policy: in sample, held out, and the four fresh sets, each made for one decision
+(258 cells out of sample in all). A cell holds when the policy's hit ratio is at least LRU's
+- 0.1 point and the best of ARC, LIRS, S3-FIFO, 2Q and W-TinyLFU's - 1 point, with at most
+0.8x LRU's promotions (the same verdict as `bench/run.py policies`).
+
+    bench/rule_sets.py [--strata BIN] [--policy optgate] [--sets in,held,fresh1,...] [-j 2]
+                       [--json out.json]
+
+Prints, per set, the cells held and the points short summed over the cells missed on hits
+(need - hit, where positive); `--json` writes every cell. A policy's figures are only worth
+comparing with another build's from the same script: the sets are fixed here so that they
+are. A full run of `optgate` takes about 10 minutes on 2 idle cores.
+"""
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib as b  # noqa: E402
+from experiments.policies import FIVE, SIZES, SYNTHETIC, SYNTHETIC_BLOCKS  # noqa: E402
+
+DATA = b.ROOT.parent / "shared" / "testdata"
+TRACE = {
+    "cloudphysics-w": DATA / "cloudphysics-w.csv",
+    **{n: DATA / "arc" / f"{n}.lis.zst" for n in ("P2", "P6", "P12")},
+}
+
+
+def synthetic(patterns, blocks, requests, seed):
+    args = ["--blocks", str(blocks), "--requests", str(requests), "--seed", str(seed)]
+    return [(p, ["--synthetic", p, *args]) for p in patterns]
+
+
+def traces(pairs):
+    """(trace, block size or None for its own) -> workloads."""
+    out = []
+    for name, bs in pairs:
+        args = [str(TRACE[name])] + (["--block-size", bs] if bs else [])
+        out.append((f"{name} at {bs}" if bs else name, args))
+    return out
+
+
+# Each set as docs/BENCHMARKS.md defines it (the section that made it is named).
+SETS = {
+    # The rule's own cells.
+    "in": traces([(n, None) for n in TRACE]),
+    # `bench/run.py policies`' held-out cells.
+    "held": traces([("cloudphysics-w", "64KiB"), ("P2", "4KiB"), ("P6", "4KiB"), ("P12", "4KiB")])
+    + synthetic(SYNTHETIC, SYNTHETIC_BLOCKS, 2_000_000, 1),
+    # "`optgate`: ghosts for half a cache".
+    "fresh1": synthetic(["zipf:1.05", "zipf:0.6", "pareto:0.3", "zoned:80/20:20/80", "scanmix:0.8:0.5",
+                         "zoned:50/5:30/15:20/80"], 200_000, 1_500_000, 7)
+    + traces([("cloudphysics-w", "16KiB"), ("P6", "16KiB")]),
+    # "`optgate`: OPTgen follows six times the miniatures' sample".
+    "fresh2": traces([("cloudphysics-w", "8KiB"), ("P2", "8KiB"), ("P12", "8KiB")])
+    + synthetic(["zipf:0.9", "pareto:0.5", "zoned:70/10:30/90", "scanmix:0.7:0.2"], 300_000, 1_500_000, 11),
+    # "`optgate`: the multiple kept, a graded doorkeeper measured".
+    "fresh3": traces([("cloudphysics-w", "32KiB"), ("P2", "32KiB"), ("P6", "8KiB"), ("P12", "16KiB")])
+    + synthetic(["zipf:0.95", "pareto:0.15", "zoned:90/10:10/90", "scanmix:0.85:0.4", "zoned:40/5:40/25:20/70"],
+                400_000, 2_000_000, 23),
+    # "`optgate`: a point's allowance, as `adaptive`'s".
+    "fresh4": traces([("cloudphysics-w", "128KiB"), ("P2", "2KiB"), ("P6", "32KiB"), ("P12", "64KiB")])
+    + synthetic(["zipf:0.7", "zipf:1.1", "pareto:0.25", "zoned:75/15:25/85", "scanmix:0.95:0.2"],
+                500_000, 2_500_000, 31),
+}
+
+
+def verdicts(strata, policy, set_name, workload, args):
+    """The rule's verdict on `policy` at each size of one workload."""
+    cmd = [strata, "sim", *args, "--policy", ",".join(["lru", *FIVE, policy]), "--size", ",".join(SIZES), "--csv"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    by_size = {}
+    for r in csv.DictReader(io.StringIO(out)):
+        by_size.setdefault(int(r["size_blocks"]), {})[r["policy"]] = r
+    cells = []
+    for size, d in sorted(by_size.items()):
+        hit = {p: 100 * float(d[p]["hit_ratio"]) for p in d}
+        best = max(FIVE, key=lambda p: hit[p])
+        need = max(hit["lru"] - 0.1, hit[best] - 1.0)
+        promo = int(d[policy]["promotions"]) / max(1, int(d["lru"]["promotions"]))
+        cells.append({"set": set_name, "workload": workload, "size_blocks": size, "hit_pct": hit[policy],
+                      "needed_pct": need, "best_of_five": best, "promotions_vs_lru": promo,
+                      "holds": hit[policy] >= need and promo <= 0.8})
+    return cells
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--strata", default=str(b.strata_bin()))
+    ap.add_argument("--policy", default="optgate")
+    ap.add_argument("--sets", default=",".join(SETS), help="comma-separated, of: " + ", ".join(SETS))
+    ap.add_argument("-j", type=int, default=2, help="workloads replayed at once")
+    ap.add_argument("--json", help="write every cell here")
+    a = ap.parse_args()
+    names = a.sets.split(",")
+    unknown = [n for n in names if n not in SETS]
+    if unknown:
+        ap.error(f"unknown set(s): {', '.join(unknown)}")
+    jobs = [(s, w, args) for s in names for w, args in SETS[s]]
+    with ThreadPoolExecutor(a.j) as pool:
+        results = list(pool.map(lambda j: verdicts(a.strata, a.policy, *j), jobs))
+    cells = [c for r in results for c in r]
+    out_of_sample = [0, 0]
+    for s in names:
+        mine = [c for c in cells if c["set"] == s]
+        held = sum(c["holds"] for c in mine)
+        short = sum(max(0.0, c["needed_pct"] - c["hit_pct"]) for c in mine if not c["holds"])
+        print(f"{s:>7}: {held} of {len(mine)} held, {short:.2f} points short")
+        if s != "in":
+            out_of_sample[0] += held
+            out_of_sample[1] += len(mine)
+    if out_of_sample[1]:
+        print(f"out of sample: {out_of_sample[0]} of {out_of_sample[1]} held")
+    if a.json:
+        Path(a.json).write_text(json.dumps(cells, indent=1))
+
+
+if __name__ == "__main__":
+    main()
