@@ -11,7 +11,7 @@ default policy: in sample, held out, and the four fresh sets, each made for one 
 Prints, per set, the cells held and the points short summed over the cells missed on hits
 (need - hit, where positive); `--json` writes every cell. A policy's figures are only worth
 comparing with another build's from the same script: the sets are fixed here so that they
-are. A full run of `optgate` takes about 10 minutes on 2 idle cores.
+are. A full run of `optgate` takes 10 to 16 minutes on 2 cores.
 """
 
 import argparse
@@ -104,6 +104,11 @@ def main():
     unknown = [n for n in names if n not in SETS]
     if unknown:
         ap.error(f"unknown set(s): {', '.join(unknown)}")
+    if not Path(a.strata).is_file():
+        ap.error(f"no strata binary at {a.strata} (build it: cargo build --release -p strata)")
+    missing = [str(t) for t in TRACE.values() if not t.exists()]
+    if missing:
+        ap.error(f"missing trace(s): {', '.join(missing)}")
     jobs = [(s, w, args) for s in names for w, args in SETS[s]]
     with ThreadPoolExecutor(a.j) as pool:
         results = list(pool.map(lambda j: verdicts(a.strata, a.policy, *j), jobs))
