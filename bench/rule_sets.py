@@ -18,14 +18,13 @@ import argparse
 import csv
 import io
 import json
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as b  # noqa: E402
-from experiments.policies import FIVE, SIZES, SYNTHETIC, SYNTHETIC_BLOCKS  # noqa: E402
+from experiments.policies import FIVE, SIZES, SYNTHETIC, SYNTHETIC_BLOCKS, by_size, verdict  # noqa: E402
 
 DATA = b.ROOT.parent / "shared" / "testdata"
 TRACE = {
@@ -76,20 +75,9 @@ SETS = {
 def verdicts(strata, policy, set_name, workload, args):
     """The rule's verdict on `policy` at each size of one workload."""
     cmd = [strata, "sim", *args, "--policy", ",".join(["lru", *FIVE, policy]), "--size", ",".join(SIZES), "--csv"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    by_size = {}
-    for r in csv.DictReader(io.StringIO(out)):
-        by_size.setdefault(int(r["size_blocks"]), {})[r["policy"]] = r
-    cells = []
-    for size, d in sorted(by_size.items()):
-        hit = {p: 100 * float(d[p]["hit_ratio"]) for p in d}
-        best = max(FIVE, key=lambda p: hit[p])
-        need = max(hit["lru"] - 0.1, hit[best] - 1.0)
-        promo = int(d[policy]["promotions"]) / max(1, int(d["lru"]["promotions"]))
-        cells.append({"set": set_name, "workload": workload, "size_blocks": size, "hit_pct": hit[policy],
-                      "needed_pct": need, "best_of_five": best, "promotions_vs_lru": promo,
-                      "holds": hit[policy] >= need and promo <= 0.8})
-    return cells
+    rows = csv.DictReader(io.StringIO(b.run(cmd).stdout))
+    return [{"set": set_name, "workload": workload, "size_blocks": size, **verdict(d, policy)}
+            for size, d in by_size(rows).items()]
 
 
 def main():

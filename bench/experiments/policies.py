@@ -66,24 +66,37 @@ def sim(ctx, args, sizes):
     return list(csv.DictReader(io.StringIO(out)))
 
 
+def by_size(rows):
+    """`strata sim --csv` rows -> {size in blocks: {policy: row}}."""
+    out = {}
+    for r in rows:
+        out.setdefault(int(r["size_blocks"]), {})[r["policy"]] = r
+    return dict(sorted(out.items()))
+
+
+def verdict(d, policy):
+    """The rule's verdict on `policy` in one cell, from every policy's row at that size
+    (LRU's and the five's at least): unrounded hit ratio (%), the ratio needed, the best of
+    the five, promotions against LRU's and whether the rule holds."""
+    hit = {p: 100 * float(d[p]["hit_ratio"]) for p in ["lru", *FIVE, policy]}
+    best = max(FIVE, key=lambda p: hit[p])
+    need = max(hit["lru"] - 0.1, hit[best] - 1.0)
+    promo = int(d[policy]["promotions"]) / max(1, int(d["lru"]["promotions"]))
+    return {"hit_pct": hit[policy], "needed_pct": need, "best_of_five": best, "promotions_vs_lru": promo,
+            "holds": hit[policy] >= need and promo <= 0.8}
+
+
 def cells(rows, set_name, workload):
     """The rule's verdict for every policy at every size of one run."""
     out = []
-    by_size = {}
-    for r in rows:
-        by_size.setdefault(int(r["size_blocks"]), {})[r["policy"]] = r
-    for size, d in sorted(by_size.items()):
-        hit = {p: 100 * float(d[p]["hit_ratio"]) for p in d}
-        lru_promotions = max(1, int(d["lru"]["promotions"]))
-        best = max(FIVE, key=lambda p: hit[p])
-        need = max(hit["lru"] - 0.1, hit[best] - 1.0)
+    for size, d in by_size(rows).items():
         for p in [*FIVE, *CANDIDATES]:
-            promo = int(d[p]["promotions"]) / lru_promotions
+            v = verdict(d, p)
             out.append({
                 "set": set_name, "workload": workload, "size_blocks": size, "policy": p,
-                "hit_pct": round(hit[p], 3), "promotions_vs_lru": round(promo, 3),
-                "needed_pct": round(need, 3), "best_of_five": best,
-                "holds": int(hit[p] >= need and promo <= 0.8),
+                "hit_pct": round(v["hit_pct"], 3), "promotions_vs_lru": round(v["promotions_vs_lru"], 3),
+                "needed_pct": round(v["needed_pct"], 3), "best_of_five": v["best_of_five"],
+                "holds": int(v["holds"]),
             })
     return out
 
