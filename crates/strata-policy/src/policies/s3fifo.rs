@@ -92,6 +92,12 @@ impl S3Fifo {
         self.map.get(block, &self.arena.nodes)
     }
 
+    /// A cached block's frequency.
+    #[cfg(test)]
+    pub(crate) fn freq(&self, block: u64) -> Option<u8> {
+        self.resident(block).map(|i| self.arena.nodes[i as usize].freq())
+    }
+
     fn block_of(&self, i: u32) -> u64 {
         self.arena.nodes[i as usize].block()
     }
@@ -197,6 +203,46 @@ impl S3Fifo {
         i
     }
 
+    /// [`Policy::access_admitting`], where a hit raises the block's frequency only if
+    /// `counts` (a restored block's first hit aside): `optgate` says not for a hit on the
+    /// block the access just before touched, which it takes for one reference going on
+    /// rather than a re-use.
+    pub(crate) fn access_counting(&mut self, a: Access, counts: bool, admit: impl FnOnce(&Self) -> bool) -> Outcome {
+        let found = self.resident(a.block);
+        if found.is_none() && !admit(self) {
+            return Outcome::Miss;
+        }
+        self.accessed = true;
+        if let Some(i) = found {
+            let node = &mut self.arena.nodes[i as usize];
+            if node.at() == Where::Restored {
+                // Its first hit since the start-up: into S, as if just admitted and hit.
+                node.set_at(Where::Small);
+                node.set_freq(1);
+                self.restored.remove(&mut self.arena.nodes, i);
+                self.small.push_back(&mut self.arena.nodes, i);
+                return Outcome::Hit;
+            }
+            // The main queue only uses two bits; S counts on up to the move threshold.
+            if counts {
+                node.set_freq((node.freq() + 1).min(MAX_FREQ));
+            }
+            return Outcome::Hit;
+        }
+        let evict = if self.cached() >= self.capacity {
+            match self.evict() {
+                Some(b) => Some(b),
+                None => return Outcome::Miss,
+            }
+        } else {
+            None
+        };
+        // The eviction may have pushed this block's own ghost out of G.
+        let at = if self.ghost.forget(a.block) { Where::Main } else { Where::Small };
+        self.add(a.block, at);
+        Outcome::Promote { evict }
+    }
+
     /// Caches `block` without an access, on queue `at` (insert and adopt).
     fn place(&mut self, block: u64, dirty: bool, at: Where) -> Result<(), InsertError> {
         if self.resident(block).is_some() {
@@ -246,37 +292,7 @@ impl Policy for S3Fifo {
 
     /// One look-up where the default takes two (the hottest path of `optgate`'s gate).
     fn access_admitting(&mut self, a: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome {
-        let found = self.resident(a.block);
-        if found.is_none() && !admit(self) {
-            return Outcome::Miss;
-        }
-        self.accessed = true;
-        if let Some(i) = found {
-            let node = &mut self.arena.nodes[i as usize];
-            if node.at() == Where::Restored {
-                // Its first hit since the start-up: into S, as if just admitted and hit.
-                node.set_at(Where::Small);
-                node.set_freq(1);
-                self.restored.remove(&mut self.arena.nodes, i);
-                self.small.push_back(&mut self.arena.nodes, i);
-                return Outcome::Hit;
-            }
-            // The main queue only uses two bits; S counts on up to the move threshold.
-            node.set_freq((node.freq() + 1).min(MAX_FREQ));
-            return Outcome::Hit;
-        }
-        let evict = if self.cached() >= self.capacity {
-            match self.evict() {
-                Some(b) => Some(b),
-                None => return Outcome::Miss,
-            }
-        } else {
-            None
-        };
-        // The eviction may have pushed this block's own ghost out of G.
-        let at = if self.ghost.forget(a.block) { Where::Main } else { Where::Small };
-        self.add(a.block, at);
-        Outcome::Promote { evict }
+        self.access_counting(a, true, admit)
     }
 
     fn remove(&mut self, block: u64) -> bool {
@@ -415,6 +431,25 @@ pub(crate) mod tests {
         assert!(p.access_admitting(Access::read(2, 0), |_| panic!("a hit asks no gate")).is_hit());
         assert!(matches!(p.access_admitting(Access::read(1, 0), |_| true), Outcome::Promote { evict: Some(_) }));
         assert_eq!(p.main.len(), before.1 + 1, "a ghost's block goes to the main queue");
+    }
+
+    /// Hits that do not count leave a block's frequency as it was: read once and re-touched
+    /// three times without counting, block 0 is the first to leave `S`, for the ghosts, as a
+    /// block read once is; with the re-touches counted it moves to `M` instead.
+    #[test]
+    fn uncounted_hits_leave_the_frequency_alone() {
+        for counts in [false, true] {
+            let mut p = S3Fifo::new(CAP);
+            for _ in 0..4 {
+                p.access_counting(Access::read(0, 0), counts, |_| true);
+            }
+            for b in 1..=CAP as u64 {
+                p.access(Access::read(b, 0));
+            }
+            let at = p.resident(0).map(|i| p.arena.nodes[i as usize].at());
+            assert_eq!(at, counts.then_some(Where::Main), "counted: {counts}");
+            assert_eq!(p.ghost.contains(0), !counts, "counted: {counts}");
+        }
     }
 
     /// A cache full of blocks the workload never reads serves it exactly as an empty one:
