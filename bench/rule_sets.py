@@ -24,13 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as b  # noqa: E402
-from experiments.policies import FIVE, SIZES, SYNTHETIC, SYNTHETIC_BLOCKS, by_size, verdict  # noqa: E402
-
-DATA = b.ROOT.parent / "shared" / "testdata"
-TRACE = {
-    "cloudphysics-w": DATA / "cloudphysics-w.csv",
-    **{n: DATA / "arc" / f"{n}.lis.zst" for n in ("P2", "P6", "P12")},
-}
+from experiments.policies import FIVE, SIZES, SYNTHETIC, SYNTHETIC_BLOCKS, TRACES, by_size, verdict  # noqa: E402
 
 
 def synthetic(patterns, blocks, requests, seed):
@@ -42,7 +36,7 @@ def traces(pairs):
     """(trace, block size or None for its own) -> workloads."""
     out = []
     for name, bs in pairs:
-        args = [str(TRACE[name])] + (["--block-size", bs] if bs else [])
+        args = [str(TRACES[name])] + (["--block-size", bs] if bs else [])
         out.append((f"{name} at {bs}" if bs else name, args))
     return out
 
@@ -50,7 +44,7 @@ def traces(pairs):
 # Each set as docs/BENCHMARKS.md defines it (the section that made it is named).
 SETS = {
     # The rule's own cells.
-    "in": traces([(n, None) for n in TRACE]),
+    "in": traces([(n, None) for n in TRACES]),
     # `bench/run.py policies`' held-out cells.
     "held": traces([("cloudphysics-w", "64KiB"), ("P2", "4KiB"), ("P6", "4KiB"), ("P12", "4KiB")])
     + synthetic(SYNTHETIC, SYNTHETIC_BLOCKS, 2_000_000, 1),
@@ -94,7 +88,7 @@ def main():
         ap.error(f"unknown set(s): {', '.join(unknown)}")
     if not Path(a.strata).is_file():
         ap.error(f"no strata binary at {a.strata} (build it: cargo build --release -p strata)")
-    missing = [str(t) for t in TRACE.values() if not t.exists()]
+    missing = [str(t) for t in TRACES.values() if not t.exists()]
     if missing:
         ap.error(f"missing trace(s): {', '.join(missing)}")
     jobs = [(s, w, args) for s in names for w, args in SETS[s]]

@@ -52,12 +52,19 @@ def expected_seconds(scale):
     return 8 + len(p["sizes"]) * (traces * (2 if p["other_block_sizes"] else 1) * 6 + len(p["synthetic"]) * 2 * scale)
 
 
+TESTDATA = b.ROOT.parent / "shared" / "testdata"
+# The rule's traces, in ../shared/testdata.
+TRACES = {
+    "cloudphysics-w": TESTDATA / "cloudphysics-w.csv",
+    **{n: TESTDATA / "arc" / f"{n}.lis.zst" for n in ("P2", "P6", "P12")},
+}
+
+
 def traces(p):
     """(name, path, the other block size) of the testdata traces present."""
-    d = b.ROOT.parent / "shared" / "testdata"
-    found = [("cloudphysics-w", d / "cloudphysics-w.csv", "64KiB")]
+    found = [("cloudphysics-w", TRACES["cloudphysics-w"], "64KiB")]
     if p["all_traces"]:
-        found += [(n, d / "arc" / f"{n}.lis.zst", "4KiB") for n in ("P2", "P6", "P12")]
+        found += [(n, TRACES[n], "4KiB") for n in ("P2", "P6", "P12")]
     return [t for t in found if t[1].exists()]
 
 

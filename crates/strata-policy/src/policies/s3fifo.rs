@@ -203,7 +203,8 @@ impl S3Fifo {
         i
     }
 
-    /// [`Policy::access_admitting`], where a hit raises the block's frequency only if
+    /// [`Policy::access_admitting`] in one look-up (the hottest path of `optgate`'s gate),
+    /// where a hit raises the block's frequency only if
     /// `counts` (a restored block's first hit aside): `optgate` says not for a hit on the
     /// block the access just before touched, which it takes for one reference going on
     /// rather than a re-use.
@@ -290,7 +291,7 @@ impl Policy for S3Fifo {
         self.access_admitting(a, |_| true)
     }
 
-    /// One look-up where the default takes two (the hottest path of `optgate`'s gate).
+    /// One look-up where the default takes two ([`S3Fifo::access_counting`]).
     fn access_admitting(&mut self, a: Access, admit: impl FnOnce(&Self) -> bool) -> Outcome {
         self.access_counting(a, true, admit)
     }
