@@ -53,10 +53,12 @@ def expected_seconds(scale):
 
 
 TESTDATA = b.ROOT.parent / "shared" / "testdata"
+# The ARC paper's traces among them.
+ARC_TRACES = ("P2", "P6", "P12")
 # The rule's traces, in ../shared/testdata.
 TRACES = {
     "cloudphysics-w": TESTDATA / "cloudphysics-w.csv",
-    **{n: TESTDATA / "arc" / f"{n}.lis.zst" for n in ("P2", "P6", "P12")},
+    **{n: TESTDATA / "arc" / f"{n}.lis.zst" for n in ARC_TRACES},
 }
 
 
@@ -64,7 +66,7 @@ def traces(p):
     """(name, path, the other block size) of the testdata traces present."""
     found = [("cloudphysics-w", TRACES["cloudphysics-w"], "64KiB")]
     if p["all_traces"]:
-        found += [(n, TRACES[n], "4KiB") for n in ("P2", "P6", "P12")]
+        found += [(n, TRACES[n], "4KiB") for n in ARC_TRACES]
     return [t for t in found if t[1].exists()]
 
 

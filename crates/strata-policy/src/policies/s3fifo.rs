@@ -204,10 +204,9 @@ impl S3Fifo {
     }
 
     /// [`Policy::access_admitting`] in one look-up (the hottest path of `optgate`'s gate),
-    /// where a hit raises the block's frequency only if
-    /// `counts` (a restored block's first hit aside): `optgate` says not for a hit on the
-    /// block the access just before touched, which it takes for one reference going on
-    /// rather than a re-use.
+    /// where a hit raises the block's frequency only if `counts` (a restored block's first
+    /// hit aside): `optgate` says not for a hit on the block the access just before touched,
+    /// which it takes for one reference going on rather than a re-use.
     pub(crate) fn access_counting(&mut self, a: Access, counts: bool, admit: impl FnOnce(&Self) -> bool) -> Outcome {
         let found = self.resident(a.block);
         if found.is_none() && !admit(self) {
