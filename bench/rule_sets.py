@@ -9,9 +9,10 @@ default policy: in sample, held out, and the four fresh sets, each made for one 
                        [--json out.json]
 
 Prints, per set, the cells held and the points short summed over the cells missed on hits
-(need - hit, where positive); `--json` writes every cell. A policy's figures are only worth
-comparing with another build's from the same script: the sets are fixed here so that they
-are. A full run of `optgate` takes 10 to 16 minutes on 2 cores.
+(need - hit, where positive); with several policies (`--policy optgate,arc,opt`), each one's
+lines and then the cells at least one of them holds. `--json` writes every cell. A policy's
+figures are only worth comparing with another build's from the same script: the sets are
+fixed here so that they are. A full run of `optgate` takes 10 to 16 minutes on 2 cores.
 """
 
 import argparse
@@ -66,18 +67,48 @@ SETS = {
 }
 
 
-def verdicts(strata, policy, set_name, workload, args):
-    """The rule's verdict on `policy` at each size of one workload."""
-    cmd = [strata, "sim", *args, "--policy", ",".join(["lru", *FIVE, policy]), "--size", ",".join(SIZES), "--csv"]
+def verdicts(strata, policies, set_name, workload, args):
+    """The rule's verdict on each of `policies` at each size of one workload (one replay)."""
+    replayed = list(dict.fromkeys(["lru", *FIVE, *policies]))
+    cmd = [strata, "sim", *args, "--policy", ",".join(replayed), "--size", ",".join(SIZES), "--csv"]
     rows = csv.DictReader(io.StringIO(b.run(cmd).stdout))
-    return [{"set": set_name, "workload": workload, "size_blocks": size, **verdict(d, policy)}
-            for size, d in by_size(rows).items()]
+    return [{"set": set_name, "workload": workload, "size_blocks": size, "policy": p, **verdict(d, p)}
+            for size, d in by_size(rows).items() for p in policies]
+
+
+def print_sets(cells, names, short=True):
+    """Per set, the cells held and (with `short`) the points short summed over the cells
+    missed on hits (need - hit, where positive); then the cells held out of sample."""
+    out_of_sample = [0, 0]
+    for s in names:
+        mine = [c for c in cells if c["set"] == s]
+        held = sum(c["holds"] for c in mine)
+        line = f"{s:>7}: {held} of {len(mine)} held"
+        if short:
+            points = sum(max(0.0, c["needed_pct"] - c["hit_pct"]) for c in mine if not c["holds"])
+            line += f", {points:.2f} points short"
+        print(line)
+        if s != "in":
+            out_of_sample[0] += held
+            out_of_sample[1] += len(mine)
+    if out_of_sample[1]:
+        print(f"out of sample: {out_of_sample[0]} of {out_of_sample[1]} held")
+
+
+def held_by_any(cells):
+    """One cell per set, workload and size, held where any policy judged holds it."""
+    out = {}
+    for c in cells:
+        key = (c["set"], c["workload"], c["size_blocks"])
+        out[key] = {"set": c["set"], "holds": out.get(key, {}).get("holds", False) or c["holds"]}
+    return list(out.values())
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strata", default=str(b.strata_bin()))
-    ap.add_argument("--policy", default="optgate")
+    ap.add_argument("--policy", default="optgate",
+                    help="comma-separated: each is judged on its own, from one replay per workload")
     ap.add_argument("--sets", default=",".join(SETS), help="comma-separated, of: " + ", ".join(SETS))
     ap.add_argument("-j", type=int, default=2, help="workloads replayed at once")
     ap.add_argument("--json", help="write every cell here")
@@ -91,21 +122,18 @@ def main():
     missing = [str(t) for t in TRACES.values() if not t.exists()]
     if missing:
         ap.error(f"missing trace(s): {', '.join(missing)}")
+    policies = list(dict.fromkeys(a.policy.split(",")))
     jobs = [(s, w, args) for s in names for w, args in SETS[s]]
     with ThreadPoolExecutor(a.j) as pool:
-        results = list(pool.map(lambda j: verdicts(a.strata, a.policy, *j), jobs))
+        results = list(pool.map(lambda j: verdicts(a.strata, policies, *j), jobs))
     cells = [c for r in results for c in r]
-    out_of_sample = [0, 0]
-    for s in names:
-        mine = [c for c in cells if c["set"] == s]
-        held = sum(c["holds"] for c in mine)
-        short = sum(max(0.0, c["needed_pct"] - c["hit_pct"]) for c in mine if not c["holds"])
-        print(f"{s:>7}: {held} of {len(mine)} held, {short:.2f} points short")
-        if s != "in":
-            out_of_sample[0] += held
-            out_of_sample[1] += len(mine)
-    if out_of_sample[1]:
-        print(f"out of sample: {out_of_sample[0]} of {out_of_sample[1]} held")
+    for policy in policies:
+        if len(policies) > 1:
+            print(f"{policy}:")
+        print_sets([c for c in cells if c["policy"] == policy], names)
+    if len(policies) > 1:
+        print("held by at least one of them:")
+        print_sets(held_by_any(cells), names, short=False)
     if a.json:
         Path(a.json).write_text(json.dumps(cells, indent=1))
 
