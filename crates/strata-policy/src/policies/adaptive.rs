@@ -106,7 +106,7 @@ const DECAY: f64 = 0.9;
 /// How far ahead (hits per sampled access in the window) a candidate must be to take over.
 const SWITCH_MARGIN: f64 = 0.005;
 /// Promotions allowed, as a fraction of what LRU's miniature promotes.
-const PROMOTION_BUDGET: f64 = 0.75;
+pub(crate) const PROMOTION_BUDGET: f64 = 0.75;
 /// The most the budget may cost, in hits per sampled access: when every candidate within it
 /// is further behind the one with the most hits, that one serves, whatever it promotes. A
 /// point, as the rule the default is held to allows a point behind the best policy (`optgate`

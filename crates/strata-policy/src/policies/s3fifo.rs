@@ -61,12 +61,17 @@ pub struct S3Fifo {
     main: List<0>,
     restored: List<0>,
     ghost: GhostFifo,
+    /// Where `S`'s size adapts: the blocks evicted from `M` (see [`S3Fifo::adaptive`]).
+    main_ghost: Option<GhostFifo>,
     dirty: Dirty,
     /// Whether any access has come yet: until then an inserted block is restored.
     accessed: bool,
 }
 
 impl S3Fifo {
+    /// The small queue's size, in thousandths of the cache.
+    pub(crate) const SMALL_SHARE: usize = 100;
+
     pub fn new(capacity: usize) -> Self {
         Self::with_ghosts(capacity, capacity * 9 / 10)
     }
@@ -76,16 +81,35 @@ impl S3Fifo {
         let n = capacity + 1;
         S3Fifo {
             capacity,
-            small_cap: (capacity / 10).max(1),
+            small_cap: (capacity * Self::SMALL_SHARE / 1000).max(1),
             arena: Arena::with_capacity(n),
             map: block_map(n),
             small: List::new(),
             main: List::new(),
             restored: List::new(),
             ghost: GhostFifo::new(ghosts),
+            main_ghost: None,
             dirty: Dirty::new(n),
             accessed: false,
         }
+    }
+
+    /// An S3-FIFO whose small queue's size adapts as ARC's recency list does: one block
+    /// larger (up to half the cache) on a miss on a ghost of `S`, one smaller (down to 1%) on
+    /// a miss on a block `M` evicted, which a second ghost queue of `ghosts` blocks
+    /// remembers and which then goes back to `M`.
+    pub(crate) fn adaptive(capacity: usize, ghosts: usize) -> Self {
+        S3Fifo { main_ghost: Some(GhostFifo::new(ghosts)), ..Self::with_ghosts(capacity, ghosts) }
+    }
+
+    /// The small queue's size, in thousandths of the cache.
+    pub(crate) fn small_share(&self) -> usize {
+        self.small_cap * 1000 / self.capacity.max(1)
+    }
+
+    /// Sets the small queue's size, in thousandths of the cache.
+    pub(crate) fn set_small_share(&mut self, permille: usize) {
+        self.small_cap = (self.capacity * permille / 1000).max(1);
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
@@ -162,7 +186,11 @@ impl S3Fifo {
                 self.main.move_to_back(&mut self.arena.nodes, t);
             } else {
                 self.main.remove(&mut self.arena.nodes, t);
-                return Some(self.drop_entry(t));
+                let block = self.drop_entry(t);
+                if let Some(g) = &mut self.main_ghost {
+                    g.remember(block);
+                }
+                return Some(block);
             }
         }
         None
@@ -238,7 +266,17 @@ impl S3Fifo {
             None
         };
         // The eviction may have pushed this block's own ghost out of G.
-        let at = if self.ghost.forget(a.block) { Where::Main } else { Where::Small };
+        let at = if self.ghost.forget(a.block) {
+            if self.main_ghost.is_some() {
+                self.small_cap = (self.small_cap + 1).min((self.capacity / 2).max(1));
+            }
+            Where::Main
+        } else if self.main_ghost.as_mut().is_some_and(|g| g.forget(a.block)) {
+            self.small_cap = self.small_cap.saturating_sub(1).max((self.capacity / 100).max(1));
+            Where::Main
+        } else {
+            Where::Small
+        };
         self.add(a.block, at);
         Outcome::Promote { evict }
     }
@@ -355,8 +393,11 @@ impl Policy for S3Fifo {
     }
 
     fn bytes_per_entry(&self) -> f64 {
-        let bytes =
-            self.arena.bytes(self.capacity + 1) + map_bytes(&self.map) + self.dirty.bytes() + self.ghost.bytes();
+        let bytes = self.arena.bytes(self.capacity + 1)
+            + map_bytes(&self.map)
+            + self.dirty.bytes()
+            + self.ghost.bytes()
+            + self.main_ghost.as_ref().map_or(0, GhostFifo::bytes);
         bytes as f64 / self.capacity as f64
     }
 }
@@ -501,6 +542,40 @@ pub(crate) mod tests {
         assert!(!comes_back_to_main(S3Fifo::new(CAP), 89));
         assert!(comes_back_to_main(S3Fifo::with_ghosts(CAP, 50), 48));
         assert!(!comes_back_to_main(S3Fifo::with_ghosts(CAP, 50), 49));
+    }
+
+    /// An adaptive small queue grows by a block on a miss on one of its ghosts and shrinks
+    /// by one on a miss on a block the main queue evicted, which goes back to `M`; a fixed
+    /// one stays a tenth of the cache.
+    #[test]
+    fn an_adaptive_small_queue_follows_both_ghost_queues() {
+        for adapts in [true, false] {
+            let mut p = if adapts { S3Fifo::adaptive(CAP, CAP / 2) } else { S3Fifo::with_ghosts(CAP, CAP / 2) };
+            // Blocks 0..90 read three times, the rest of the cache read once.
+            for _ in 0..3 {
+                for b in 0..90 {
+                    p.access(Access::read(b, 0));
+                }
+            }
+            for b in 90..CAP as u64 {
+                p.access(Access::read(b, 0));
+            }
+            // The first miss moves 0..90 to M and sends 90 to the ghosts; 90 comes back.
+            p.access(Access::read(1_000, 0));
+            assert!(p.ghost.contains(90));
+            p.access(Access::read(90, 0));
+            assert_eq!(p.small_share(), if adapts { 110 } else { 100 });
+            // Misses until M evicts one of 0..90, which then comes back.
+            let evicted = (2_000..).find_map(|b| match p.access(Access::read(b, 0)) {
+                Outcome::Promote { evict: Some(e) } if e < 90 => Some(e),
+                _ => None,
+            });
+            let e = evicted.expect("M evicts");
+            p.access(Access::read(e, 0));
+            assert_eq!(p.small_share(), 100);
+            let at = p.resident(e).map(|i| p.arena.nodes[i as usize].at());
+            assert_eq!(at, Some(if adapts { Where::Main } else { Where::Small }));
+        }
     }
 
     /// Saved hints come back as restored blocks in their saved order.
