@@ -74,20 +74,22 @@
 //!   ([`S3Fifo::adaptive`]). At each epoch's end the live cache's small queue takes the
 //!   adapting one's size while that one hits more than [`BUDGET_HIT_COST`] of the sampled
 //!   accesses more and promotes no more than the fixed one or the budget allows, and a
-//!   tenth of the cache otherwise (set dueling). In a small cache of large blocks many
-//!   streams read through blocks at once, and a block can leave a small queue of a few
-//!   dozen blocks before its stream comes back to it. In sampled miniatures the adapting
-//!   one's lead did not carry over to the live cache (CloudPhysics at 13,461 blocks: 15.82%
-//!   of hits fell to 14.56), so larger caches keep a tenth.
+//!   tenth of the cache otherwise (set dueling). The live cache takes the size alone: it has
+//!   no second ghost queue, so a miss on a block its main queue evicted goes to the small
+//!   queue there. In a small cache of large blocks many streams read through blocks at
+//!   once, and a block can leave a small queue of a few dozen blocks before its stream comes
+//!   back to it. In sampled miniatures the adapting one's lead did not carry over to the
+//!   live cache (CloudPhysics at 13,461 blocks: 15.82% of hits fell to 14.56), so larger
+//!   caches keep a tenth.
 //!
 //! Its state beside S3-FIFO's (31.5 bytes per cached block with its ghosts at half a cache,
 //! see [`s3fifo`]): the predictor's counters take 256 KiB whatever the cache's size, the
 //! live doorkeeper 2 bytes per cached block, and OPTgen and the fifty-five miniatures (two
-//! sets of twenty-seven S3-FIFOs, and an LRU; two more in a cache too small to sample) and the table of sequential runs (4,096
-//! slots, 64 KiB; every access looks its run up there) the rest: about 3.4 MB in all up to
-//! three quarters of a million cached blocks, and under 5 bytes per cached block beyond
-//! (3.81 at a million), so the whole policy takes about 37 to 38.5 bytes per cached block
-//! from a million blocks up. An access OPTgen follows costs a segment-tree walk, and one
+//! sets of twenty-seven S3-FIFOs, and an LRU; two more in a cache too small to sample) and
+//! the table of sequential runs (4,096 slots, 64 KiB; every access looks its run up there)
+//! the rest: about 3.4 MB in all up to three quarters of a million cached blocks, and under
+//! 5 bytes per cached block beyond (3.81 at a million), so the whole policy takes about 37
+//! to 38.5 bytes per cached block from a million blocks up. An access OPTgen follows costs a segment-tree walk, and one
 //! the miniatures see an access to each of them; the miniatures' sample is at most one
 //! access in [`SAMPLE_SHARE`] once the cache holds more than that many times [`OPT_BLOCKS`]
 //! blocks, and about one in ninety for the simulator's throughput benchmark, where the
@@ -471,13 +473,16 @@ impl<P: Behind> Mini<P> {
         }));
     }
 
-    /// Takes `other`'s level and kind of doorkeeper (its own doorkeeper, if it had none, from
-    /// now on).
+    /// A miniature that follows the level in force ([`Mini::follow`]): its doorkeeper
+    /// remembers every miss from the start, as the live one does, whichever kind is in use.
+    fn following(policy: P) -> Self {
+        let door = Some(Doorkeeper::new(policy.capacity() * DOOR));
+        Mini { level: FIRST_LEVEL, kind: Door::Off, door, policy, score: Score::default() }
+    }
+
+    /// Takes `other`'s level and kind of doorkeeper.
     fn follow<Q>(&mut self, other: &Mini<Q>) {
         (self.level, self.kind) = (other.level, other.kind);
-        if self.kind != Door::Off && self.door.is_none() {
-            self.door = Some(Doorkeeper::new(self.policy.capacity() * DOOR));
-        }
     }
 
     /// Whether every miss it lets in, `other` would let in too.
@@ -555,10 +560,7 @@ impl OptGate {
             from_live: levels(mini_cap),
             lru: Mini::new(0, Door::Off, Lru::new(mini_cap)),
             duel: if mini_cap == capacity {
-                vec![
-                    Mini::new(FIRST_LEVEL, Door::Off, s3fifo(mini_cap)),
-                    Mini::new(FIRST_LEVEL, Door::Off, S3Fifo::adaptive(mini_cap, mini_cap / 2)),
-                ]
+                vec![Mini::following(s3fifo(mini_cap)), Mini::following(S3Fifo::adaptive(mini_cap, mini_cap / 2))]
             } else {
                 Vec::new()
             },
@@ -587,16 +589,16 @@ impl OptGate {
             m.access(&self.predictor, access, sig, run, retouch);
         }
         self.lru.access(&self.predictor, access, sig, run, retouch);
+        self.sampled += 1.0;
+        self.in_epoch += 1;
+        if self.in_epoch == self.epoch_len {
+            self.in_epoch = 0;
+            self.end_epoch();
+        }
+        // At the level the live cache takes this access at, an epoch's end just now included.
         for m in &mut self.duel {
             m.access(&self.predictor, access, sig, run, retouch);
         }
-        self.sampled += 1.0;
-        self.in_epoch += 1;
-        if self.in_epoch < self.epoch_len {
-            return;
-        }
-        self.in_epoch = 0;
-        self.end_epoch();
     }
 
     /// Takes the level for the next epoch, starts the second set from the live cache's
@@ -624,12 +626,11 @@ impl OptGate {
         self.in_force = pick;
         if let [fixed, adapting] = &self.duel[..] {
             // The adapting queue's size while it hits clearly more, and promotes no more than
-            // the fixed one or the budget allows.
+            // the fixed one or the budget allows; the fixed one's (a tenth) otherwise.
             let (f, a) = (fixed.score, adapting.score);
             let adapt = a.hits - f.hits > BUDGET_HIT_COST * self.sampled
                 && a.promotions <= f.promotions.max(PROMOTION_BUDGET * self.lru.score.promotions);
-            let share = if adapt { adapting.policy.small_share() } else { S3Fifo::SMALL_SHARE };
-            self.inner.set_small_share(share);
+            self.inner.set_small_cap(if adapt { adapting } else { fixed }.policy.small_cap());
         }
         for m in &mut self.duel {
             m.follow(&self.minis[pick]);
@@ -753,9 +754,9 @@ mod tests {
 
     /// Through a cache of 1,000 blocks (its miniatures are the cache itself): 900 blocks read
     /// three times, which fill the main queue, then 100,000 new blocks each read again
-    /// `gap` new blocks later. The live cache's small queue (thousandths of the cache), and
-    /// the hits on the second reads.
-    fn small_share_and_rereads_hit(gap: u64) -> (usize, u64) {
+    /// `gap` new blocks later. The live cache's small queue (blocks), and the hits on the
+    /// second reads.
+    fn small_cap_and_rereads_hit(gap: u64) -> (usize, u64) {
         let mut p = OptGate::new(1_000, &Params::default());
         assert_eq!(p.duel.len(), 2, "a cache of 1,000 blocks is not sampled");
         for _ in 0..3 {
@@ -768,21 +769,49 @@ mod tests {
             p.access(Access::read(b, 0));
             hits += p.access(Access::read(b - gap, 0)).is_hit() as u64;
         }
-        (p.inner.small_share(), hits)
+        (p.inner.small_cap(), hits)
     }
 
     /// Where blocks come back after longer than a small queue of a tenth of the cache holds
     /// them but within the cache, the small queue that adapts to its ghosts wins in
     /// miniature and the live cache takes its size, and the second reads hit. Where they
-    /// come back within a tenth, the two tie and the small queue stays a tenth of the cache.
+    /// come back within a tenth, it hits them there and stays a tenth of the cache.
     #[test]
     fn the_small_queue_takes_the_size_that_wins_in_miniature() {
-        let (share, hits) = small_share_and_rereads_hit(300);
-        assert!(share > 300, "{share}");
+        let (small, hits) = small_cap_and_rereads_hit(300);
+        assert!(small > 300, "{small}");
         assert!(hits > 80_000, "{hits} of 100,000 second reads hit");
-        let (share, hits) = small_share_and_rereads_hit(30);
-        assert_eq!(share, 100);
+        let (small, hits) = small_cap_and_rereads_hit(30);
+        assert_eq!(small, 100);
         assert!(hits > 95_000, "{hits}");
+    }
+
+    /// At an epoch's end the live cache's small queue takes the adapting miniature's size,
+    /// to the block, only where it leads the fixed one by more than the allowance and
+    /// promotes no more than the fixed one or the budget; the miniatures then follow the
+    /// level in force.
+    #[test]
+    fn the_live_small_queue_takes_the_adapting_size_on_a_clear_lead_within_the_budget() {
+        let mut p = OptGate::new(165, &Params::default());
+        p.duel[1].policy.set_small_cap(40);
+        let tenth = p.duel[0].policy.small_cap();
+        assert_eq!(tenth, 16);
+        // Hits and promotions of the adapting miniature, against 500 and 100 for the fixed one
+        // and 200 promotions for LRU's, over 1,000 sampled accesses (a point: 10 hits).
+        let mut small_after = |hits: f64, promotions: f64| {
+            p.duel[0].score = Score { hits: 500.0, promotions: 100.0 };
+            p.duel[1].score = Score { hits, promotions };
+            p.lru.score.promotions = 200.0;
+            p.sampled = 1_000.0;
+            p.end_epoch();
+            let in_force = (p.minis[p.in_force].level, p.minis[p.in_force].kind);
+            assert!(p.duel.iter().all(|m| (m.level, m.kind) == in_force));
+            p.inner.small_cap()
+        };
+        assert_eq!(small_after(510.0, 100.0), tenth, "within the allowance");
+        assert_eq!(small_after(520.0, 100.0), 40);
+        assert_eq!(small_after(520.0, 140.0), 40, "within the budget (150)");
+        assert_eq!(small_after(520.0, 160.0), tenth, "over the fixed one's and the budget");
     }
 
     /// The S3-FIFO behind the gate, live and in miniature, remembers half a cache of ghosts

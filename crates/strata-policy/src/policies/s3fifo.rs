@@ -15,6 +15,11 @@
 //! admitted block would (with that hit counted). A cache full of another workload's blocks
 //! so empties in one cache's worth of admissions, and [`Policy::untouched`] tells a gate in
 //! front (`optgate`) to admit every miss until then.
+//!
+//! [`S3Fifo::adaptive`], which `optgate` runs in miniature, sizes `S` as ARC sizes its recency
+//! list: one block larger on a miss on one of its ghosts, one smaller on a miss on a block a
+//! second ghost queue (of evictions from `M`, about 10 bytes a ghost as `G`'s) remembers.
+//! Its size can be given to a fixed one ([`S3Fifo::set_small_cap`]).
 
 use super::{dirty_methods, Arena};
 use crate::dirty::Dirty;
@@ -69,9 +74,6 @@ pub struct S3Fifo {
 }
 
 impl S3Fifo {
-    /// The small queue's size, in thousandths of the cache.
-    pub(crate) const SMALL_SHARE: usize = 100;
-
     pub fn new(capacity: usize) -> Self {
         Self::with_ghosts(capacity, capacity * 9 / 10)
     }
@@ -81,7 +83,7 @@ impl S3Fifo {
         let n = capacity + 1;
         S3Fifo {
             capacity,
-            small_cap: (capacity * Self::SMALL_SHARE / 1000).max(1),
+            small_cap: (capacity / 10).max(1),
             arena: Arena::with_capacity(n),
             map: block_map(n),
             small: List::new(),
@@ -102,14 +104,16 @@ impl S3Fifo {
         S3Fifo { main_ghost: Some(GhostFifo::new(ghosts)), ..Self::with_ghosts(capacity, ghosts) }
     }
 
-    /// The small queue's size, in thousandths of the cache.
-    pub(crate) fn small_share(&self) -> usize {
-        self.small_cap * 1000 / self.capacity.max(1)
+    /// The small queue's size, in blocks: what it holds at the least before `M` gives up a
+    /// block to make room.
+    pub(crate) fn small_cap(&self) -> usize {
+        self.small_cap
     }
 
-    /// Sets the small queue's size, in thousandths of the cache.
-    pub(crate) fn set_small_share(&mut self, permille: usize) {
-        self.small_cap = (self.capacity * permille / 1000).max(1);
+    /// Sets the small queue's size, in blocks (at least one, at most the cache). An adaptive
+    /// one moves on from there, back within its bounds.
+    pub(crate) fn set_small_cap(&mut self, blocks: usize) {
+        self.small_cap = blocks.clamp(1, self.capacity.max(1));
     }
 
     fn resident(&self, block: u64) -> Option<u32> {
@@ -290,6 +294,9 @@ impl S3Fifo {
             return Err(InsertError::Full(self.capacity));
         }
         self.ghost.forget(block);
+        if let Some(g) = &mut self.main_ghost {
+            g.forget(block);
+        }
         let i = self.add(block, at);
         if dirty {
             self.dirty.set_dirty(i);
@@ -378,7 +385,7 @@ impl Policy for S3Fifo {
 
     fn load_hints(&mut self, bytes: &[u8]) -> Result<(), HintError> {
         let entries = hints::decode(self.name(), bytes)?;
-        if !self.map.is_empty() || !self.ghost.is_empty() {
+        if !self.map.is_empty() || !self.ghost.is_empty() || self.main_ghost.as_ref().is_some_and(|g| !g.is_empty()) {
             return Err(HintError::NotEmpty);
         }
         // Restored in saved order, least valuable first; the most valuable are kept when
@@ -564,7 +571,7 @@ pub(crate) mod tests {
             p.access(Access::read(1_000, 0));
             assert!(p.ghost.contains(90));
             p.access(Access::read(90, 0));
-            assert_eq!(p.small_share(), if adapts { 110 } else { 100 });
+            assert_eq!(p.small_cap(), if adapts { 11 } else { 10 });
             // Misses until M evicts one of 0..90, which then comes back.
             let evicted = (2_000..).find_map(|b| match p.access(Access::read(b, 0)) {
                 Outcome::Promote { evict: Some(e) } if e < 90 => Some(e),
@@ -572,10 +579,28 @@ pub(crate) mod tests {
             });
             let e = evicted.expect("M evicts");
             p.access(Access::read(e, 0));
-            assert_eq!(p.small_share(), 100);
+            assert_eq!(p.small_cap(), 10);
             let at = p.resident(e).map(|i| p.arena.nodes[i as usize].at());
             assert_eq!(at, Some(if adapts { Where::Main } else { Where::Small }));
         }
+    }
+
+    /// An adaptive small queue at half the cache stays there on a miss on one of its ghosts;
+    /// a size set is kept within one block and the cache.
+    #[test]
+    fn an_adaptive_small_queue_grows_to_half_the_cache_at_most() {
+        let mut p = S3Fifo::adaptive(CAP, CAP / 2);
+        for b in 0..=CAP as u64 {
+            p.access(Access::read(b, 0));
+        }
+        assert!(p.ghost.contains(0));
+        p.set_small_cap(CAP / 2);
+        p.access(Access::read(0, 0));
+        assert_eq!(p.small_cap(), CAP / 2);
+        p.set_small_cap(0);
+        assert_eq!(p.small_cap(), 1);
+        p.set_small_cap(CAP + 1);
+        assert_eq!(p.small_cap(), CAP);
     }
 
     /// Saved hints come back as restored blocks in their saved order.
