@@ -89,12 +89,12 @@
 //! the table of sequential runs (4,096 slots, 64 KiB; every access looks its run up there)
 //! the rest: about 3.4 MB in all up to three quarters of a million cached blocks, and under
 //! 5 bytes per cached block beyond (3.81 at a million), so the whole policy takes about 37
-//! to 38.5 bytes per cached block from a million blocks up. An access OPTgen follows costs a segment-tree walk, and one
-//! the miniatures see an access to each of them; the miniatures' sample is at most one
-//! access in [`SAMPLE_SHARE`] once the cache holds more than that many times [`OPT_BLOCKS`]
-//! blocks, and about one in ninety for the simulator's throughput benchmark, where the
-//! policy runs below S3-FIFO alone since the doorkeeper for long runs
-//! (`docs/BENCHMARKS.md`).
+//! to 38.5 bytes per cached block from a million blocks up. An access OPTgen follows costs a
+//! segment-tree walk, and one the miniatures see an access to each of them; the
+//! miniatures' sample is at most one access in [`SAMPLE_SHARE`] once the cache holds more
+//! than that many times [`OPT_BLOCKS`] blocks, and about one in ninety for the simulator's
+//! throughput benchmark, where the policy runs below S3-FIFO alone since the doorkeeper for
+//! long runs (`docs/BENCHMARKS.md`).
 
 use std::collections::HashMap;
 
