@@ -477,11 +477,11 @@ impl<P: Behind> Mini<P> {
     /// remembers every miss from the start, as the live one does, whichever kind is in use.
     fn following(policy: P) -> Self {
         let door = Some(Doorkeeper::new(policy.capacity() * DOOR));
-        Mini { level: FIRST_LEVEL, kind: Door::Off, door, policy, score: Score::default() }
+        Mini { door, ..Mini::new(FIRST_LEVEL, Door::Off, policy) }
     }
 
     /// Takes `other`'s level and kind of doorkeeper.
-    fn follow<Q>(&mut self, other: &Mini<Q>) {
+    fn follow(&mut self, other: &Self) {
         (self.level, self.kind) = (other.level, other.kind);
     }
 
