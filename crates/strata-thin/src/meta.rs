@@ -1315,9 +1315,9 @@ impl Maps {
         load_bitmaps(dev, &mut md, md_blocks, "metadata").await?;
         let over = read_tree(dev, sb.metadata_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
         apply_overflow(&mut md, &over, "metadata")?;
-        // The data space map: its bitmaps are listed in a B-tree.
+        // The data space map: its bitmaps are listed in a B-tree. The block count is only
+        // believed once the index agrees with it (a map is a byte per block).
         let data_blocks = sb.data_sm.nr_blocks;
-        let mut data = SpaceMap::new(data_blocks);
         let entries = read_tree(dev, sb.data_sm.bitmap_root, INDEX_ENTRY_BYTES, md_blocks, &mut sm_blocks).await?;
         if entries.len() != nr_bitmaps(data_blocks) {
             return Err(corrupt(format!(
@@ -1325,6 +1325,7 @@ impl Maps {
                 entries.len()
             )));
         }
+        let mut data = SpaceMap::new(data_blocks);
         for (i, (k, v)) in entries.iter().enumerate() {
             if *k != i as u64 {
                 return Err(corrupt(format!("the data space map's index has no bitmap {i}")));

@@ -142,3 +142,21 @@ async fn a_subtree_shared_by_a_snapshot_and_its_origin_is_counted_once_per_refer
         assert!(ok, "thin_check: {text}");
     }
 }
+
+#[tokio::test]
+async fn a_sealed_superblock_claiming_a_vast_data_device_is_refused_before_any_allocation() {
+    let (md, _) = pool(100, 1).await;
+    let mut sb = vec![0u8; 4096];
+    md.read_into(0, &mut sb).unwrap();
+    // The data space map's block count (the first field of its root, at byte 64): 2^48
+    // blocks would be a 256 TiB map in memory. The checksum is made right again, so only
+    // the index, which lists the bitmaps of the pool's true size, can tell.
+    sb[64..72].copy_from_slice(&(1u64 << 48).to_le_bytes());
+    strata_thin::format::seal(&mut sb, strata_thin::format::SUPERBLOCK_XOR);
+    md.write_from(0, &sb).unwrap();
+    let r = check(&md).await;
+    assert_eq!(r.errors.len(), 1, "{r:?}");
+    assert!(r.errors[0].contains("index lists"), "{r:?}");
+    let e = Metadata::open(&md).await.err().expect("the pool must not open");
+    assert!(e.to_string().contains("index lists"), "{e}");
+}
