@@ -1,5 +1,7 @@
-//! `mem:SIZE` — a RAM device. Memory is mapped in 2 MiB chunks on first write, so a large
-//! `mem:` volume costs only what is written; discarding a whole chunk frees it, and
+//! `mem:SIZE` — a RAM device. Memory is mapped in 2 MiB chunks on first write, and the
+//! table of chunks in groups of a GiB's worth as they are first written, so a large `mem:`
+//! volume costs only what is written (and 16 bytes per GiB of its size for the groups'
+//! places: 16 MiB for [`MAX_BYTES`], the largest the spec takes); discarding a whole chunk frees it, and
 //! `block_status` reports unmapped chunks as holes. When the kernel refuses a chunk, the
 //! write fails with ENOSPC. (Asking for transparent huge pages made steady random IO faster
 //! but stalled the first write to each chunk for milliseconds of compaction, so it does not.) It is also the reference device the
@@ -8,18 +10,38 @@
 use crate::{check_range, ready, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
 use parking_lot::RwLock;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
 const CHUNK_BYTES: u64 = 2 << 20;
+/// Chunks per group of the table (a GiB of the device).
+const GROUP_CHUNKS: usize = 512;
+/// The largest `mem:` device the spec takes: 1 PiB.
+pub const MAX_BYTES: u64 = 1 << 50;
+
+/// A chunk's place in the table: unmapped (`None`) until first written.
+type Slot = RwLock<Option<Chunk>>;
 
 pub struct MemDev {
     size: u64,
-    chunks: Vec<RwLock<Option<Chunk>>>,
+    groups: Vec<OnceLock<Box<[Slot; GROUP_CHUNKS]>>>,
 }
 
 impl MemDev {
     pub fn new(size: u64) -> MemDev {
-        let n = size.div_ceil(CHUNK_BYTES) as usize;
-        MemDev { size, chunks: (0..n).map(|_| RwLock::new(None)).collect() }
+        let n = size.div_ceil(CHUNK_BYTES).div_ceil(GROUP_CHUNKS as u64) as usize;
+        MemDev { size, groups: (0..n).map(|_| OnceLock::new()).collect() }
+    }
+
+    /// Chunk `idx`'s place, if its group was ever written.
+    fn slot(&self, idx: usize) -> Option<&Slot> {
+        self.groups[idx / GROUP_CHUNKS].get().map(|g| &g[idx % GROUP_CHUNKS])
+    }
+
+    /// Chunk `idx`'s place, its group made if it was not.
+    fn slot_made(&self, idx: usize) -> &Slot {
+        let group =
+            self.groups[idx / GROUP_CHUNKS].get_or_init(|| Box::new(std::array::from_fn(|_| RwLock::new(None))));
+        &group[idx % GROUP_CHUNKS]
     }
 
     /// Visits `[offset, offset+len)` chunk by chunk: (chunk index, offset in chunk, span).
@@ -44,9 +66,9 @@ impl MemDev {
         let mut done = 0;
         for (idx, within, span) in Self::spans(offset, out.len() as u64) {
             let dst = &mut out[done..done + span];
-            match &*self.chunks[idx].read() {
-                Some(chunk) => dst.copy_from_slice(&chunk[within..within + span]),
-                None => dst.fill(0),
+            match self.slot(idx).map(|s| s.read()).as_deref() {
+                Some(Some(chunk)) => dst.copy_from_slice(&chunk[within..within + span]),
+                _ => dst.fill(0),
             }
             done += span;
         }
@@ -58,7 +80,7 @@ impl MemDev {
         check_range("mem write", offset, data.len() as u64, self.size)?;
         let mut done = 0;
         for (idx, within, span) in Self::spans(offset, data.len() as u64) {
-            let mut slot = self.chunks[idx].write();
+            let mut slot = self.slot_made(idx).write();
             if slot.is_none() {
                 *slot = Some(Chunk::map().ok_or_else(|| {
                     Error::new(
@@ -78,7 +100,8 @@ impl MemDev {
     pub fn zero_range(&self, offset: u64, len: u64, free: bool) -> Result<()> {
         check_range("mem zero", offset, len, self.size)?;
         for (idx, within, span) in Self::spans(offset, len) {
-            let mut slot = self.chunks[idx].write();
+            let Some(slot) = self.slot(idx) else { continue };
+            let mut slot = slot.write();
             let whole = within == 0 && (span as u64 == CHUNK_BYTES || self.chunk_end(idx) == offset + len);
             if let Some(chunk) = slot.as_mut() {
                 if whole && free {
@@ -99,7 +122,7 @@ impl MemDev {
         check_range("mem block_status", offset, len, self.size)?;
         let mut out: Vec<Extent> = Vec::new();
         for (idx, _, span) in Self::spans(offset, len) {
-            let hole = self.chunks[idx].read().is_none();
+            let hole = self.slot(idx).is_none_or(|s| s.read().is_none());
             match out.last_mut() {
                 Some(last) if last.hole == hole => last.len += span as u64,
                 _ => out.push(if hole { Extent::hole(span as u64) } else { Extent::data(span as u64) }),
@@ -199,5 +222,34 @@ impl BlockDev for MemDev {
 
     fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
         ready(self.extents(offset, len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_device_costs_its_table_of_groups_alone_until_written() {
+        let dev = MemDev::new(MAX_BYTES);
+        assert_eq!(dev.groups.len(), 1 << 20);
+        assert!(dev.groups.iter().all(|g| g.get().is_none()));
+        let end = MAX_BYTES - 4096;
+        let mut out = vec![1u8; 4096];
+        dev.read_into(end, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 0), "never written reads as zeroes");
+        let tail = MAX_BYTES - (1 << 32);
+        assert_eq!(dev.extents(tail, 1 << 32).unwrap(), vec![Extent::hole(1 << 32)]);
+        dev.write_from(end, &[7u8; 4096]).unwrap();
+        assert_eq!(dev.groups.iter().filter(|g| g.get().is_some()).count(), 1, "one group made by the write");
+        dev.read_into(end, &mut out).unwrap();
+        assert_eq!(out, vec![7u8; 4096]);
+        let ext = dev.extents(MAX_BYTES - 2 * CHUNK_BYTES, 2 * CHUNK_BYTES).unwrap();
+        assert_eq!(ext, vec![Extent::hole(CHUNK_BYTES), Extent::data(CHUNK_BYTES)]);
+        // Zeroing an unmade group makes nothing; freeing the written chunk leaves a hole.
+        dev.zero_range(0, CHUNK_BYTES, true).unwrap();
+        dev.zero_range(MAX_BYTES - CHUNK_BYTES, CHUNK_BYTES, true).unwrap();
+        assert_eq!(dev.groups.iter().filter(|g| g.get().is_some()).count(), 1);
+        assert_eq!(dev.extents(tail, 1 << 32).unwrap(), vec![Extent::hole(1 << 32)]);
     }
 }

@@ -7,7 +7,7 @@
 //! - `PATH[?opts]` — a file or block device. Options: `size=4GiB` (create a sparse file of
 //!   that size if missing), `direct=on|off`, `engine=uring|pool`, `ro`, `shared` (with `ro`
 //!   only: no claim on the file, to read beside a writer; see `strata_io::file`)
-//! - `mem:SIZE` — RAM
+//! - `mem:SIZE` — RAM (up to 1 PiB)
 //! - `hdd:PATH[?opts]` — `PATH` behind the HDD latency model; the file's options plus
 //!   `seek_min_ms`, `seek_max_ms`, `rpm`, `mib_s`, `seed`
 //! - `ssd:PATH[?opts]` — `PATH` behind the SSD model; the file's options plus `read_us`,
@@ -202,7 +202,13 @@ impl Spec {
         let invalid = |msg: String| invalid_spec(s, msg);
         let Some((kind, rest)) = s.split_once(':') else { return Spec::file(s) };
         match kind {
-            "mem" => Ok(Spec::Mem { bytes: parse_volume_size(rest).map_err(invalid)? }),
+            "mem" => {
+                let bytes = parse_volume_size(rest).map_err(invalid)?;
+                if bytes > strata_io::mem::MAX_BYTES {
+                    return Err(invalid(format!("a mem: device holds at most 1 PiB, not {bytes} bytes")));
+                }
+                Ok(Spec::Mem { bytes })
+            }
             "hdd" => {
                 let (file, mut opts) = FileSpec::parse(s, rest)?;
                 let params = query::take_hdd(&mut opts)?;
@@ -858,6 +864,7 @@ mod tests {
             ("slice:1000+4096@mem:1MiB", "offset must be a multiple of 512"),
             ("slice:0+1000@mem:1MiB", "a positive multiple of 512 bytes"),
             ("mem:0", "a positive multiple of 512 bytes"),
+            ("mem:8000PiB", "a mem: device holds at most 1 PiB"),
             ("/v.img?size=10MB", "a positive multiple of 512 bytes"),
             ("thin:/m.img?id=1&size=1000", "a positive multiple of 512 bytes"),
             ("fault:read:eio", "expected fault:RULE[,RULE]...@SPEC"),
@@ -1059,7 +1066,7 @@ mod tests {
         let leaf = prop_oneof![
             remote().prop_map(|r| Spec::Nbd(Box::new(r))),
             file().prop_map(Spec::File),
-            volume_size().prop_map(|bytes| Spec::Mem { bytes }),
+            volume_size().prop_map(|bytes| Spec::Mem { bytes: bytes.min(strata_io::mem::MAX_BYTES) }),
             (file(), hdd()).prop_map(|(file, params)| Spec::Hdd { file, params }),
             (file(), ssd()).prop_map(|(file, params)| Spec::Ssd { file, params }),
             path().prop_map(|path| Spec::Cache { path, origin: None }),
