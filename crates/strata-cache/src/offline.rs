@@ -12,12 +12,12 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Invalid, msg)
 }
 
-/// Formats `cache` as a cache of `origin`. Refuses a device holding recognisable data
-/// unless `force`.
+/// Formats `cache` as a cache of `origin`. Refuses a device holding data (a recognised
+/// format, or anything but zeroes in its first 4 KiB) unless `force`.
 pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptions) -> Result<Superblock> {
     o.check()?;
     let bs = o.block_bytes;
-    if let Some(what) = signature::recognise(&signature::head(cache).await?) {
+    if let Some(what) = signature::recognise_any(&signature::head(cache).await?) {
         if !o.force {
             return Err(invalid(format!(
                 "the cache device holds {what}; refusing to overwrite it (use --force to format anyway)"

@@ -69,26 +69,20 @@ fn refuses_to_overwrite_recognisable_data_without_force() {
     img[1080] = 0x53;
     img[1081] = 0xEF;
     std::fs::write(&fs, &img).unwrap();
-    let o = strata(&[
-        "cache",
-        "create",
-        "--origin",
-        d.path().join("origin.img").to_str().unwrap(),
-        "--cache",
-        fs.to_str().unwrap(),
-    ]);
+    let origin = d.path().join("origin.img");
+    let o = create_files("cache", &origin, &fs, &[]);
     assert!(stderr(&o).contains("ext2/3/4"), "{}", stderr(&o));
     assert!(std::fs::read(&fs).unwrap() == img);
-    let forced = strata(&[
-        "cache",
-        "create",
-        "--force",
-        "--origin",
-        d.path().join("origin.img").to_str().unwrap(),
-        "--cache",
-        fs.to_str().unwrap(),
-    ]);
+    let forced = create_files("cache", &origin, &fs, &["--force"]);
     assert!(forced.status.success(), "{}", stderr(&forced));
+    // Data of no known format (an encrypted disk, say) is not written over either.
+    let noise = d.path().join("noise.img");
+    let bytes: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&noise, &bytes).unwrap();
+    let o = create_files("cache", &origin, &noise, &[]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("its first 4 KiB are not zero"), "{}", stderr(&o));
+    assert!(std::fs::read(&noise).unwrap() == bytes, "nothing overwritten");
 }
 
 /// A cache, a write log and a thin pool's metadata: none of the three `create`s formats a

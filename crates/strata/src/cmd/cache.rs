@@ -103,8 +103,9 @@ pub struct CreateArgs {
         "Dirty share of the cache the write-back controller holds (writeback mode; at most {MAX_WRITEBACK_PERCENT})"
     ))]
     pub writeback_percent: u32,
-    /// Format even if the cache device holds recognisable data, or the origin holds a strata
-    /// cache, write log or pool metadata.
+    /// Format even if the cache device holds data (a recognised format, or anything but
+    /// zeroes in its first 4 KiB), or the origin holds a strata cache, write log or pool
+    /// metadata.
     #[arg(long)]
     pub force: bool,
     /// Print the new cache's superblock as JSON (for scripts).
