@@ -169,6 +169,31 @@ async fn dirty_block_unreadable_is_reported_never_dropped() {
     assert_eq!(o, vec![9; BLOCK as usize]);
 }
 
+/// The safe mode is the running volume's: the superblock keeps the mode the operator set,
+/// so a restart serves in writeback again; a mode the operator sets meanwhile is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_safe_mode_a_fault_chose_lasts_until_restart() {
+    for set in [None, Some("writearound")] {
+        let r = rig("writeback").await;
+        r.dev.write(5 * BLOCK, fill(9), false).await.unwrap();
+        let id = r.cache_faults.add(Rule::read_error(r.data.clone()).always());
+        read(&r.dev, 5).await.unwrap_err();
+        r.cache_faults.remove(id);
+        assert_eq!(status(&r.dev).mode, "writethrough", "{set:?}");
+        if let Some(mode) = set {
+            r.dev.message(&format!("mode {mode}")).await.unwrap();
+        }
+        r.dev.message("readahead 0").await.unwrap(); // another setting leaves the mode be
+        r.dev.shutdown().await.unwrap();
+        let (cache, origin) = (r.cache.clone(), r.origin.clone());
+        drop(r);
+        let (meta, _) = Meta::load(&*cache).await.unwrap();
+        let dev = CacheDev::open(cache, origin, meta, OpenOptions::default()).await.unwrap();
+        assert_eq!(status(&dev).mode, set.unwrap_or("writeback"));
+        assert_eq!(read(&dev, 5).await.unwrap(), vec![9; BLOCK as usize]);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_failing_write_back_keeps_the_block_dirty() {
     let r = rig("writeback").await;

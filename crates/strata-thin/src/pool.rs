@@ -564,7 +564,10 @@ impl Pool {
     /// Stops the pool taking writes, for `why`.
     pub(crate) fn fail(&self, why: String) -> Error {
         let mut st = self.state.write();
-        st.failed.get_or_insert(why.clone());
+        if st.failed.is_none() {
+            eprintln!("strata: {}: the pool has failed, every write fails from now on: {why}", self.describe);
+            st.failed = Some(why.clone());
+        }
         Error::new(ErrorKind::Io, format!("{}: {why}", self.describe))
     }
 

@@ -144,9 +144,8 @@ impl Inner {
     pub(super) async fn write_superblock(&self) -> Result<()> {
         let _g = self.commit_lock.lock().await;
         let (bytes, at) = {
-            let mut st = self.state.lock();
-            st.meta.sb.seq += 1;
-            (st.meta.sb.encode(), st.meta.sb.offset())
+            let sb = self.state.lock().superblock();
+            (sb.encode(), sb.offset())
         };
         self.cache.write(at, Buf::from_slice(&bytes), true).await.map(|_| ())
     }

@@ -22,6 +22,7 @@ mod writeback;
 
 pub use open::OpenOptions;
 
+use crate::format::Mode;
 use crate::meta::Meta;
 use crate::meter::{Budget, Counters, Kind, OriginMeter, Windows};
 use crate::streams::Streams;
@@ -79,6 +80,9 @@ struct State {
     flush_all: bool,
     /// Faults that put the volume in a degraded state.
     faults: Vec<String>,
+    /// The mode a fault moved the volume out of (writeback), which the superblock keeps:
+    /// the safe mode lasts until restart or until an operator sets a mode.
+    faulted_from: Option<Mode>,
     /// Why the volume stopped acknowledging writes: a flush or commit failed, so data it
     /// covered may be gone from a device however later flushes fare. Latched until restart.
     failed: Option<String>,

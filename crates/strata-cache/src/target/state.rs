@@ -26,15 +26,33 @@ impl State {
 
     /// Records a fault and goes to the safe mode: no new dirty data (writeback becomes
     /// writethrough), while dirty data stays readable where it is and keeps being written
-    /// back. The mode change is in memory; an operator sets it for good with `cache set`.
+    /// back. The mode change is in memory (the superblock keeps the mode set, see
+    /// [`State::superblock`]); an operator sets it for good with `cache set`.
+    /// The first fault, a stop and the change of mode are said on stderr too; the status
+    /// keeps the last 64.
     pub(super) fn fault(&mut self, what: String) {
+        let to_writethrough = self.meta.sb.mode == Mode::Writeback;
+        if self.faults.is_empty() || to_writethrough || what.starts_with("stopped: ") {
+            let then = if to_writethrough { "; writeback becomes writethrough until restart" } else { "" };
+            eprintln!("strata: cache of {}: {what}{then}", self.meta.sb.origin_spec);
+        }
         if self.faults.len() >= 64 {
             self.faults.remove(0);
         }
         self.faults.push(what);
-        if self.meta.sb.mode == Mode::Writeback {
+        if to_writethrough {
+            self.faulted_from = Some(self.meta.sb.mode);
             self.meta.sb.mode = Mode::Writethrough;
         }
+    }
+
+    /// The superblock to write, next in sequence: with the mode an operator set, not the
+    /// safe mode a fault put the volume in.
+    pub(super) fn superblock(&mut self) -> crate::format::Superblock {
+        self.meta.sb.seq += 1;
+        let mut sb = self.meta.sb.clone();
+        sb.mode = self.faulted_from.unwrap_or(sb.mode);
+        sb
     }
 
     /// Removes `b` from the mapping. If the table holds the mapping, its slot is reusable

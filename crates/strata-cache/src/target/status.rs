@@ -79,13 +79,14 @@ impl Inner {
                 }
                 "detach" => {
                     st.meta.sb.mode = Mode::Cleaner;
+                    st.faulted_from = None;
                     st.flush_all = true;
                     self.wake.notify_one();
                     format!("cleaner mode: writing back {} dirty blocks", st.policy.dirty_len())
                 }
                 _ => {
                     let mut sb = st.meta.sb.clone();
-                    let (mut policy, mut budget) = (None, None);
+                    let (mut policy, mut budget, mut mode_set) = (None, None, false);
                     let mut answers = Vec::new();
                     for line in msg.lines().map(str::trim).filter(|l| !l.is_empty()) {
                         let (key, value) =
@@ -93,6 +94,7 @@ impl Inner {
                         answers.push(match key {
                             "mode" => {
                                 sb.mode = value.parse().map_err(invalid)?;
+                                mode_set = true;
                                 format!("mode {}", sb.mode.name())
                             }
                             "policy" => {
@@ -148,6 +150,10 @@ impl Inner {
                     }
                     if let Some(r) = budget {
                         self.budget.set_rate(r);
+                    }
+                    if mode_set {
+                        // The operator's mode ends the safe mode a fault chose.
+                        st.faulted_from = None;
                     }
                     st.meta.sb = sb;
                     answers.join("; ")

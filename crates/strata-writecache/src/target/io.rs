@@ -337,10 +337,14 @@ impl Inner {
         Ok(generation)
     }
 
-    /// A write the log's device failed goes around the log; the failure shows in status.
+    /// A write the log's device failed goes around the log; the failure shows in status, and
+    /// the first one on stderr too.
     fn log_write_failed(&self, e: &strata_io::Error) {
-        relaxed(&self.counters.log_write_errors);
-        *self.last_error.lock() = Some(format!("a write to the log failed, written around it: {e}"));
+        let what = format!("a write to the log failed, written around it: {e}");
+        if self.counters.log_write_errors.fetch_add(1, Relaxed) == 0 {
+            eprintln!("strata: write log of {}: {what} (later ones are counted in the status)", self.describe_origin);
+        }
+        *self.last_error.lock() = Some(what);
     }
 
     /// Counts a write to a block the log holds (`hit`) or not.
