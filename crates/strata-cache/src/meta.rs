@@ -7,7 +7,7 @@
 use crate::format::{
     self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, PAGE, SB_COPIES,
 };
-use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
+use strata_io::{signature, BlockDev, Buf, Error, ErrorKind, Result};
 
 pub struct Meta {
     pub sb: Superblock,
@@ -329,7 +329,11 @@ pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
         (Err(e0), Err(e1)) => {
             let msg = match (e0, e1) {
                 (format::FormatError::NotStrata(_), format::FormatError::NotStrata(_)) => {
-                    "not a strata cache device (no superblock; create one with `strata cache create`)".to_string()
+                    match signature::recognise(&signature::head(dev).await?) {
+                        Some(what) => format!("not a strata cache device: it holds {what}"),
+                        None => "not a strata cache device (no superblock; create one with `strata cache create`)"
+                            .to_string(),
+                    }
                 }
                 (format::FormatError::NotStrata(_), e) | (e, _) => {
                     format!("corrupt cache superblock: {e} (no usable copy)")

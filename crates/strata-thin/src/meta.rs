@@ -123,10 +123,7 @@ impl Metadata {
         let first = read_block(dev, SUPERBLOCK).await?;
         if !force {
             if let Some(what) = signature::recognise_any(&signature::head(dev).await?) {
-                return Err(Error::new(
-                    ErrorKind::Busy,
-                    format!("{}: the device holds {what}; --force overwrites it", dev.describe()),
-                ));
+                return Err(invalid(format!("{}: the device holds {what}; --force overwrites it", dev.describe())));
             }
         }
         let mut m = Metadata::create(dev.size(), data_bytes, data_block_bytes)?;

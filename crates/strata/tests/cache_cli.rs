@@ -72,6 +72,8 @@ fn refuses_to_overwrite_recognisable_data_without_force() {
     let origin = d.path().join("origin.img");
     let o = create_files("cache", &origin, &fs, &[]);
     assert!(stderr(&o).contains("ext2/3/4"), "{}", stderr(&o));
+    let c = strata(&["cache", "check", fs.to_str().unwrap()]);
+    assert!(stderr(&c).contains("not a strata cache device: it holds an ext2/3/4"), "{}", stderr(&c));
     assert!(std::fs::read(&fs).unwrap() == img);
     let forced = create_files("cache", &origin, &fs, &["--force"]);
     assert!(forced.status.success(), "{}", stderr(&forced));
