@@ -329,7 +329,7 @@ pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
         (Err(e0), Err(e1)) => {
             let msg = match (e0, e1) {
                 (format::FormatError::NotStrata(_), format::FormatError::NotStrata(_)) => {
-                    match signature::recognise(&signature::head(dev).await?) {
+                    match signature::head(dev).await.ok().and_then(|h| signature::recognise(&h)) {
                         Some(what) => format!("not a strata cache device: it holds {what}"),
                         None => "not a strata cache device (no superblock; create one with `strata cache create`)"
                             .to_string(),

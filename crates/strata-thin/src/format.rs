@@ -39,6 +39,8 @@ pub const ENTRIES_PER_BITMAP: u64 = ((BLOCK - BITMAP_HEADER) * 4) as u64;
 /// metadata device at 255 × 16,320 blocks (about 15.9 GiB).
 pub const MAX_METADATA_BITMAPS: usize = 255;
 pub const MAX_METADATA_BLOCKS: u64 = MAX_METADATA_BITMAPS as u64 * ENTRIES_PER_BITMAP;
+/// The data blocks a pool may have (dm-thin's 40-bit block numbers in the mapping tree).
+pub const MAX_DATA_BLOCKS: u64 = 1 << 40;
 
 /// Data block sizes dm-thin accepts: 64 KiB to 1 GiB, a multiple of 64 KiB.
 pub const DATA_BLOCK_MIN: u64 = 64 << 10;

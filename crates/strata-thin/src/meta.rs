@@ -74,7 +74,7 @@ impl Metadata {
             return Err(invalid(format!("a metadata device of {md_bytes} bytes is too small (at least 64 KiB)")));
         }
         let data_blocks = data_bytes / data_block_bytes;
-        if data_blocks == 0 || data_blocks >= 1 << 40 {
+        if data_blocks == 0 || data_blocks >= MAX_DATA_BLOCKS {
             return Err(invalid(format!("a data device of {data_bytes} bytes holds no {data_block_bytes}-byte block")));
         }
         let mut tm = Tm {
@@ -1036,8 +1036,25 @@ async fn read_tree(
     blocks.extend(nodes.keys().copied());
     let tm = Tm::nodes(nodes);
     let mut out = Vec::new();
-    tm.walk(root, &mut |k, v| out.push((k, v.to_vec())))?;
+    walk_unshared(&tm, root, &mut FxHashSet::default(), &mut out)?;
     Ok(out)
+}
+
+/// A space map tree's entries, in order. Such a tree shares no node; one reached twice is
+/// damage (it would repeat its entries, as many times as there are ways down to it).
+fn walk_unshared(tm: &Tm, b: u64, seen: &mut FxHashSet<u64>, out: &mut Vec<(u64, Vec<u8>)>) -> Result<()> {
+    if !seen.insert(b) {
+        return Err(corrupt(format!("space map tree: node {b} is reached twice")));
+    }
+    let n = tm.view(b)?;
+    for i in 0..n.len {
+        if n.leaf {
+            out.push((n.key(i), n.val(i).to_vec()));
+        } else {
+            walk_unshared(tm, n.val64(i), seen, out)?;
+        }
+    }
+    Ok(())
 }
 
 /// Blocks read at once by `read_in_use` (2 MiB: large reads, and what a run holds is still
@@ -1313,8 +1330,12 @@ impl Maps {
         let over = read_tree(dev, sb.metadata_sm.ref_count_root, 4, md_blocks, &mut sm_blocks).await?;
         apply_overflow(&mut md, &over, "metadata")?;
         // The data space map: its bitmaps are listed in a B-tree. The block count is only
-        // believed once the index agrees with it (a map is a byte per block).
+        // believed within the format's limit and once the index lists each of its bitmaps
+        // once (a map is a byte per block).
         let data_blocks = sb.data_sm.nr_blocks;
+        if data_blocks >= MAX_DATA_BLOCKS {
+            return Err(corrupt(format!("the data space map covers {data_blocks} blocks, past the format's limit")));
+        }
         let entries = read_tree(dev, sb.data_sm.bitmap_root, INDEX_ENTRY_BYTES, md_blocks, &mut sm_blocks).await?;
         if entries.len() != nr_bitmaps(data_blocks) {
             return Err(corrupt(format!(
@@ -1322,11 +1343,11 @@ impl Maps {
                 entries.len()
             )));
         }
+        if let Some(i) = entries.iter().enumerate().position(|(i, (k, _))| *k != i as u64) {
+            return Err(corrupt(format!("the data space map's index has no bitmap {i}")));
+        }
         let mut data = SpaceMap::new(data_blocks);
-        for (i, (k, v)) in entries.iter().enumerate() {
-            if *k != i as u64 {
-                return Err(corrupt(format!("the data space map's index has no bitmap {i}")));
-            }
+        for (i, (_, v)) in entries.iter().enumerate() {
             let e = IndexEntry::decode(v);
             data.bitmaps[i] = e.blocknr;
             data.summary[i] = (e.nr_free, e.none_free_before);

@@ -563,10 +563,14 @@ impl Pool {
 
     /// Stops the pool taking writes, for `why`.
     pub(crate) fn fail(&self, why: String) -> Error {
-        let mut st = self.state.write();
-        if st.failed.is_none() {
+        let first = {
+            let mut st = self.state.write();
+            let first = st.failed.is_none();
+            st.failed.get_or_insert(why.clone());
+            first
+        };
+        if first {
             eprintln!("strata: {}: the pool has failed, every write fails from now on: {why}", self.describe);
-            st.failed = Some(why.clone());
         }
         Error::new(ErrorKind::Io, format!("{}: {why}", self.describe))
     }

@@ -145,18 +145,48 @@ async fn a_subtree_shared_by_a_snapshot_and_its_origin_is_counted_once_per_refer
 
 #[tokio::test]
 async fn a_sealed_superblock_claiming_a_vast_data_device_is_refused_before_any_allocation() {
+    // The data space map's block count (the first field of its root, at byte 64): the map is
+    // a byte per block in memory. The checksum is made right again, so only the format's
+    // limit (2^40 blocks) or the index, which lists the bitmaps of the pool's true size,
+    // can tell.
+    for (blocks, why) in [(1u64 << 48, "past the format's limit"), ((1 << 40) - 1, "index lists")] {
+        let (md, _) = pool(100, 1).await;
+        let mut sb = vec![0u8; 4096];
+        md.read_into(0, &mut sb).unwrap();
+        sb[64..72].copy_from_slice(&blocks.to_le_bytes());
+        strata_thin::format::seal(&mut sb, strata_thin::format::SUPERBLOCK_XOR);
+        md.write_from(0, &sb).unwrap();
+        let r = check(&md).await;
+        assert_eq!(r.errors.len(), 1, "{r:?}");
+        assert!(r.errors[0].contains(why), "{r:?}");
+        let e = Metadata::open(&md).await.err().expect("the pool must not open");
+        assert!(e.to_string().contains(why), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn a_space_map_index_that_reaches_a_node_twice_is_refused() {
+    use strata_thin::btree::Node;
+    use strata_thin::format::{seal, ENTRIES_PER_BITMAP, SUPERBLOCK_XOR};
     let (md, _) = pool(100, 1).await;
     let mut sb = vec![0u8; 4096];
     md.read_into(0, &mut sb).unwrap();
-    // The data space map's block count (the first field of its root, at byte 64): 2^48
-    // blocks would be a 256 TiB map in memory. The checksum is made right again, so only
-    // the index, which lists the bitmaps of the pool's true size, can tell.
-    sb[64..72].copy_from_slice(&(1u64 << 48).to_le_bytes());
-    strata_thin::format::seal(&mut sb, strata_thin::format::SUPERBLOCK_XOR);
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    // The data space map's root (at byte 64): block count, then (at +16) its index's root.
+    let (blocks, leaf) = (u64_at(&sb, 64), u64_at(&sb, 80));
+    let bitmaps = blocks.div_ceil(ENTRIES_PER_BITMAP);
+    // An internal node at a free block whose two children are the one leaf: a walk lists
+    // every bitmap twice, which matches a superblock claiming twice as many. Nested, such
+    // nodes stand for millions of entries in a few blocks.
+    let mut top = Node::empty(false, 8);
+    top.insert_at(0, 0, &leaf.to_le_bytes());
+    top.insert_at(1, bitmaps, &leaf.to_le_bytes());
+    let at = md.size() / 4096 - 1;
+    md.write_from(at * 4096, &top.encode(at)).unwrap();
+    sb[64..72].copy_from_slice(&(2 * bitmaps * ENTRIES_PER_BITMAP).to_le_bytes());
+    sb[80..88].copy_from_slice(&at.to_le_bytes());
+    seal(&mut sb, SUPERBLOCK_XOR);
     md.write_from(0, &sb).unwrap();
     let r = check(&md).await;
-    assert_eq!(r.errors.len(), 1, "{r:?}");
-    assert!(r.errors[0].contains("index lists"), "{r:?}");
-    let e = Metadata::open(&md).await.err().expect("the pool must not open");
-    assert!(e.to_string().contains("index lists"), "{e}");
+    assert_eq!(r.errors, [format!("space map tree: node {leaf} is reached twice")], "{r:?}");
 }

@@ -205,7 +205,10 @@ impl Spec {
             "mem" => {
                 let bytes = parse_volume_size(rest).map_err(invalid)?;
                 if bytes > strata_io::mem::MAX_BYTES {
-                    return Err(invalid(format!("a mem: device holds at most 1 PiB, not {bytes} bytes")));
+                    return Err(invalid(format!(
+                        "a mem: device holds at most 1 PiB, not {}",
+                        format_size_exact(bytes)
+                    )));
                 }
                 Ok(Spec::Mem { bytes })
             }

@@ -20,8 +20,8 @@ impl State {
         self.cache_suspect |= cache_device;
         if self.failed.is_none() {
             self.failed = Some(why.clone());
+            self.fault(format!("stopped: {why}"));
         }
-        self.fault(format!("stopped: {why}"));
     }
 
     /// Records a fault and goes to the safe mode: no new dirty data (writeback becomes
@@ -33,7 +33,7 @@ impl State {
     pub(super) fn fault(&mut self, what: String) {
         let to_writethrough = self.meta.sb.mode == Mode::Writeback;
         if self.faults.is_empty() || to_writethrough || what.starts_with("stopped: ") {
-            let then = if to_writethrough { "; writeback becomes writethrough until restart" } else { "" };
+            let then = if to_writethrough { "; writethrough until restart or a mode is set" } else { "" };
             eprintln!("strata: cache of {}: {what}{then}", self.meta.sb.origin_spec);
         }
         if self.faults.len() >= 64 {
