@@ -1,11 +1,12 @@
 //! `mem:SIZE` — a RAM device. Memory is mapped in 2 MiB chunks on first write, and the
 //! table of chunks in groups of a GiB's worth as they are first written, so a large `mem:`
 //! volume costs only what is written (and 16 bytes per GiB of its size for the groups'
-//! places: 16 MiB for [`MAX_BYTES`], the largest the spec takes); discarding a whole chunk frees it, and
-//! `block_status` reports unmapped chunks as holes. When the kernel refuses a chunk, the
-//! write fails with ENOSPC. (Asking for transparent huge pages made steady random IO faster
-//! but stalled the first write to each chunk for milliseconds of compaction, so it does not.) It is also the reference device the
-//! model-based tests compare every other device and target against.
+//! places: 16 MiB for [`MAX_BYTES`], the largest the spec takes); discarding a whole chunk
+//! frees it, and `block_status` reports unmapped chunks as holes. When the kernel refuses a
+//! chunk, the write fails with ENOSPC. (Asking for transparent huge pages made steady random
+//! IO faster but stalled the first write to each chunk for milliseconds of compaction, so it
+//! does not.) It is also the reference device the model-based tests compare every other
+//! device and target against.
 
 use crate::{check_range, ready, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
 use parking_lot::RwLock;
