@@ -196,9 +196,21 @@ fn engine_name(e: EngineKind) -> &'static str {
     }
 }
 
+/// How deep specs may nest (`fault:`, `slice:`, `qos:` in one another, a cache's origin, a
+/// pool's data device): far past any real stack, well short of the parser's own.
+const MAX_NESTING: usize = 32;
+
 impl Spec {
     /// Parses a spec (see the module docs); errors name the spec and what is wrong with it.
     pub fn parse(s: &str) -> Result<Spec> {
+        Spec::parse_at(0, s)
+    }
+
+    /// [`Spec::parse`] of a spec nested `depth` deep in another.
+    fn parse_at(depth: usize, s: &str) -> Result<Spec> {
+        if depth > MAX_NESTING {
+            return Err(invalid_spec(s, format!("specs nest at most {MAX_NESTING} deep")));
+        }
         let invalid = |msg: String| invalid_spec(s, msg);
         let Some((kind, rest)) = s.split_once(':') else { return Spec::file(s) };
         match kind {
@@ -227,7 +239,7 @@ impl Spec {
             "fault" => {
                 let (rules, inner) = split_stacked(s, rest, "fault:RULE[,RULE]...@SPEC")?;
                 let rules: std::result::Result<Vec<Rule>, String> = rules.split(',').map(parse_rule).collect();
-                Ok(Spec::Fault { rules: rules.map_err(invalid)?, inner: Box::new(Spec::parse(inner)?) })
+                Ok(Spec::Fault { rules: rules.map_err(invalid)?, inner: Box::new(Spec::parse_at(depth + 1, inner)?) })
             }
             "slice" => {
                 let (head, inner) = split_stacked(s, rest, "slice:OFFSET+SIZE@SPEC")?;
@@ -246,7 +258,7 @@ impl Spec {
                 if offset.checked_add(len).is_none() {
                     return Err(invalid("the slice ends past 2^64".into()));
                 }
-                Ok(Spec::Slice { offset, len, overlap, inner: Box::new(Spec::parse(inner)?) })
+                Ok(Spec::Slice { offset, len, overlap, inner: Box::new(Spec::parse_at(depth + 1, inner)?) })
             }
             "qos" => {
                 let (head, inner) = split_stacked(s, rest, "qos:GROUP[?opts]@SPEC")?;
@@ -265,7 +277,7 @@ impl Spec {
                 Ok(Spec::Qos {
                     group: group.to_string(),
                     options: Box::new(options),
-                    inner: Box::new(Spec::parse(inner)?),
+                    inner: Box::new(Spec::parse_at(depth + 1, inner)?),
                 })
             }
             "cache" | "writecache" => {
@@ -278,7 +290,7 @@ impl Spec {
                 let origin = match origin {
                     None => None,
                     Some("") => return Err(invalid("no spec after origin=".into())),
-                    Some(o) => Some(Box::new(Spec::parse(o)?)),
+                    Some(o) => Some(Box::new(Spec::parse_at(depth + 1, o)?)),
                 };
                 Ok(if kind == "cache" {
                     Spec::Cache { path: path.into(), origin }
@@ -304,9 +316,9 @@ impl Spec {
                             .copied()
                             .collect::<Vec<_>>()
                             .join("&");
-                        Some(Box::new(Spec::parse(d)?))
+                        Some(Box::new(Spec::parse_at(depth + 1, d)?))
                     }
-                    Some(d) => Some(Box::new(Spec::parse(d)?)),
+                    Some(d) => Some(Box::new(Spec::parse_at(depth + 1, d)?)),
                 };
                 let mut opts = Options::parse(s, Some(&others));
                 let id: u32 = opts.take_parsed("id")?.ok_or_else(|| invalid("no volume id= given".into()))?;
@@ -839,6 +851,23 @@ mod tests {
             parse("slice:0+1MiB@hdd:o.img?size=8GiB").recordable().to_string(),
             format!("slice:0+1MiB@hdd:{}", here.join("o.img").display())
         );
+    }
+
+    /// A spec is parsed by recursion: nesting is capped long before the stack is (a spec of
+    /// thousands of levels sent to the admin endpoint overflowed the server's stack).
+    #[test]
+    fn nesting_is_capped() {
+        let nested = |n: usize, kind: &str| format!("{}mem:1MiB", kind.repeat(n));
+        for kind in ["slice:0+512@", "fault:read:eio@", "qos:g@"] {
+            assert!(matches!(
+                parse(&nested(MAX_NESTING, kind)),
+                Spec::Slice { .. } | Spec::Fault { .. } | Spec::Qos { .. }
+            ));
+            assert!(refused(&nested(MAX_NESTING + 1, kind)).contains("nest at most 32 deep"), "{kind}");
+            assert!(refused(&nested(100_000, kind)).contains("nest at most 32 deep"), "{kind}");
+        }
+        let cache = (0..1_000).fold("mem:1MiB".to_string(), |inner, _| format!("cache:/c?origin={inner}"));
+        assert!(refused(&cache).contains("nest at most 32 deep"));
     }
 
     #[test]
