@@ -61,6 +61,10 @@ impl Workload {
     }
 }
 
+/// The most block accesses a workload holds (6 GiB of them): past it a trace is refused, not
+/// split until memory runs out (one 4 GiB request in 1-byte blocks is 2^32 accesses).
+pub const MAX_ACCESSES: u64 = 1 << 28;
+
 /// Split requests into `block_size` accesses. Requests without a time get one from a
 /// synthetic clock of `interval_ns` per request, continuing after the last real time seen.
 pub fn split_requests<I>(requests: I, block_size: u64, ops: Ops, interval_ns: u64) -> Result<Workload, TraceError>
@@ -88,6 +92,10 @@ where
             IoKind::Write => Op::Write,
         };
         let end = r.offset.saturating_add(r.len);
+        let spans = (end - 1) / block_size - r.offset / block_size + 1;
+        if w.accesses.len() as u64 + spans > MAX_ACCESSES {
+            return Err(TraceError::TooManyAccesses(MAX_ACCESSES, block_size));
+        }
         let mut pos = r.offset;
         while pos < end {
             let block = pos / block_size;

@@ -201,3 +201,19 @@ fn the_cloudphysics_sample_parses() {
     assert_eq!(reqs.len(), 113_872);
     assert_eq!(reqs.iter().filter(|r| r.kind == IoKind::Read).count(), 46_974);
 }
+
+/// A trace that would split into more accesses than a replay holds is refused before they
+/// are made: one 4 GiB request in 1-byte blocks is 2^32 of them.
+#[test]
+fn a_trace_of_too_many_accesses_is_refused_before_it_is_split() {
+    use strata_sim::sim::{split_requests, Ops, MAX_ACCESSES};
+    let huge = [Ok(req(None, 0, 4 << 30, IoKind::Read))];
+    match split_requests(huge, 1, Ops::All, 1) {
+        Err(e @ TraceError::TooManyAccesses(..)) => assert!(e.to_string().contains("larger --block-size"), "{e}"),
+        other => panic!("expected too many accesses, got {:?}", other.map(|w| w.accesses.len())),
+    }
+    // The count is of the whole trace: many requests, each small, add up to it too.
+    let last = MAX_ACCESSES * 4096;
+    let many = [Ok(req(None, 0, 4096, IoKind::Read)), Ok(req(None, last - 4096, MAX_ACCESSES * 4096, IoKind::Read))];
+    assert!(matches!(split_requests(many, 4096, Ops::All, 1), Err(TraceError::TooManyAccesses(MAX_ACCESSES, 4096))));
+}

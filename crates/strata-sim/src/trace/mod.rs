@@ -93,6 +93,11 @@ pub enum TraceError {
     Io(io::Error),
     #[error("cannot tell the trace format from its first lines; pass --format ({0})")]
     UnknownFormat(String),
+    #[error(
+        "the trace splits into more than {0} accesses of {1}-byte blocks, more than a replay holds in memory; \
+         use a larger --block-size or a part of the trace"
+    )]
+    TooManyAccesses(u64, u64),
 }
 
 impl From<io::Error> for TraceError {
