@@ -22,7 +22,6 @@ mod writeback;
 
 pub use open::OpenOptions;
 
-use crate::format::Mode;
 use crate::meta::Meta;
 use crate::meter::{Budget, Counters, Kind, OriginMeter, Windows};
 use crate::streams::Streams;
@@ -80,9 +79,9 @@ struct State {
     flush_all: bool,
     /// Faults that put the volume in a degraded state.
     faults: Vec<String>,
-    /// The mode a fault moved the volume out of (writeback), which the superblock keeps:
-    /// the safe mode lasts until restart or until an operator sets a mode.
-    faulted_from: Option<Mode>,
+    /// A fault moved the volume from writeback to writethrough, and the superblock keeps
+    /// writeback: the safe mode lasts until restart or until an operator sets a mode.
+    safe_mode: bool,
     /// Why the volume stopped acknowledging writes: a flush or commit failed, so data it
     /// covered may be gone from a device however later flushes fare. Latched until restart.
     failed: Option<String>,

@@ -183,7 +183,7 @@ impl CacheDev {
                 unrecorded: Vec::new(),
                 flush_all: false,
                 faults: Vec::new(),
-                faulted_from: None,
+                safe_mode: false,
                 failed: None,
                 cache_suspect: false,
                 fresh: FxHashSet::default(),

@@ -20,7 +20,7 @@ impl State {
         self.cache_suspect |= cache_device;
         if self.failed.is_none() {
             self.failed = Some(why.clone());
-            self.fault(format!("stopped: {why}"));
+            self.record(format!("stopped: {why}"), true);
         }
     }
 
@@ -28,11 +28,16 @@ impl State {
     /// writethrough), while dirty data stays readable where it is and keeps being written
     /// back. The mode change is in memory (the superblock keeps the mode set, see
     /// [`State::superblock`]); an operator sets it for good with `cache set`.
-    /// The first fault, a stop and the change of mode are said on stderr too; the status
-    /// keeps the last 64.
+    /// The first fault and the change of mode are said on stderr too; the status keeps the
+    /// last 64.
     pub(super) fn fault(&mut self, what: String) {
+        self.record(what, false);
+    }
+
+    /// [`State::fault`], said on stderr whatever came before if `say` (a stop).
+    fn record(&mut self, what: String, say: bool) {
         let to_writethrough = self.meta.sb.mode == Mode::Writeback;
-        if self.faults.is_empty() || to_writethrough || what.starts_with("stopped: ") {
+        if say || self.faults.is_empty() || to_writethrough {
             let then = if to_writethrough { "; writethrough until restart or a mode is set" } else { "" };
             eprintln!("strata: cache of {}: {what}{then}", self.meta.sb.origin_spec);
         }
@@ -41,7 +46,7 @@ impl State {
         }
         self.faults.push(what);
         if to_writethrough {
-            self.faulted_from = Some(self.meta.sb.mode);
+            self.safe_mode = true;
             self.meta.sb.mode = Mode::Writethrough;
         }
     }
@@ -51,7 +56,9 @@ impl State {
     pub(super) fn superblock(&mut self) -> crate::format::Superblock {
         self.meta.sb.seq += 1;
         let mut sb = self.meta.sb.clone();
-        sb.mode = self.faulted_from.unwrap_or(sb.mode);
+        if self.safe_mode {
+            sb.mode = Mode::Writeback;
+        }
         sb
     }
 

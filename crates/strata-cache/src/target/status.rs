@@ -79,7 +79,7 @@ impl Inner {
                 }
                 "detach" => {
                     st.meta.sb.mode = Mode::Cleaner;
-                    st.faulted_from = None;
+                    st.safe_mode = false;
                     st.flush_all = true;
                     self.wake.notify_one();
                     format!("cleaner mode: writing back {} dirty blocks", st.policy.dirty_len())
@@ -153,7 +153,7 @@ impl Inner {
                     }
                     if mode_set {
                         // The operator's mode ends the safe mode a fault chose.
-                        st.faulted_from = None;
+                        st.safe_mode = false;
                     }
                     st.meta.sb = sb;
                     answers.join("; ")
