@@ -301,5 +301,62 @@ pub async fn choose<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, want: &Wa
         }
     }
     let size = size.ok_or_else(|| invalid("the server acknowledged GO without saying the export's size"))?;
+    // Offsets past 2^63 - 1 have no meaning to the kernel's nbd driver or to qemu, and
+    // block devices' sizes are signed; nor can a remote's end be computed past them.
+    if size > i64::MAX as u64 {
+        return Err(invalid(format!(
+            "export {:?}: the server says it holds {size} bytes, more than the 2^63 - 1 an NBD export can hold",
+            want.export
+        )));
+    }
     Ok(ExportInfo { size, flags, block, structured, base_allocation })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that answers OPT_GO with an export of `size` bytes and no flags.
+    async fn serve_size(mut s: tokio::io::DuplexStream, size: u64) {
+        let mut b = NBDMAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        b.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        s.write_all(&b).await.unwrap();
+        s.read_u32().await.unwrap();
+        assert_eq!(s.read_u64().await.unwrap(), IHAVEOPT);
+        assert_eq!(s.read_u32().await.unwrap(), OPT_GO);
+        let mut d = vec![0; s.read_u32().await.unwrap() as usize];
+        s.read_exact(&mut d).await.unwrap();
+        let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+        info.extend_from_slice(&size.to_be_bytes());
+        info.extend_from_slice(&TFLAG_HAS_FLAGS.to_be_bytes());
+        for (kind, data) in [(REP_INFO, &info[..]), (REP_ACK, &[][..])] {
+            let mut r = OPT_REPLY_MAGIC.to_be_bytes().to_vec();
+            r.extend_from_slice(&OPT_GO.to_be_bytes());
+            r.extend_from_slice(&kind.to_be_bytes());
+            r.extend_from_slice(&(data.len() as u32).to_be_bytes());
+            r.extend_from_slice(data);
+            s.write_all(&r).await.unwrap();
+        }
+        // Held open until the client has read every reply.
+        let _ = s.read_u8().await;
+    }
+
+    async fn size_taken(size: u64) -> Result<u64> {
+        let (client, server) = tokio::io::duplex(4096);
+        let server = tokio::spawn(serve_size(server, size));
+        let taken = Client::handshake(client, "e").await.map(|c| c.size());
+        server.await.unwrap();
+        taken
+    }
+
+    #[tokio::test]
+    async fn an_export_past_2_pow_63_is_refused_at_the_handshake() {
+        assert_eq!(size_taken(i64::MAX as u64).await.unwrap(), i64::MAX as u64);
+        for size in [1 << 63, u64::MAX] {
+            let e = size_taken(size).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidData);
+            assert!(e.to_string().contains(&format!("holds {size} bytes")), "{e}");
+        }
+    }
 }
