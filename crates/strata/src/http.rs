@@ -292,54 +292,12 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
         };
         let admin = admin.clone();
         tokio::spawn(async move {
-            let Ok(Ok((head, method, path, body))) =
-                tokio::time::timeout(std::time::Duration::from_secs(5), read_request(&mut stream)).await
-            else {
-                return;
-            };
-            let route = path.split('?').next().unwrap_or("").to_string();
-            let denied = admin.token.as_deref().is_some_and(|t| !authorized(&head, t));
-            let (code, ctype, body) = match (method.as_str(), route.as_str()) {
-                _ if denied => {
-                    ("401 Unauthorized", "text/plain", format!("a bearer token is required (set {TOKEN_ENV})\n"))
-                }
-                ("GET", "/status") => ("200 OK", "application/json", admin.status_text()),
-                ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
-                ("POST", r) if r.strip_prefix("/volumes/").and_then(|n| n.strip_suffix("/message")).is_some() => {
-                    let name = name_in_path(&r["/volumes/".len()..r.len() - "/message".len()]);
-                    match admin.volumes().iter().find(|v| v.name == name) {
-                        None => ("404 Not Found", "text/plain", format!("no volume named {name:?}\n")),
-                        Some(v) => match v.dev.message(body.trim()).await {
-                            Ok(answer) => ("200 OK", "text/plain", format!("{answer}\n")),
-                            Err(e) => ("400 Bad Request", "text/plain", format!("{e}\n")),
-                        },
-                    }
-                }
-                ("POST", "/exports") => {
-                    let read_only = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "read_only"));
-                    let added = match crate::cmd::serve::parse_named(body.trim()) {
-                        Ok((name, spec)) => admin.add(&name, &spec, read_only).await.map(|v| v.dev.describe()),
-                        Err(e) => Err(anyhow::Error::msg(e)),
-                    };
-                    match added {
-                        Ok(device) => ("200 OK", "text/plain", format!("added: {device}\n")),
-                        Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
-                    }
-                }
-                ("DELETE", r) if r.starts_with("/exports/") => {
-                    let force = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "force"));
-                    match admin.remove(&name_in_path(&r["/exports/".len()..]), force).await {
-                        Ok(()) => ("200 OK", "text/plain", "removed\n".to_string()),
-                        Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
-                    }
-                }
-                ("GET", _) => ("404 Not Found", "text/plain", "try /status or /metrics\n".to_string()),
-                _ => (
-                    "400 Bad Request",
-                    "text/plain",
-                    "GET /status, GET /metrics, POST /volumes/NAME/message, POST /exports, DELETE /exports/NAME\n"
-                        .to_string(),
-                ),
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), read_request(&mut stream)).await;
+            let (code, ctype, body) = match read {
+                // Too slow, or gone: nobody to answer.
+                Err(_) | Ok(Err(_)) => return,
+                Ok(Ok(Err((code, why)))) => (code, "text/plain", format!("{why}\n")),
+                Ok(Ok(Ok(request))) => answer(&admin, request).await,
             };
             let resp = format!(
                 "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -351,22 +309,82 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     }
 }
 
+/// One request, read whole.
+struct Request {
+    head: String,
+    method: String,
+    path: String,
+    body: String,
+}
+
+/// The answer to a request: status, content type and body.
+async fn answer(admin: &Admin, Request { head, method, path, body }: Request) -> (&'static str, &'static str, String) {
+    let route = path.split('?').next().unwrap_or("").to_string();
+    let denied = admin.token.as_deref().is_some_and(|t| !authorized(&head, t));
+    match (method.as_str(), route.as_str()) {
+        _ if denied => ("401 Unauthorized", "text/plain", format!("a bearer token is required (set {TOKEN_ENV})\n")),
+        ("GET", "/status") => ("200 OK", "application/json", admin.status_text()),
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", admin.metrics_text()),
+        ("POST", r) if r.strip_prefix("/volumes/").and_then(|n| n.strip_suffix("/message")).is_some() => {
+            let name = name_in_path(&r["/volumes/".len()..r.len() - "/message".len()]);
+            match admin.volumes().iter().find(|v| v.name == name) {
+                None => ("404 Not Found", "text/plain", format!("no volume named {name:?}\n")),
+                Some(v) => match v.dev.message(body.trim()).await {
+                    Ok(answer) => ("200 OK", "text/plain", format!("{answer}\n")),
+                    Err(e) => ("400 Bad Request", "text/plain", format!("{e}\n")),
+                },
+            }
+        }
+        ("POST", "/exports") => {
+            let read_only = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "read_only"));
+            let added = match crate::cmd::serve::parse_named(body.trim()) {
+                Ok((name, spec)) => admin.add(&name, &spec, read_only).await.map(|v| v.dev.describe()),
+                Err(e) => Err(anyhow::Error::msg(e)),
+            };
+            match added {
+                Ok(device) => ("200 OK", "text/plain", format!("added: {device}\n")),
+                Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
+            }
+        }
+        ("DELETE", r) if r.starts_with("/exports/") => {
+            let force = path.split_once('?').is_some_and(|(_, q)| q.split('&').any(|o| o == "force"));
+            match admin.remove(&name_in_path(&r["/exports/".len()..]), force).await {
+                Ok(()) => ("200 OK", "text/plain", "removed\n".to_string()),
+                Err(e) => ("400 Bad Request", "text/plain", format!("{e:#}\n")),
+            }
+        }
+        ("GET", _) => ("404 Not Found", "text/plain", "try /status or /metrics\n".to_string()),
+        _ => (
+            "400 Bad Request",
+            "text/plain",
+            "GET /status, GET /metrics, POST /volumes/NAME/message, POST /exports, DELETE /exports/NAME\n".to_string(),
+        ),
+    }
+}
+
 /// A volume name from a request path, percent-encoding undone (`percent_encode` on the
 /// client side); a segment that does not decode is taken as it is.
 fn name_in_path(segment: &str) -> String {
     percent_decode(segment).unwrap_or_else(|_| segment.to_string())
 }
 
-/// Reads one request: its head, method, path and body (bounded sizes).
-async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(String, String, String, String)> {
+/// The longest request head and body the endpoint reads.
+const MAX_HEAD: usize = 16 << 10;
+const MAX_BODY: usize = 64 << 10;
+
+/// Reads one request: its head, method, path and body. A request the endpoint will not
+/// read (a head or body past the bounds, a body length that is not a number, a body cut
+/// short) is answered with the status and reason given here.
+async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<Result<Request, (&'static str, String)>> {
     let mut req = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     let head_end = loop {
         if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
         }
-        if req.len() > 16 << 10 {
-            return Err(std::io::Error::other("request head too long"));
+        if req.len() > MAX_HEAD {
+            let why = format!("a request head longer than {MAX_HEAD} bytes");
+            return Ok(Err(("431 Request Header Fields Too Large", why)));
         }
         let n = stream.read(&mut buf).await?;
         if n == 0 {
@@ -377,22 +395,23 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<(St
     let head = String::from_utf8_lossy(&req[..head_end]).into_owned();
     let mut parts = head.split_whitespace();
     let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
-    let length = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0))
-        })
-        .unwrap_or(0)
-        .min(64 << 10);
+    let length = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(str::to_string));
+    let length = match length.map(|v| v.trim().parse::<u64>()) {
+        None => 0,
+        Some(Ok(n)) if n <= MAX_BODY as u64 => n as usize,
+        Some(Ok(n)) => return Ok(Err(("413 Content Too Large", format!("a body of {n} bytes: at most {MAX_BODY}")))),
+        Some(Err(_)) => return Ok(Err(("400 Bad Request", "Content-Length is not a number".to_string()))),
+    };
     while req.len() < head_end + length {
         let n = stream.read(&mut buf).await?;
         if n == 0 {
-            break;
+            let why = format!("the body ended after {} of its {length} bytes", req.len() - head_end);
+            return Ok(Err(("400 Bad Request", why)));
         }
         req.extend_from_slice(&buf[..n]);
     }
-    let body = String::from_utf8_lossy(&req[head_end..(head_end + length).min(req.len())]).into_owned();
-    Ok((head, method, path, body))
+    let body = String::from_utf8_lossy(&req[head_end..head_end + length]).into_owned();
+    Ok(Ok(Request { head, method, path, body }))
 }
 
 /// How long `get` waits for an answer: `/status` and `/metrics` answer at once, so a peer

@@ -265,3 +265,47 @@ fn a_removed_export_can_be_added_again_at_once() {
     });
     srv.stop();
 }
+
+/// What the admin endpoint answers to `request`, sent whole and followed by the end of
+/// the client's side.
+fn admin_answer(admin: &str, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(admin).unwrap();
+    s.write_all(request).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+/// A request the endpoint will not read is answered with why, at once; none of them
+/// changes anything, and the endpoint goes on answering.
+#[test]
+fn requests_past_the_admin_endpoints_bounds_are_answered_with_why() {
+    let srv = Server::start_opts(
+        common::tempdir(),
+        ServerOpts { admin: true, args: vec!["a=mem:1MiB".into()], ..Default::default() },
+    );
+    let admin = srv.admin.clone().unwrap();
+    let post = |length: &str, body: &str| {
+        admin_answer(&admin, format!("POST /exports HTTP/1.1\r\nContent-Length: {length}\r\n\r\n{body}").as_bytes())
+    };
+    let resp = post(&u64::MAX.to_string(), "");
+    assert!(resp.starts_with("HTTP/1.1 413") && resp.contains("at most 65536"), "{resp}");
+    let resp = post("65537", "b=mem:1MiB");
+    assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+    let resp = post("ten", "b=mem:1MiB");
+    assert!(resp.starts_with("HTTP/1.1 400") && resp.contains("not a number"), "{resp}");
+    // Cut short, "b=mem:1MiB" would have been "b=mem:1".
+    let resp = post("10", "b=mem:1");
+    assert!(resp.starts_with("HTTP/1.1 400") && resp.contains("after 7 of its 10 bytes"), "{resp}");
+    // A head one byte past the bound, with no end: all of it is read, then refused.
+    let mut head = b"GET /status HTTP/1.1\r\nX: ".to_vec();
+    head.resize((16 << 10) + 1, b'x');
+    let resp = admin_answer(&admin, &head);
+    assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
+
+    assert_eq!(names(&srv), ["a"]);
+    assert!(post("10", "b=mem:1MiB").starts_with("HTTP/1.1 200"));
+    assert_eq!(names(&srv), ["a", "b"]);
+}
