@@ -11,6 +11,8 @@ pub const DEFAULT_WEIGHT: u32 = 100;
 /// Weights run from 1 to 10000, as cgroup `io.weight`'s do.
 pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=10_000;
 pub const DEFAULT_BURST_MS: u64 = 100;
+/// A burst of more than a minute of a group's caps would leave it uncapped for as long.
+pub const MAX_BURST_MS: u64 = 60_000;
 
 /// A group's share and caps (cgroup `io.weight`, `io.max`, `io.latency`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +77,15 @@ impl GroupSettings {
             "rbps" => self.rbps = cap(value, true)?,
             "wbps" => self.wbps = cap(value, true)?,
             "latency_ms" => self.latency_ms = cap(value, false)?,
-            "burst_ms" => self.burst_ms = number(key, value)?.max(1),
+            "burst_ms" => {
+                let ms = number(key, value)?;
+                if ms > MAX_BURST_MS {
+                    return Err(invalid(format!(
+                        "burst_ms {ms} is more than a minute of the caps (at most {MAX_BURST_MS})"
+                    )));
+                }
+                self.burst_ms = ms.max(1);
+            }
             _ => return Err(invalid(format!("unknown setting {key:?} ({})", GROUP_KEYS.join(", ")))),
         }
         Ok(())
@@ -215,6 +225,8 @@ mod tests {
             ("weight", "-1", "bad value"),
             ("riops", "0", "riops=0 would stop the group"),
             ("rbps", "lots", "expected a number"),
+            ("burst_ms", "60001", "burst_ms 60001 is more than a minute"),
+            ("burst_ms", "18446744073709551615", "more than a minute"),
             ("color", "red", "unknown setting \"color\""),
         ] {
             let e = s.set(k, v).unwrap_err();
@@ -224,7 +236,9 @@ mod tests {
         s.set("weight", "10000").unwrap();
         s.set("rbps", "10MiB/s").unwrap();
         s.set("riops", "500").unwrap();
-        assert_eq!((s.weight, s.rbps, s.riops), (10_000, Some(10 << 20), Some(500)));
+        s.set("burst_ms", "60000").unwrap();
+        assert_eq!((s.weight, s.rbps, s.riops, s.burst_ms), (10_000, Some(10 << 20), Some(500), 60_000));
+        s.set("burst_ms", "100").unwrap();
         s.set("riops", "max").unwrap();
         assert_eq!(s.riops, None);
         assert_eq!(s.written(), [("weight", "10000".to_string()), ("rbps", "10MiB".to_string())]);
