@@ -133,6 +133,8 @@ macro_rules! cache_status {
 cache_status! {
     mode: String = Export::Info { label: "mode" },
         "The cache mode: writeback, writethrough, writearound, passthrough or cleaner.";
+    restart_mode: String = Export::None,
+        "The mode the superblock holds, which a restart serves in: `mode`, unless a fault put the running volume in writethrough.";
     policy: String = Export::Info { label: "policy" }, "The replacement policy.";
     block_size: u32 = gauge("strata_cache_block_size_bytes"), "Bytes per cache block.";
     read_hits: u64 = counter("strata_cache_read_hits_total"), "Block reads served from the cache.";

@@ -180,8 +180,10 @@ async fn the_safe_mode_a_fault_chose_lasts_until_restart() {
         read(&r.dev, 5).await.unwrap_err();
         r.cache_faults.remove(id);
         assert_eq!(status(&r.dev).mode, "writethrough", "{set:?}");
+        assert_eq!(status(&r.dev).restart_mode, "writeback", "{set:?}");
         if let Some(mode) = set {
             r.dev.message(&format!("mode {mode}")).await.unwrap();
+            assert_eq!(status(&r.dev).restart_mode, mode);
         }
         r.dev.message("readahead 0").await.unwrap(); // another setting leaves the mode be
         r.dev.shutdown().await.unwrap();

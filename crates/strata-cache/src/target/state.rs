@@ -51,15 +51,21 @@ impl State {
         }
     }
 
-    /// The superblock to write, next in sequence: with the mode an operator set, not the
-    /// safe mode a fault put the volume in.
+    /// The mode an operator set, which the superblock keeps: not the safe mode a fault put
+    /// the running volume in.
+    pub(super) fn saved_mode(&self) -> Mode {
+        if self.safe_mode {
+            Mode::Writeback
+        } else {
+            self.meta.sb.mode
+        }
+    }
+
+    /// The superblock to write, next in sequence, with [`State::saved_mode`].
     pub(super) fn superblock(&mut self) -> crate::format::Superblock {
         self.meta.sb.seq += 1;
-        let mut sb = self.meta.sb.clone();
-        if self.safe_mode {
-            sb.mode = Mode::Writeback;
-        }
-        sb
+        let mode = self.saved_mode();
+        crate::format::Superblock { mode, ..self.meta.sb.clone() }
     }
 
     /// Removes `b` from the mapping. If the table holds the mapping, its slot is reusable

@@ -18,6 +18,7 @@ impl Inner {
         let up = self.epoch.elapsed().as_secs_f64().max(1e-9);
         CacheStatus {
             mode: sb.mode.name().to_string(),
+            restart_mode: st.saved_mode().name().to_string(),
             policy: sb.policy.clone(),
             block_size: sb.block_bytes,
             read_hits: c.read_hits.load(R),
