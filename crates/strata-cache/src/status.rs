@@ -133,7 +133,7 @@ macro_rules! cache_status {
 cache_status! {
     mode: String = Export::Info { label: "mode" },
         "The cache mode: writeback, writethrough, writearound, passthrough or cleaner.";
-    restart_mode: String = Export::None,
+    restart_mode: String = Export::Info { label: "restart_mode" },
         "The mode the superblock holds, which a restart serves in: `mode`, unless a fault put the running volume in writethrough.";
     policy: String = Export::Info { label: "policy" }, "The replacement policy.";
     block_size: u32 = gauge("strata_cache_block_size_bytes"), "Bytes per cache block.";
@@ -283,6 +283,7 @@ mod tests {
     fn busy() -> CacheStatus {
         CacheStatus {
             mode: "writeback".into(),
+            restart_mode: "writeback".into(),
             policy: "strata".into(),
             block_size: 65536,
             read_hits: 7,
@@ -354,7 +355,14 @@ mod tests {
         assert_eq!(get("strata_cache_degraded", None).value, 1.0);
         assert_eq!(get("strata_cache_stopped", None).value, 1.0);
         let info = get(INFO, None);
-        assert_eq!(info.labels, [("mode", "writeback".to_string()), ("policy", "strata".to_string())]);
+        assert_eq!(
+            info.labels,
+            [
+                ("mode", "writeback".to_string()),
+                ("restart_mode", "writeback".to_string()),
+                ("policy", "strata".to_string())
+            ]
+        );
         // Ratios with no data yet are left out rather than reported as 0.
         assert!(CacheStatus::default().samples().iter().all(|x| x.name != "strata_cache_hit_ratio"));
     }

@@ -159,7 +159,7 @@ fn metrics_follow_the_prometheus_conventions() {
     let ratio = e.value("strata_cache_hit_ratio", "vol", "window=\"total\"");
     assert!(ratio > 0.0 && ratio < 1.0, "hit ratio {ratio}");
     assert!(e.value("strata_cache_origin_busy_seconds_total", "vol", "io=\"foreground\"") >= 0.0);
-    let info = format!("mode=\"writeback\",policy=\"{}\"", strata_policy::DEFAULT_POLICY);
+    let info = format!("mode=\"writeback\",restart_mode=\"writeback\",policy=\"{}\"", strata_policy::DEFAULT_POLICY);
     assert_eq!(e.value("strata_cache_info", "vol", &info), 1.0);
     assert_eq!(e.value("strata_cache_degraded", "vol", ""), 0.0);
     assert_eq!(e.value("strata_cache_writeback_target_ratio", "vol", ""), 0.1);
