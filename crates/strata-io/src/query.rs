@@ -51,6 +51,20 @@ impl Options {
         }
     }
 
+    /// A number within `lo..=hi` (`unit` names it in the error), or `None` if absent.
+    pub fn take_within<T>(&mut self, key: &str, lo: T, hi: T, unit: &str) -> Result<Option<T>>
+    where
+        T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+    {
+        match self.take_parsed::<T>(key)? {
+            // A NaN compares false both ways, so it is refused here too.
+            Some(v) if !(v >= lo && v <= hi) => {
+                Err(self.invalid(format!("{key}={v} is out of range ({lo} to {hi}{unit})")))
+            }
+            v => Ok(v),
+        }
+    }
+
     pub fn take_bool(&mut self, key: &str) -> Result<Option<bool>> {
         match self.take(key).as_deref() {
             None => Ok(None),
@@ -168,15 +182,30 @@ pub fn percent_encode(s: &str, in_query: bool) -> String {
 
 /// The HDD model's options (`seek_min_ms`, `seek_max_ms`, `rpm`, `mib_s`, `seed`) over the
 /// defaults.
+///
+/// Each time the models charge is at most a second (a seek, a revolution, a flash access) and
+/// each transfer rate at least 1 MiB/s: a model that sleeps for hours on a request, or divides
+/// by a zero rate, emulates no disk, and its requests would outlast any shutdown.
 pub fn take_hdd(opts: &mut Options) -> Result<HddParams> {
     let mut p = HddParams::default();
-    p.seek_min_ms = opts.take_parsed("seek_min_ms")?.unwrap_or(p.seek_min_ms);
-    p.seek_max_ms = opts.take_parsed("seek_max_ms")?.unwrap_or(p.seek_max_ms);
-    p.rpm = opts.take_parsed("rpm")?.unwrap_or(p.rpm);
-    p.mib_s = opts.take_parsed("mib_s")?.unwrap_or(p.mib_s);
+    p.seek_min_ms = opts.take_within("seek_min_ms", 0.0, MAX_MS, " ms")?.unwrap_or(p.seek_min_ms);
+    p.seek_max_ms = opts.take_within("seek_max_ms", 0.0, MAX_MS, " ms")?.unwrap_or(p.seek_max_ms);
+    p.rpm = opts.take_within("rpm", 60_000.0 / MAX_MS, MAX_RPM, "")?.unwrap_or(p.rpm);
+    p.mib_s = opts.take_within("mib_s", MIN_MIB_S, MAX_MIB_S, " MiB/s")?.unwrap_or(p.mib_s);
     p.seed = opts.take_parsed("seed")?.unwrap_or(p.seed);
+    if p.seek_min_ms > p.seek_max_ms {
+        return Err(
+            opts.invalid(format!("seek_min_ms ({} ms) is above seek_max_ms ({} ms)", p.seek_min_ms, p.seek_max_ms))
+        );
+    }
     Ok(p)
 }
+
+/// The longest time a latency model charges for one step of a request, in milliseconds.
+const MAX_MS: f64 = 1000.0;
+const MAX_RPM: f64 = 1e6;
+const MIN_MIB_S: f64 = 1.0;
+const MAX_MIB_S: f64 = 1e7;
 
 /// Writes the HDD model's options that differ from the defaults, in `take_hdd`'s order.
 pub fn write_hdd(w: &mut Written, p: &HddParams) {
@@ -191,10 +220,10 @@ pub fn write_hdd(w: &mut Written, p: &HddParams) {
 /// The SSD model's options (`read_us`, `write_us`, `channels`, `mib_s`) over the defaults.
 pub fn take_ssd(opts: &mut Options) -> Result<SsdParams> {
     let mut p = SsdParams::default();
-    p.read_us = opts.take_parsed("read_us")?.unwrap_or(p.read_us);
-    p.write_us = opts.take_parsed("write_us")?.unwrap_or(p.write_us);
-    p.channels = opts.take_parsed("channels")?.unwrap_or(p.channels);
-    p.mib_s = opts.take_parsed("mib_s")?.unwrap_or(p.mib_s);
+    p.read_us = opts.take_within("read_us", 0.0, MAX_MS * 1000.0, " us")?.unwrap_or(p.read_us);
+    p.write_us = opts.take_within("write_us", 0.0, MAX_MS * 1000.0, " us")?.unwrap_or(p.write_us);
+    p.channels = opts.take_within("channels", 1, 1024, "")?.unwrap_or(p.channels);
+    p.mib_s = opts.take_within("mib_s", MIN_MIB_S, MAX_MIB_S, " MiB/s")?.unwrap_or(p.mib_s);
     Ok(p)
 }
 
@@ -228,5 +257,50 @@ mod tests {
         w.flag("shared", false);
         assert_eq!(w.to_string(), "?rpm=5400&ro");
         assert_eq!(Written::default().to_string(), "");
+    }
+
+    fn hdd(q: &str) -> Result<HddParams> {
+        take_hdd(&mut Options::parse(&format!("hdd?{q}"), Some(q)))
+    }
+
+    fn ssd(q: &str) -> Result<SsdParams> {
+        take_ssd(&mut Options::parse(&format!("ssd?{q}"), Some(q)))
+    }
+
+    /// A zero rate panicked the model on every request (a duration of infinite seconds); a
+    /// seek of 2^64 ms left every request, and the server's shutdown, waiting for good.
+    #[test]
+    fn the_models_refuse_times_and_rates_no_disk_has() {
+        for q in [
+            "rpm=0",
+            "rpm=-7200",
+            "mib_s=0",
+            "mib_s=0.5",
+            "mib_s=inf",
+            "seek_max_ms=18446744073709551615",
+            "seek_min_ms=-1",
+            "seek_min_ms=NaN",
+            "seek_min_ms=20&seek_max_ms=10",
+        ] {
+            let err = hdd(q).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Invalid, "{q}");
+            let key = q.split('=').next().unwrap();
+            assert!(err.to_string().contains(key), "{q}: {err}");
+        }
+        for q in ["read_us=1e7", "write_us=-1", "channels=0", "channels=100000", "mib_s=0", "read_us=nan"] {
+            let err = ssd(q).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Invalid, "{q}");
+            assert!(err.to_string().contains(q.split('=').next().unwrap()), "{q}: {err}");
+        }
+        assert_eq!(
+            hdd("rpm=60&mib_s=1&seek_min_ms=0&seek_max_ms=1000").unwrap(),
+            HddParams { rpm: 60.0, mib_s: 1.0, seek_min_ms: 0.0, seek_max_ms: 1000.0, ..HddParams::default() }
+        );
+        assert_eq!(
+            ssd("read_us=1e6&write_us=0&channels=1").unwrap(),
+            SsdParams { read_us: 1e6, write_us: 0.0, channels: 1, ..SsdParams::default() }
+        );
+        let err = hdd("rpm=0").unwrap_err().to_string();
+        assert!(err.contains("rpm=0 is out of range (60 to 1000000)"), "{err}");
     }
 }

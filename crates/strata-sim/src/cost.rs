@@ -96,30 +96,8 @@ impl FromStr for DeviceModel {
         let mut opts = strata_io::query::Options::parse(s, query);
         let e = |e: strata_io::Error| e.to_string();
         let model = match kind.to_ascii_lowercase().as_str() {
-            "hdd" => {
-                let p = strata_io::query::take_hdd(&mut opts).map_err(e)?;
-                if p.seek_min_ms.is_nan()
-                    || p.seek_min_ms < 0.0
-                    || p.seek_max_ms.is_nan()
-                    || p.seek_max_ms < p.seek_min_ms
-                {
-                    return Err(format!("{s}: need 0 <= seek_min_ms <= seek_max_ms"));
-                }
-                if p.rpm.is_nan() || p.rpm <= 0.0 || p.mib_s.is_nan() || p.mib_s <= 0.0 {
-                    return Err(format!("{s}: rpm and mib_s must be positive"));
-                }
-                DeviceModel::Hdd(p)
-            }
-            "ssd" => {
-                let p = strata_io::query::take_ssd(&mut opts).map_err(e)?;
-                if p.read_us.is_nan() || p.read_us < 0.0 || p.write_us.is_nan() || p.write_us < 0.0 {
-                    return Err(format!("{s}: read_us and write_us must not be negative"));
-                }
-                if p.channels == 0 || p.mib_s.is_nan() || p.mib_s <= 0.0 {
-                    return Err(format!("{s}: channels and mib_s must be positive"));
-                }
-                DeviceModel::Ssd(p)
-            }
+            "hdd" => DeviceModel::Hdd(strata_io::query::take_hdd(&mut opts).map_err(e)?),
+            "ssd" => DeviceModel::Ssd(strata_io::query::take_ssd(&mut opts).map_err(e)?),
             _ => return Err(format!("unknown device model '{kind}' (hdd or ssd)")),
         };
         opts.finish().map_err(e)?;

@@ -9,9 +9,10 @@
 //!   only: no claim on the file, to read beside a writer; see `strata_io::file`)
 //! - `mem:SIZE` — RAM (up to 1 PiB)
 //! - `hdd:PATH[?opts]` — `PATH` behind the HDD latency model; the file's options plus
-//!   `seek_min_ms`, `seek_max_ms`, `rpm`, `mib_s`, `seed`
+//!   `seek_min_ms`, `seek_max_ms`, `rpm`, `mib_s`, `seed` (within the bounds
+//!   `strata_io::query::take_hdd` states)
 //! - `ssd:PATH[?opts]` — `PATH` behind the SSD model; the file's options plus `read_us`,
-//!   `write_us`, `channels`, `mib_s`
+//!   `write_us`, `channels`, `mib_s` (within the same bounds)
 //! - `fault:RULE[,RULE]...@SPEC` — the device `SPEC` names, behind the fault-injection device,
 //!   with rules in the text form `strata_io::fault::parse_rule` reads, e.g.
 //!   `fault:read:eio:0-1MiB:once,flush:eio:after=10@/var/tmp/o.img`
@@ -988,22 +989,25 @@ mod tests {
         )
     }
 
-    /// Finite, non-negative figures, including the defaults (which print as nothing).
-    fn figure(default: f64) -> impl Strategy<Value = f64> {
-        prop_oneof![Just(default), 0.0..1e6f64, (0..100_000u32).prop_map(|n| n as f64 / 8.0)]
+    /// Figures the models accept (`lo..=hi`), including the defaults (which print as nothing).
+    fn figure(default: f64, lo: f64, hi: f64) -> impl Strategy<Value = f64> {
+        let eighths = ((lo * 8.0) as u32..=(hi * 8.0) as u32).prop_map(|n| n as f64 / 8.0);
+        prop_oneof![Just(default), lo..=hi, eighths]
     }
 
     fn hdd() -> impl Strategy<Value = HddParams> {
         let d = HddParams::default();
         let seed = prop_oneof![Just(d.seed), any::<u64>()];
-        (figure(d.seek_min_ms), figure(d.seek_max_ms), figure(d.rpm), figure(d.mib_s), seed).prop_map(
-            |(seek_min_ms, seek_max_ms, rpm, mib_s, seed)| HddParams { seek_min_ms, seek_max_ms, rpm, mib_s, seed },
+        let (seek_min, seek_max) = (figure(d.seek_min_ms, 0.0, 1000.0), figure(d.seek_max_ms, 0.0, 1000.0));
+        (seek_min, seek_max, figure(d.rpm, 60.0, 1e6), figure(d.mib_s, 1.0, 1e6), seed).prop_map(
+            |(a, b, rpm, mib_s, seed)| HddParams { seek_min_ms: a.min(b), seek_max_ms: a.max(b), rpm, mib_s, seed },
         )
     }
 
     fn ssd() -> impl Strategy<Value = SsdParams> {
         let d = SsdParams::default();
-        (figure(d.read_us), figure(d.write_us), prop_oneof![Just(d.channels), 1..64usize], figure(d.mib_s))
+        let (read, write) = (figure(d.read_us, 0.0, 1e6), figure(d.write_us, 0.0, 1e6));
+        (read, write, prop_oneof![Just(d.channels), 1..64usize], figure(d.mib_s, 1.0, 1e6))
             .prop_map(|(read_us, write_us, channels, mib_s)| SsdParams { read_us, write_us, channels, mib_s })
     }
 
