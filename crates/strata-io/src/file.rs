@@ -119,6 +119,10 @@ impl FileDev {
         // A writable block device is opened O_EXCL: EBUSY while mounted or held by the kernel
         // (md, dm, bcache) or by another exclusive opener.
         let node = std::fs::metadata(path).ok();
+        // Refused before the open: a read-only open of a FIFO waits for a writer.
+        if node.as_ref().is_some_and(|m| !m.is_file() && !m.file_type().is_block_device()) {
+            return Err(Error::new(ErrorKind::Invalid, ctx(NOT_A_DEVICE)));
+        }
         let excl = claim == Claim::Default
             && !opts.read_only
             && node.as_ref().is_some_and(|m| m.file_type().is_block_device());
@@ -167,7 +171,7 @@ impl FileDev {
         } else if meta.is_file() {
             (meta.len(), dio_alignment(path))
         } else {
-            return Err(Error::new(ErrorKind::Invalid, ctx("is neither a regular file nor a block device")));
+            return Err(Error::new(ErrorKind::Invalid, ctx(NOT_A_DEVICE)));
         };
         let rotational = block_device && sysfs_rotational(&meta);
         Ok(FileDev {
@@ -771,9 +775,38 @@ impl BlockDev for FileDev {
     }
 }
 
+const NOT_A_DEVICE: &str = "is neither a regular file nor a block device";
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FIFO, a directory and a character device are refused, the FIFO without waiting
+    /// for a writer (its read-only open blocked the offline tools for good).
+    #[test]
+    fn what_is_not_a_file_or_block_device_is_refused_before_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for (path, read_only) in
+                [(fifo.as_path(), true), (&fifo, false), (dir.path(), true), (Path::new("/dev/null"), true)]
+            {
+                let opts = FileOptions { read_only, ..FileOptions::default() };
+                let e = FileDev::open(path, &opts).err().expect("refused");
+                tx.send((path.to_owned(), e)).unwrap();
+            }
+        });
+        for _ in 0..4 {
+            // A guard against the hang, not a timing figure: the refusal takes no IO.
+            let (path, e) = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the open returned");
+            assert_eq!(e.kind, ErrorKind::Invalid, "{}: {e}", path.display());
+            assert!(e.context.ends_with(NOT_A_DEVICE), "{}: {e}", path.display());
+        }
+    }
 
     /// A lock this process holds on a file none of its devices claims (a closed device's
     /// file that io_uring still references for a moment) is waited for; a device's claim is
