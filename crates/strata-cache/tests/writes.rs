@@ -271,6 +271,32 @@ async fn writeback_runs_in_address_order_and_merges_adjacent_blocks() {
     }
 }
 
+/// A flush goes flat out whatever the migration budget: at 1 byte a second a 64 KiB block
+/// earned its write-back after 18 hours, and the flush never ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_is_not_held_to_the_migration_budget() {
+    let r = rig(Mode::Writeback, 12 << 20, "lru").await;
+    let dev = open(&r).await;
+    // Dirty blocks the write-back target keeps (promoted while the budget is unlimited: a
+    // write's promotion spends it too), then a budget of a byte a second.
+    dev.message("writeback_percent 100").await.unwrap();
+    let bs = BLOCK as u64;
+    for b in 0..20u64 {
+        dev.write(b * bs, pattern(b, b * bs, BLOCK as usize), false).await.unwrap();
+    }
+    dev.message("migration-budget 1").await.unwrap();
+    assert_eq!(CacheStatus::of(&*dev).unwrap().dirty_blocks, 20, "the budget holds write-back back");
+    dev.message("flush").await.unwrap();
+    wait_clean(&dev).await;
+    let s = CacheStatus::of(&*dev).unwrap();
+    assert_eq!((s.writebacks, s.migration_budget_bytes_per_s), (20, 1), "{s:?}");
+    let mut seen = vec![0u8; BLOCK as usize];
+    for b in 0..20u64 {
+        r.origin.read_into(b * bs, &mut seen).unwrap();
+        assert!(seen[..] == pattern(b, b * bs, BLOCK as usize)[..], "block {b} on the origin");
+    }
+}
+
 /// When every slot is dirty, writes keep succeeding (to the origin, at its pace) and read
 /// back right, in writeback with a target that keeps everything dirty while busy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

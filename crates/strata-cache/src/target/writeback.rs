@@ -241,9 +241,11 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
             (st.policy.dirty_len() as f64, target, st.flush_all)
         };
         // bcache's controller (`strata_policy::pacing`), capped by the migration budget; flat
-        // out when a flush was asked for, or on an idle origin over the target or once the
-        // volume is quiet.
+        // out when a flush was asked for (the budget aside: a flush of a budget of a few bytes
+        // a second would never end), or on an idle origin over the target or once the volume
+        // is quiet.
         let budget_blocks = match me.budget.rate() {
+            _ if flush_all => f64::INFINITY,
             0 => f64::INFINITY,
             r => r as f64 / me.block as f64,
         };
@@ -265,7 +267,7 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
         // (A float cast saturates: no excess is 0.)
         let batch = if drain { WRITEBACK_BATCH_MAX } else { WRITEBACK_BATCH_MAX.min((dirty - target).ceil() as usize) };
         let n = pacer.earn(dt, batch);
-        let mut allowed = 0;
+        let mut allowed = if flush_all { n } else { 0 };
         while allowed < n && me.budget.try_take(me.block) {
             allowed += 1;
         }

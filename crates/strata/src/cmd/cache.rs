@@ -96,7 +96,8 @@ pub struct CreateArgs {
         format_size_exact(MAX_READAHEAD_BYTES)
     ))]
     pub readahead: Bytes,
-    /// Bytes per second that promotions and write-backs may move (0 = unlimited).
+    /// Bytes per second that promotions and write-backs may move (0 = unlimited; a flush or
+    /// a detach writes back flat out past it).
     #[arg(long, default_value_t = Rate(DEFAULT_MIGRATION_BUDGET_BYTES_PER_S))]
     pub migration_budget: Rate,
     #[arg(long, default_value_t = DEFAULT_WRITEBACK_PERCENT, help = format!(
