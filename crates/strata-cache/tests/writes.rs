@@ -264,8 +264,13 @@ async fn writeback_runs_in_address_order_and_merges_adjacent_blocks() {
     assert!(writes.iter().any(|&(_, n)| n > bs), "adjacent blocks were merged");
     let s = CacheStatus::of(&*dev).unwrap();
     assert_eq!((s.writebacks, s.writeback_writes), (dirty.len() as u64, want.len() as u64), "{s:?}");
-    let mut seen = vec![0u8; BLOCK as usize];
-    for &b in &blocks {
+    assert_patterns_on_origin(&r, blocks);
+}
+
+/// Each of `blocks` holds its `pattern` on the origin.
+fn assert_patterns_on_origin(r: &Rig, blocks: impl IntoIterator<Item = u64>) {
+    let (bs, mut seen) = (BLOCK as u64, vec![0u8; BLOCK as usize]);
+    for b in blocks {
         r.origin.read_into(b * bs, &mut seen).unwrap();
         assert!(seen[..] == pattern(b, b * bs, BLOCK as usize)[..], "block {b} on the origin");
     }
@@ -290,11 +295,7 @@ async fn a_flush_is_not_held_to_the_migration_budget() {
     wait_clean(&dev).await;
     let s = CacheStatus::of(&*dev).unwrap();
     assert_eq!((s.writebacks, s.migration_budget_bytes_per_s), (20, 1), "{s:?}");
-    let mut seen = vec![0u8; BLOCK as usize];
-    for b in 0..20u64 {
-        r.origin.read_into(b * bs, &mut seen).unwrap();
-        assert!(seen[..] == pattern(b, b * bs, BLOCK as usize)[..], "block {b} on the origin");
-    }
+    assert_patterns_on_origin(&r, 0..20);
 }
 
 /// When every slot is dirty, writes keep succeeding (to the origin, at its pace) and read
