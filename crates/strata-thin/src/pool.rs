@@ -36,6 +36,10 @@ const STRIPES: usize = 1024;
 /// dm-thin's default commit period.
 pub const COMMIT_PERIOD_DEFAULT: Duration = Duration::from_secs(1);
 
+/// The longest commit period, in milliseconds (an hour): a longer one is a commit on FLUSH
+/// and FUA alone, which 0 asks for plainly.
+pub const COMMIT_PERIOD_MAX_MS: u64 = 3_600_000;
+
 /// How a pool behaves (dm-thin's pool features that strata has).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolOptions {
@@ -478,6 +482,12 @@ impl Pool {
             }
             ["commit_period_ms", n] => {
                 let n = num(n)?;
+                if n > COMMIT_PERIOD_MAX_MS {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        format!("thin: commit_period_ms {n} is past an hour ({COMMIT_PERIOD_MAX_MS}; 0 commits only on FLUSH and FUA)"),
+                    ));
+                }
                 self.set_tunables(Tunables { commit_period: Duration::from_millis(n), ..self.tunables() });
                 Ok(format!("commit_period_ms = {n}"))
             }

@@ -344,6 +344,12 @@ async fn provisioning_is_committed_within_a_commit_period_without_a_flush() {
     }
     let st = p.status();
     assert!(st.commits >= 1 && st.last_commit_unix_ms > 0 && st.commit_period_ms == 20, "{st:?}");
+    // Past an hour the admin message is refused and the period stays; an hour is taken.
+    let e = p.message("commit_period_ms 3600001").await.unwrap_err();
+    assert!(e.to_string().contains("past an hour"), "{e}");
+    assert_eq!(p.status().commit_period_ms, 20);
+    p.message("commit_period_ms 3600000").await.unwrap();
+    assert_eq!(p.status().commit_period_ms, 3_600_000);
     // The metadata the periodic commit wrote, the volume closed, passes the checker.
     drop(dev);
     assert!(strata_thin::check::check(&*md).await.clean());

@@ -329,7 +329,8 @@ impl Spec {
                 let size = opts.take_size("size")?.map(volume_size).transpose().map_err(invalid)?;
                 let skip_zeroing = opts.take_bool("skip_block_zeroing")? == Some(true);
                 let low_water = opts.take_parsed("low_water_blocks")?;
-                let commit_period_ms = opts.take_parsed("commit_period_ms")?;
+                let commit_period_ms =
+                    opts.take_within("commit_period_ms", 0, strata_thin::pool::COMMIT_PERIOD_MAX_MS, " ms")?;
                 opts.finish()?;
                 Ok(Spec::Thin { pool: pool.into(), id, size, skip_zeroing, low_water, commit_period_ms, data })
             }
@@ -921,6 +922,9 @@ mod tests {
             ("slice:16383PiB+2PiB@/d.img", "past 2^64"),
             ("slice:0+1GiB?shared@/d.img", "unknown option(s): shared"),
             ("qos:db", "expected qos:GROUP[?opts]@SPEC"),
+            ("hdd:/h.img?rpm=0", "rpm=0 is out of range (60 to 1000000)"),
+            ("ssd:/s.img?channels=0", "channels=0 is out of range (1 to 1024)"),
+            ("thin:/m.img?id=1&commit_period_ms=3600001", "commit_period_ms=3600001 is out of range (0 to 3600000 ms)"),
             ("qos:db@", "no device after '@'"),
             ("qos:@mem:1MiB", "group name \"\""),
             ("qos:a/b@mem:1MiB", "group name \"a/b\""),
@@ -1113,7 +1117,7 @@ mod tests {
                 proptest::option::of(volume_size()),
                 any::<bool>(),
                 proptest::option::of(any::<u64>()),
-                proptest::option::of(0..100_000u64)
+                proptest::option::of(0..=strata_thin::pool::COMMIT_PERIOD_MAX_MS)
             )
                 .prop_map(|(pool, id, size, skip_zeroing, low_water, commit_period_ms)| {
                     Spec::Thin { pool, id, size, skip_zeroing, low_water, commit_period_ms, data: None }

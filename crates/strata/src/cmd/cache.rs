@@ -256,15 +256,27 @@ pub fn run(args: CacheArgs) -> Result<()> {
 /// Sends the `KEY=VALUE`s to a running volume as one message of `{prefix}KEY VALUE` lines
 /// (`-` in keys read as `_`), which it takes all or none of, and prints the answer.
 pub async fn send_settings(admin: &str, name: &str, prefix: &str, settings: &[String]) -> Result<()> {
-    let mut lines = Vec::new();
-    for kv in settings {
-        let (k, v) = kv.split_once('=').with_context(|| format!("expected KEY=VALUE, got {kv:?}"))?;
-        lines.push(format!("{prefix}{} {v}", k.replace('-', "_")));
-    }
+    let lines: Vec<String> = settings.iter().map(|kv| setting_line(prefix, kv)).collect::<Result<_>>()?;
     // One message: the volume takes every setting or none.
     let answer = http::message(admin, name, &lines.join("\n")).await?;
     print!("{name}: {answer}");
     Ok(())
+}
+
+/// `KEY=VALUE` as the line `{prefix}KEY VALUE`; a missing key or value, or a space or line
+/// break in either (which would split the line), is refused here rather than sent.
+fn setting_line(prefix: &str, kv: &str) -> Result<String> {
+    let (k, v) = kv.split_once('=').with_context(|| format!("expected KEY=VALUE, got {kv:?}"))?;
+    let what = if k.is_empty() {
+        "no key before '='"
+    } else if v.is_empty() {
+        "no value after '='"
+    } else if kv.contains(char::is_whitespace) {
+        "a space or line break in it"
+    } else {
+        return Ok(format!("{prefix}{} {v}", k.replace('-', "_")));
+    };
+    bail!("expected KEY=VALUE, got {kv:?}: {what}")
 }
 
 async fn run_create(a: CreateArgs) -> Result<()> {
@@ -452,4 +464,27 @@ async fn run_check(a: CheckArgs) -> Result<()> {
         bail!("{}: {} metadata error(s)", a.path, findings.errors.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::setting_line;
+
+    /// `=1` was sent as the line " 1" and answered "unknown message \"1\"", `weight=` as
+    /// "weight " and answered "unknown message \"weight\"".
+    #[test]
+    fn a_setting_without_its_key_or_value_is_refused_before_it_is_sent() {
+        assert_eq!(setting_line("", "migration-budget=64MiB/s").unwrap(), "migration_budget 64MiB/s");
+        assert_eq!(setting_line("group a ", "weight=200").unwrap(), "group a weight 200");
+        for (kv, why) in [
+            ("=1", "no key"),
+            ("weight=", "no value"),
+            ("mode", "expected KEY=VALUE"),
+            ("mode=writeback\nflush", "line break"),
+            ("mode =writeback", "space"),
+        ] {
+            let e = setting_line("", kv).unwrap_err().to_string();
+            assert!(e.contains(why), "{kv:?}: {e}");
+        }
+    }
 }

@@ -175,26 +175,20 @@ pub struct SetArgs {
     #[arg(long)]
     pub low_water_blocks: Option<u64>,
     /// How long provisioning may wait for a commit without a FLUSH (dm-thin's
-    /// commit_period; 0 commits only on FLUSH and FUA).
+    /// commit_period; 0 commits only on FLUSH and FUA; at most an hour), with its unit: 1s, 500ms.
     #[arg(long, value_parser = humantime_ms, value_name = "DURATION")]
     pub commit_period: Option<u64>,
 }
 
-/// A duration as `1s`, `500ms` or milliseconds alone, in milliseconds.
+/// A duration with its unit (`1s`, `500ms`), in milliseconds, at most an hour.
 fn humantime_ms(s: &str) -> std::result::Result<u64, String> {
-    let bad = || format!("bad duration {s:?} (e.g. 1s, 500ms)");
-    let (n, scale) = match s.strip_suffix("ms") {
-        Some(n) => (n, 1.0),
-        None => match s.strip_suffix('s') {
-            Some(n) => (n, 1000.0),
-            None => (s, 1.0),
-        },
-    };
-    let n: f64 = n.trim().parse().map_err(|_| bad())?;
-    if !n.is_finite() || n < 0.0 {
-        return Err(bad());
+    use strata_io::units::{parse_duration, DurationError};
+    let out_of_range = || format!("{s} is out of range (0 to an hour; 0 commits only on FLUSH and FUA)");
+    match parse_duration(s, None) {
+        Ok(d) if d.as_millis() <= strata_thin::pool::COMMIT_PERIOD_MAX_MS as u128 => Ok(d.as_millis() as u64),
+        Ok(_) | Err(DurationError::OutOfRange(_)) => Err(out_of_range()),
+        Err(_) => Err(format!("bad duration {s:?}: a number and a unit (e.g. 1s, 500ms)")),
     }
-    Ok((n * scale).round() as u64)
 }
 
 #[derive(Args, Debug)]
@@ -482,4 +476,25 @@ async fn check(a: PoolPath) -> Result<()> {
         r.devices, r.mapped_blocks, r.data_blocks_used, r.metadata_blocks_used
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::humantime_ms;
+
+    /// A bare number was read as milliseconds though the help shows units, and 2^64-1s
+    /// saturated to a period of 584 million years.
+    #[test]
+    fn a_commit_period_has_its_unit_and_is_at_most_an_hour() {
+        assert_eq!(humantime_ms("500ms"), Ok(500));
+        assert_eq!(humantime_ms("1.5s"), Ok(1500));
+        assert_eq!(humantime_ms("0s"), Ok(0));
+        assert_eq!(humantime_ms("60m"), Ok(3_600_000));
+        for s in ["1", "soon", "1h"] {
+            assert!(humantime_ms(s).unwrap_err().contains("a number and a unit"), "{s}");
+        }
+        for s in ["3601s", "18446744073709551615s", "61m", "-1s"] {
+            assert!(humantime_ms(s).unwrap_err().contains("out of range (0 to an hour"), "{s}");
+        }
+    }
 }
