@@ -111,7 +111,11 @@ impl FileDev {
                         .create_new(true)
                         .open(path)
                         .map_err(|e| Error::from_os(e, ctx("cannot create")))?;
-                    f.set_len(size).map_err(|e| Error::from_os(e, ctx("cannot size")))?;
+                    if let Err(e) = f.set_len(size) {
+                        // Not left behind empty: the next try would find a file of the wrong size.
+                        let _ = std::fs::remove_file(path);
+                        return Err(Error::from_os(e, ctx("cannot size")));
+                    }
                 }
                 Err(e) => return Err(Error::from_os(e, ctx("cannot stat"))),
             }
@@ -780,6 +784,20 @@ const NOT_A_DEVICE: &str = "is neither a regular file nor a block device";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file created for `size=` that the file system cannot make that large is not left
+    /// behind empty (a second try found it and refused: "exists with size 0").
+    #[test]
+    fn a_file_that_cannot_take_its_size_is_not_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("z.img");
+        for size in [1u64 << 63, u64::MAX] {
+            let opts = FileOptions { create_size: Some(size), ..FileOptions::default() };
+            let e = FileDev::open(&path, &opts).err().expect("no file system holds 8 EiB");
+            assert!(e.context.contains("cannot size"), "{e}");
+            assert!(!path.exists(), "{size}: the empty file stayed");
+        }
+    }
 
     /// A FIFO, a directory and a character device are refused, the FIFO without waiting
     /// for a writer (its read-only open blocked the offline tools for good).
