@@ -39,6 +39,10 @@ pub const ENTRIES_PER_BITMAP: u64 = ((BLOCK - BITMAP_HEADER) * 4) as u64;
 /// metadata device at 255 × 16,320 blocks (about 15.9 GiB).
 pub const MAX_METADATA_BITMAPS: usize = 255;
 pub const MAX_METADATA_BLOCKS: u64 = MAX_METADATA_BITMAPS as u64 * ENTRIES_PER_BITMAP;
+/// The smallest metadata device `strata thin pool create` formats (256 KiB): room for
+/// the reserve kept for commits (`Metadata::metadata_reserve`, at least 16 blocks) and
+/// for a few dozen leaves of mappings beyond it.
+pub const MIN_METADATA_BLOCKS: u64 = 64;
 /// The data blocks a pool may have (dm-thin's 40-bit block numbers in the mapping tree).
 pub const MAX_DATA_BLOCKS: u64 = 1 << 40;
 

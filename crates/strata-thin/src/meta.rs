@@ -70,8 +70,8 @@ impl Metadata {
             )));
         }
         let md_blocks = (md_bytes / BLOCK as u64).min(MAX_METADATA_BLOCKS);
-        if md_blocks < 16 {
-            return Err(invalid(format!("a metadata device of {md_bytes} bytes is too small (at least 64 KiB)")));
+        if md_blocks < MIN_METADATA_BLOCKS {
+            return Err(invalid(format!("a metadata device of {md_bytes} bytes is too small (at least 256 KiB)")));
         }
         let data_blocks = data_bytes / data_block_bytes;
         if data_blocks == 0 || data_blocks >= MAX_DATA_BLOCKS {
@@ -310,16 +310,42 @@ impl Metadata {
     /// Records volume `id`'s size (dm-thin keeps none).
     pub fn set_volume_size(&mut self, id: DevId, bytes: u64) -> Result<()> {
         self.device(id)?;
+        self.sb.record = self.record_with_size(id, bytes)?;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// The record with `id`'s size set, if the superblock has room for it.
+    fn record_with_size(&self, id: DevId, bytes: u64) -> Result<Record> {
         let mut r = self.sb.record.clone();
         r.sizes.insert(id, bytes);
         if !r.fits() {
             return Err(invalid(format!(
-                "no room left in the superblock to record the size of volume {id}; give size= when serving it"
+                "no room left in the superblock to record the size of volume {id}: delete volumes to make room"
             )));
         }
-        self.sb.record = r;
-        self.dirty = true;
-        Ok(())
+        Ok(r)
+    }
+
+    /// Metadata blocks kept free for commits and deletions: provisioning and new devices
+    /// stop below this.
+    pub fn metadata_reserve(&self) -> u64 {
+        (self.tm.md.nr_blocks() / 8).clamp(16, 256)
+    }
+
+    /// NoSpace if the metadata device is down to its reserve (`metadata_reserve`).
+    pub fn check_metadata_room(&self) -> Result<()> {
+        let (free, reserve) = (self.tm.md.allocatable(), self.metadata_reserve());
+        if free >= reserve {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::NoSpace,
+            format!(
+                "the pool's metadata device is nearly full ({free} blocks free, {reserve} kept for commits and deletions): \
+                 extend it (strata thin extend --metadata) or delete volumes"
+            ),
+        ))
     }
 
     /// The metadata and data blocks there are, as opened or created.
@@ -375,6 +401,7 @@ impl Metadata {
     /// A new empty thin device.
     pub fn create_thin(&mut self, id: DevId) -> Result<()> {
         self.check_new_id(id)?;
+        self.check_metadata_room()?;
         let sub = self.tm.empty_tree(8)?;
         self.set_subtree(id, sub)?;
         let t = self.sb.time;
@@ -398,6 +425,7 @@ impl Metadata {
         }
         let o = self.details.get(&origin).copied().ok_or_else(|| unknown_origin(origin))?;
         self.check_new_id(id)?;
+        self.check_metadata_room()?;
         if self.sb.time >= MAX_TIME {
             return Err(invalid("the pool's time counter is exhausted"));
         }
@@ -419,19 +447,28 @@ impl Metadata {
     }
 
     /// A new empty thin device of `size` bytes (its size recorded).
+    /// Nothing changes if it fails.
     pub fn create_volume(&mut self, id: DevId, size: u64) -> Result<()> {
+        self.check_new_id(id)?;
+        let record = self.record_with_size(id, size)?;
         self.create_thin(id)?;
-        self.set_volume_size(id, size)
+        self.sb.record = record;
+        Ok(())
     }
 
     /// A snapshot `id` of `origin` (`create_snapshot`) of the origin's recorded size, if it
-    /// has one.
+    /// has one. Nothing changes if it fails.
     pub fn create_snapshot_sized(&mut self, id: DevId, origin: DevId) -> Result<()> {
+        self.check_new_id(id)?;
+        let record = match self.record().sizes.get(&origin) {
+            Some(&size) => Some(self.record_with_size(id, size)?),
+            None => None,
+        };
         self.create_snapshot(id, origin)?;
-        match self.record().sizes.get(&origin).copied() {
-            Some(size) => self.set_volume_size(id, size),
-            None => Ok(()),
+        if let Some(r) = record {
+            self.sb.record = r;
         }
+        Ok(())
     }
 
     /// Deletes a device at once, in this transaction (`start_delete`, then every step;
@@ -531,7 +568,8 @@ impl Metadata {
                 self.load(nodes);
             }
             steps += 1;
-            if self.delete_step(id, budget)? || steps % crate::pool::DELETE_STEPS_PER_COMMIT == 0 {
+            let done = self.delete_step(id, budget)?;
+            if done || steps % crate::pool::DELETE_STEPS_PER_COMMIT == 0 || self.check_metadata_room().is_err() {
                 self.commit(dev).await?;
             }
         }

@@ -187,11 +187,6 @@ pub struct PoolStatus {
     pub deleting: Vec<DevId>,
 }
 
-/// Metadata blocks kept free for commits: provisioning stops below this.
-fn metadata_reserve(m: &Metadata) -> u64 {
-    (m.tm.md.nr_blocks() / 8).clamp(16, 256)
-}
-
 impl Pool {
     /// Opens the pool on `md` with data on `data` (opened from `data_spec`), checking the
     /// metadata as it is read: the superblock, space maps and the trees down to the nodes
@@ -313,17 +308,35 @@ impl Pool {
         }
     }
 
-    /// Runs `f` on the metadata, then commits it (live changes of volumes and space).
-    async fn change<T>(&self, f: impl FnOnce(&mut Metadata) -> Result<T>) -> Result<T> {
-        self.check_writable()?;
-        let out = {
-            let mut st = self.state.write();
-            let out = f(&mut st.meta)?;
-            self.watch_low_water(&st);
-            out
-        };
-        self.commit().await?;
-        Ok(out)
+    /// Runs `f` on the metadata, then commits it (live changes of volumes and space). `f`
+    /// changes nothing when it fails (the metadata's own changes check first); if it is
+    /// refused for want of metadata space that a commit would release, it is tried again
+    /// after one. Should a failing `f` have changed the metadata, the pool fails rather
+    /// than commit half a change.
+    async fn change<T>(&self, f: impl Fn(&mut Metadata) -> Result<T>) -> Result<T> {
+        for attempt in 0..2 {
+            self.check_writable()?;
+            let (out, half_done, retry) = {
+                let mut st = self.state.write();
+                let marks = |m: &Metadata| (m.transaction_id(), m.tm.md.allocated(), m.tm.md.held());
+                let before = marks(&st.meta);
+                let out = f(&mut st.meta);
+                self.watch_low_water(&st);
+                let half_done = out.is_err() && marks(&st.meta) != before;
+                let retry = matches!(&out, Err(e) if e.kind == ErrorKind::NoSpace) && st.meta.tm.md.held() > 0;
+                (out, half_done, retry && attempt == 0)
+            };
+            match out {
+                Ok(out) => {
+                    self.commit().await?;
+                    return Ok(out);
+                }
+                Err(e) if half_done => return Err(self.fail(format!("a change failed half done: {}", e.context))),
+                Err(_) if retry => self.commit().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!()
     }
 
     /// Creates an empty volume `id` of `size` bytes, committed.
@@ -402,7 +415,9 @@ impl Pool {
             // The metadata in memory may be half changed: nothing more is committed.
             Err(e) => return Err(self.fail(format!("deleting thin device {id} failed: {}", e.context))),
         };
-        if commit || done {
+        // Down to the metadata reserve, each step commits: the nodes it shadowed are
+        // released for the next.
+        if commit || done || self.state.read().meta.check_metadata_room().is_err() {
             self.commit().await?;
         }
         Ok(Some((id, done)))
@@ -591,8 +606,7 @@ impl Pool {
         for attempt in 0..2 {
             {
                 let mut st = self.state.write();
-                let reserve = metadata_reserve(&st.meta);
-                st.metadata_low = st.meta.tm.md.allocatable() < reserve;
+                st.metadata_low = st.meta.check_metadata_room().is_err();
                 if !st.metadata_low {
                     if let Some(b) = st.meta.alloc_data() {
                         st.out_of_data = false;

@@ -10,7 +10,7 @@ use strata_io::mem::MemDev;
 use strata_io::testing::model::pattern;
 use strata_io::{BlockDev, Buf, ErrorKind};
 use strata_thin::meta::{DevId, Metadata};
-use strata_thin::{Pool, PoolOptions, ThinDev};
+use strata_thin::ThinDev;
 
 const BS: u64 = 64 << 10;
 
@@ -40,20 +40,7 @@ fn height(m: &Metadata, id: DevId) -> usize {
     h
 }
 
-/// Both checkers on the committed metadata: clean, and no warning.
-async fn checked(md: &MemDev, when: &str) {
-    let r = strata_thin::check::check(md).await;
-    assert!(r.clean() && r.warnings.is_empty(), "{when}: {:?} {:?}", r.errors, r.warnings);
-    let mut bytes = vec![0u8; md.size() as usize];
-    md.read_into(0, &mut bytes).unwrap();
-    if let Some((ok, text)) = common::thin_check_bytes(&bytes) {
-        assert!(ok, "{when}: thin_check: {text}");
-    }
-}
-
-async fn open(md: &Arc<MemDev>, data: &Arc<MemDev>) -> Arc<Pool> {
-    Pool::open(md.clone(), data.clone(), "", PoolOptions::default()).await.unwrap()
-}
+use common::{checked, open};
 
 #[tokio::test]
 async fn a_large_volume_is_hidden_at_once_and_freed_by_checked_steps() {

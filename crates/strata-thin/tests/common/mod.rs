@@ -1,4 +1,4 @@
-//! Running thin-provisioning-tools from the tests.
+//! Running thin-provisioning-tools from the tests, and checking and opening pools.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -37,4 +37,24 @@ pub fn thin_dump(path: &Path) -> Option<String> {
     let out = tool("thin_dump", &[path.to_str().unwrap()])?;
     assert!(out.status.success(), "thin_dump: {}", String::from_utf8_lossy(&out.stderr));
     Some(String::from_utf8(out.stdout).unwrap())
+}
+
+/// Both checkers on the committed metadata: clean, and no warning.
+pub async fn checked(md: &strata_io::mem::MemDev, when: &str) {
+    use strata_io::BlockDev;
+    let r = strata_thin::check::check(md).await;
+    assert!(r.clean() && r.warnings.is_empty(), "{when}: {:?} {:?}", r.errors, r.warnings);
+    let mut bytes = vec![0u8; md.size() as usize];
+    md.read_into(0, &mut bytes).unwrap();
+    if let Some((ok, text)) = thin_check_bytes(&bytes) {
+        assert!(ok, "{when}: thin_check: {text}");
+    }
+}
+
+/// The pool on `md` and `data`, opened with the default options.
+pub async fn open(
+    md: &std::sync::Arc<strata_io::mem::MemDev>,
+    data: &std::sync::Arc<strata_io::mem::MemDev>,
+) -> std::sync::Arc<strata_thin::Pool> {
+    strata_thin::Pool::open(md.clone(), data.clone(), "", strata_thin::PoolOptions::default()).await.unwrap()
 }
