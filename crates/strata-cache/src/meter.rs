@@ -143,6 +143,48 @@ impl Budget {
     }
 }
 
+/// Bytes of whole-block buffers that promotions hold at once, over every volume of the
+/// server: a promotion that would pass it is skipped (the read or write goes to the origin
+/// alone), unless none is in flight, so blocks larger than it still promote one at a time.
+pub const PROMOTION_BUFFER_BYTES: u64 = 256 << 20;
+
+static PROMOTION_BUFFERS: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of `PROMOTION_BUFFER_BYTES` held by one promotion, given back when dropped.
+#[must_use]
+pub struct BufferPermit {
+    bytes: u64,
+}
+
+impl BufferPermit {
+    /// `bytes` of the promotion buffers, if they fit under the cap (or none are held).
+    pub fn try_take(bytes: u64) -> Option<BufferPermit> {
+        PROMOTION_BUFFERS
+            .fetch_update(Relaxed, Relaxed, |used| {
+                (used == 0 || used + bytes <= PROMOTION_BUFFER_BYTES).then_some(used + bytes)
+            })
+            .ok()
+            .map(|_| BufferPermit { bytes })
+    }
+
+    /// Takes `bytes` more, if they fit under the cap.
+    pub fn try_grow(&mut self, bytes: u64) -> bool {
+        let grown = PROMOTION_BUFFERS
+            .fetch_update(Relaxed, Relaxed, |used| (used + bytes <= PROMOTION_BUFFER_BYTES).then_some(used + bytes))
+            .is_ok();
+        if grown {
+            self.bytes += bytes;
+        }
+        grown
+    }
+}
+
+impl Drop for BufferPermit {
+    fn drop(&mut self) {
+        PROMOTION_BUFFERS.fetch_sub(self.bytes, Relaxed);
+    }
+}
+
 /// Busy time of the origin (time with at least one request in flight), for foreground and
 /// migration IO apart.
 pub struct OriginMeter {

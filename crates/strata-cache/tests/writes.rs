@@ -435,3 +435,57 @@ async fn write_back_goes_below_the_target_only_on_a_quiet_volume() {
     wait_clean(&dev).await;
     dev.check_invariants().unwrap();
 }
+
+/// Promotions of large blocks share a bounded set of buffers: with the cache device's writes
+/// held, so that no promotion finishes, reads of one block after another promote only as
+/// many blocks as `PROMOTION_BUFFER_BYTES` holds, and the rest are read from the origin
+/// without promotion (counted as skipped). Every read returns the origin's data, and once
+/// the writes go on, the blocks promoted read back from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promotions_of_large_blocks_hold_a_bounded_set_of_buffers() {
+    use strata_cache::meter::PROMOTION_BUFFER_BYTES;
+    const BIG: u32 = 64 << 20;
+    let reads = 3 * (PROMOTION_BUFFER_BYTES / BIG as u64) as usize;
+    let origin = Arc::new(MemDev::new(reads as u64 * BIG as u64));
+    let cache_dev = Arc::new(Recording::new(MemDev::new(4 << 30)));
+    for i in 0..reads as u64 {
+        origin.write(i * BIG as u64 + 4096, pattern(i, 0, 4096), false).await.unwrap();
+    }
+    let o = CreateOptions {
+        block_bytes: BIG,
+        policy: "lru".into(),
+        migration_budget_bytes_per_s: 0,
+        sequential_cutoff_bytes: 0,
+        readahead_bytes: 0,
+        origin_spec: "mem:test".into(),
+        ..CreateOptions::default()
+    };
+    create(&cache_dev.inner, &*origin, &o).await.unwrap();
+    let (meta, _) = Meta::load(&cache_dev.inner).await.unwrap();
+    let dev = CacheDev::open(cache_dev.clone(), origin.clone(), meta, OpenOptions::default()).await.unwrap();
+    cache_dev.hold_writes(true);
+    cache_dev.take();
+    for i in 0..reads as u64 {
+        let got = dev.read(i * BIG as u64 + 4096, Buf::zeroed(4096)).await.unwrap();
+        assert_eq!(&got[..], &pattern(i, 0, 4096)[..], "block {i}");
+    }
+    let started = cache_dev.writes().iter().filter(|&&(_, n)| n == BIG as u64).count();
+    let s = CacheStatus::of(&dev).unwrap();
+    let fit = (PROMOTION_BUFFER_BYTES / BIG as u64) as usize;
+    assert_eq!(started, fit, "promotions in flight: {s:?}");
+    assert_eq!(s.promotions_skipped as usize, reads - fit, "{s:?}");
+    cache_dev.hold_writes(false);
+    for _ in 0..1000 {
+        if CacheStatus::of(&dev).unwrap().promotions as usize == fit {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(CacheStatus::of(&dev).unwrap().promotions as usize, fit);
+    let hits = CacheStatus::of(&dev).unwrap().read_hits;
+    for i in 0..reads as u64 {
+        let got = dev.read(i * BIG as u64 + 4096, Buf::zeroed(4096)).await.unwrap();
+        assert_eq!(&got[..], &pattern(i, 0, 4096)[..], "block {i} again");
+    }
+    assert!(CacheStatus::of(&dev).unwrap().read_hits >= hits + fit as u64);
+}

@@ -3,7 +3,7 @@
 
 use super::{futures_collect, futures_join, slot_reserve, Inner};
 use crate::format::Mode;
-use crate::meter::{Counters, Kind};
+use crate::meter::{BufferPermit, Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use strata_io::{BoxFut, Buf, Error, ErrorKind, Result};
@@ -16,9 +16,10 @@ enum ReadPlan {
     /// The cache device lost writes in a failed flush: its slots are not to be trusted.
     Refused,
     Miss,
-    Promote(u32),
+    /// The slot, and the promotion's share of the buffers (`BufferPermit`).
+    Promote(u32, BufferPermit),
     /// The policy admitted the block but every free slot's release still awaits a commit.
-    NeedSlot,
+    NeedSlot(BufferPermit),
 }
 
 impl Inner {
@@ -78,8 +79,8 @@ impl Inner {
             let shard = self.shard(b).clone();
             let guard = shard.clone().read_owned().await;
             let plan = match self.plan_read(b, within, n, bypass) {
-                ReadPlan::NeedSlot => match self.slot_after_commit(b).await {
-                    Some(s) => ReadPlan::Promote(s),
+                ReadPlan::NeedSlot(permit) => match self.slot_after_commit(b).await {
+                    Some(s) => ReadPlan::Promote(s, permit),
                     None => ReadPlan::Miss,
                 },
                 plan => plan,
@@ -104,13 +105,13 @@ impl Inner {
                     }
                 }
                 ReadPlan::Miss => self.origin_read(b * self.block + within, buf, Kind::Foreground).await,
-                ReadPlan::Promote(s) => {
+                ReadPlan::Promote(s, permit) => {
                     drop(guard);
                     let exclusive = shard.write_owned().await;
-                    self.promote_on_read((b, within, n), s, exclusive, bypass, buf).await
+                    self.promote_on_read((b, within, n), (s, permit), exclusive, bypass, buf).await
                 }
                 ReadPlan::Refused => Err(self.state.lock().stopped().expect_err("refused only once stopped")),
-                ReadPlan::NeedSlot => unreachable!("resolved above"),
+                ReadPlan::NeedSlot(_) => unreachable!("resolved above"),
             }
         })
     }
@@ -143,14 +144,15 @@ impl Inner {
                     st.policy.remove(b);
                     return ReadPlan::Miss;
                 }
-                if !self.budget.try_take(self.block) {
+                let permit = BufferPermit::try_take(self.block);
+                let Some(permit) = permit.filter(|_| self.budget.try_take(self.block)) else {
                     st.policy.remove(b);
                     Counters::bump(&self.counters.promotions_skipped);
                     return ReadPlan::Miss;
-                }
+                };
                 match st.reserve(&self.refs) {
-                    Some(s) => ReadPlan::Promote(s),
-                    None => ReadPlan::NeedSlot,
+                    Some(s) => ReadPlan::Promote(s, permit),
+                    None => ReadPlan::NeedSlot(permit),
                 }
             }
             _ => ReadPlan::Miss,
@@ -164,7 +166,7 @@ impl Inner {
     async fn promote_on_read(
         self: &Arc<Self>,
         (b, within, n): (u64, u64, u64),
-        s: u32,
+        (s, mut permit): (u32, BufferPermit),
         exclusive: OwnedRwLockWriteGuard<()>,
         bypass: bool,
         mut answer: Buf,
@@ -181,7 +183,7 @@ impl Inner {
         let known_zero = self.state.lock().zeroed.contains(&b);
         let mut fills = vec![(b, s, Some(exclusive))];
         if !known_zero {
-            fills.extend(self.fill_ahead(b));
+            fills.extend(self.fill_ahead(b, &mut permit));
         }
         let first = fills.iter().map(|f| f.0).min().expect("b is there");
         let end = fills.iter().map(|f| f.0 * self.block + self.block_len(f.0)).max().expect("b is there");
@@ -247,6 +249,7 @@ impl Inner {
             // lock with the block or another neighbour.
             drop(st);
             drop(guards);
+            drop(permit);
         });
         Ok(answer)
     }
@@ -263,7 +266,7 @@ impl Inner {
     /// alone (taking the place of restored blocks, whose slots come back at the next commit,
     /// they may use half of it). A neighbour in a shard already held here (the block's, or an
     /// earlier neighbour's) needs no lock of its own (`None`).
-    fn fill_ahead(&self, b: u64) -> Vec<(u64, u32, Option<OwnedRwLockWriteGuard<()>>)> {
+    fn fill_ahead(&self, b: u64, permit: &mut BufferPermit) -> Vec<(u64, u32, Option<OwnedRwLockWriteGuard<()>>)> {
         let mut st = self.state.lock();
         let per = st.meta.sb.readahead_bytes as u64 / self.block;
         let mut got = Vec::new();
@@ -289,7 +292,7 @@ impl Inner {
                 held.push(shard);
                 Some(g)
             };
-            if !self.budget.try_take(self.block) {
+            if !permit.try_grow(self.block) || !self.budget.try_take(self.block) {
                 break;
             }
             let Some(s) = st.reserve(&self.refs) else {

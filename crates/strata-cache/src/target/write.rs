@@ -4,7 +4,7 @@
 use super::writeback::dirty_limited;
 use super::{futures_join, Inner, State};
 use crate::format::Mode;
-use crate::meter::{Counters, Kind};
+use crate::meter::{BufferPermit, Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use strata_io::{BoxFut, Buf, Error, ErrorKind, Result};
@@ -18,12 +18,13 @@ enum WritePlan {
     /// slot refused once).
     Both(u32),
     Origin,
-    /// Promote by writing the whole block into a new slot.
-    Promote(u32),
+    /// Promote by writing the whole block into a new slot; a partial write holds a share of
+    /// the buffers for the block it reads (`BufferPermit`).
+    Promote(u32, Option<BufferPermit>),
     /// A clean cached block is written: it moves to a new slot (see `Inner::replace`).
     Replace(u32),
     /// As `ReadPlan::NeedSlot`.
-    NeedSlot,
+    NeedSlot(Option<BufferPermit>),
 }
 
 /// How a piece of a write is planned.
@@ -128,8 +129,8 @@ impl Inner {
             let guard = shard.clone().read_owned().await;
             let n = data.len() as u64;
             let plan = match self.plan_write(b, within, n, route) {
-                WritePlan::NeedSlot => match self.slot_after_commit(b).await {
-                    Some(s) => WritePlan::Promote(s),
+                WritePlan::NeedSlot(permit) => match self.slot_after_commit(b).await {
+                    Some(s) => WritePlan::Promote(s, permit),
                     None => WritePlan::Origin,
                 },
                 plan => plan,
@@ -180,13 +181,13 @@ impl Inner {
                     }
                 }
                 WritePlan::Origin => self.write_origin(b, within, data, fua).await.map(|_| Piece::Done(None)),
-                WritePlan::NeedSlot => unreachable!("resolved above"),
+                WritePlan::NeedSlot(_) => unreachable!("resolved above"),
                 WritePlan::Replace(old) => {
                     drop(guard);
                     let exclusive = shard.write_owned().await;
                     self.replace(b, within, data, fua, old, exclusive).await
                 }
-                WritePlan::Promote(s) => {
+                WritePlan::Promote(s, _permit) => {
                     drop(guard);
                     let _exclusive = shard.write_owned().await;
                     let (ok, writeback) = {
@@ -312,14 +313,19 @@ impl Inner {
                 st.is_fresh(old),
             )
         };
-        let new = match current {
+        let len = self.block_len(b);
+        let n = data.len() as u64;
+        // A partial write reads the rest of the block: a share of the buffers for it.
+        let permit = if within == 0 && n == len { Some(None) } else { BufferPermit::try_take(len).map(Some) };
+        let new = match current && permit.is_some() {
             true => self.free_slot().await,
             false => None,
         };
         let Some(new) = new else {
             release_old();
             if current {
-                // No slot to move to: drop the cached copy and write the origin only.
+                // No slot to move to (or no buffer for the block): drop the cached copy and
+                // write the origin only.
                 let mut st = self.state.lock();
                 if st.map.get(&b) == Some(&old) {
                     st.policy.remove(b);
@@ -329,8 +335,6 @@ impl Inner {
             drop(exclusive);
             return self.write_piece(b, within, data, fua, Route::Retry).await;
         };
-        let len = self.block_len(b);
-        let n = data.len() as u64;
         let block_data = if within == 0 && n == len {
             Buf::from_slice(&data)
         } else {
@@ -522,13 +526,17 @@ impl Inner {
                 let evicted = st.evict(evict, &self.counters);
                 // Whole-block writes are cached without reading the origin; a partial one (in
                 // writeback only) reads the rest of its block first (see `write_piece`).
-                if !(evicted && self.budget.try_take(self.block)) {
+                let permit = if full { Some(None) } else { BufferPermit::try_take(self.block).map(Some) };
+                if evicted && permit.is_none() {
+                    Counters::bump(&self.counters.promotions_skipped);
+                }
+                let Some(permit) = permit.filter(|_| evicted && self.budget.try_take(self.block)) else {
                     st.policy.remove(b);
                     return WritePlan::Origin;
-                }
+                };
                 match st.reserve(&self.refs) {
-                    Some(s) => WritePlan::Promote(s),
-                    None => WritePlan::NeedSlot,
+                    Some(s) => WritePlan::Promote(s, permit),
+                    None => WritePlan::NeedSlot(permit),
                 }
             }
             _ => WritePlan::Origin,

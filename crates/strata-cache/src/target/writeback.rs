@@ -15,6 +15,10 @@ const WRITEBACK_BATCH_MAX: usize = 256;
 const WRITEBACK_DEPTH: usize = 8;
 /// Most adjacent blocks merged into one origin write.
 const WRITEBACK_RUN_MAX: usize = 32;
+/// Bytes of dirty blocks a batch has in flight at once (at least one block): the runs are
+/// shortened and fewer go at once for blocks larger than 64 KiB, so large blocks do not
+/// take gigabytes of buffers.
+const WRITEBACK_BYTES: u64 = 16 << 20;
 /// How often the background task looks at the dirty count and the clock.
 const TICK: Duration = Duration::from_millis(100);
 /// Periodic commit, like dm-thin's: mappings never lag the data by more than this.
@@ -96,10 +100,14 @@ impl Inner {
             put_back(&picked, None);
             return (used, Vec::new());
         }
-        let mut data = Vec::with_capacity(parts.iter().map(|p| p.as_ref().map_or(0, |d| d.len())).sum());
+        let mut data = Buf::zeroed(parts.iter().map(|p| p.as_ref().map_or(0, |d| d.len())).sum());
+        let mut at = 0;
         for (part, &(b, s, _)) in parts.into_iter().zip(&picked) {
             match part {
-                Ok(d) => data.extend_from_slice(&d),
+                Ok(d) => {
+                    data[at..at + d.len()].copy_from_slice(&d);
+                    at += d.len();
+                }
                 Err(e) => {
                     put_back(&picked, Some(format!("write-back of block {b}: cache slot {s} unreadable: {e}")));
                     return (used, Vec::new());
@@ -115,7 +123,7 @@ impl Inner {
         let bytes = data.len() as u64;
         let first = picked[0].0;
         let written = match settled {
-            Ok(()) => self.origin_write(first * self.block, Buf::from_slice(&data), false, Kind::Migration).await,
+            Ok(()) => self.origin_write(first * self.block, data, false, Kind::Migration).await,
             Err(e) => Err(e),
         };
         drop(guards);
@@ -162,9 +170,11 @@ impl Inner {
         if picked.is_empty() {
             return 0;
         }
-        let runs = adjacent_runs(picked, WRITEBACK_RUN_MAX);
+        let in_flight = (WRITEBACK_BYTES / self.block).max(1) as usize;
+        let run_max = WRITEBACK_RUN_MAX.min(in_flight);
+        let runs = adjacent_runs(picked, run_max);
         let mut done = Vec::new();
-        for chunk in runs.chunks(WRITEBACK_DEPTH) {
+        for chunk in runs.chunks((in_flight / run_max).clamp(1, WRITEBACK_DEPTH)) {
             let results = futures_collect(chunk.iter().map(|r| self.writeback_adjacent(r))).await;
             done.extend(results.into_iter().flatten());
         }
