@@ -39,6 +39,12 @@ pub const ENTRIES_PER_BITMAP: u64 = ((BLOCK - BITMAP_HEADER) * 4) as u64;
 /// metadata device at 255 × 16,320 blocks (about 15.9 GiB).
 pub const MAX_METADATA_BITMAPS: usize = 255;
 pub const MAX_METADATA_BLOCKS: u64 = MAX_METADATA_BITMAPS as u64 * ENTRIES_PER_BITMAP;
+/// The bytes of a metadata device of `bytes` that a pool uses (at most 15.9 GiB): a file
+/// extended for the pool is grown to this and no further.
+pub fn metadata_bytes_used(bytes: u64) -> u64 {
+    bytes.min(MAX_METADATA_BLOCKS * BLOCK as u64)
+}
+
 /// The smallest metadata device `strata thin pool create` formats (256 KiB): room for
 /// the reserve kept for commits (`Metadata::metadata_reserve`, at least 16 blocks) and
 /// for a few dozen leaves of mappings beyond it.

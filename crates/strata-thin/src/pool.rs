@@ -442,6 +442,7 @@ impl Pool {
         if let Some(bytes) = data_bytes {
             self.data.grow(bytes).await?;
         }
+        let md_bytes = md_bytes.map(crate::format::metadata_bytes_used);
         if let Some(bytes) = md_bytes {
             self.md.grow(bytes).await?;
         }

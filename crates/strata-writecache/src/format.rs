@@ -75,14 +75,23 @@ impl Superblock {
             origin_id: String::new(),
             settings: String::new(),
         };
+        // The estimate counts a whole entry page beyond the entries: more may fit.
+        while (Superblock { slots: n + 1, ..sb.clone() }).end() <= cache_bytes {
+            n += 1;
+            sb.slots = n;
+        }
         while n > 0 && sb.end() > cache_bytes {
             n -= 1;
             sb.slots = n;
         }
         if n < 2 {
+            let least = Superblock { slots: 2, ..sb }.end();
             return Err(Error::new(
                 ErrorKind::NoSpace,
-                format!("writecache: a fast device of {cache_bytes} bytes holds fewer than 2 blocks of {block_bytes}"),
+                format!(
+                    "writecache: a fast device of {cache_bytes} bytes holds fewer than 2 blocks of {block_bytes} \
+                     beside its superblock and entries (it needs at least {least} bytes)"
+                ),
             ));
         }
         Ok(sb)
@@ -274,6 +283,16 @@ mod tests {
         }
         assert!(Superblock::plan(1 << 20, 3000, 1 << 30).is_err());
         assert!(Superblock::plan(8192, 4096, 1 << 30).is_err());
+    }
+
+    #[test]
+    fn a_device_too_small_is_told_the_least_size_that_holds_two_blocks() {
+        for bs in [BLOCK_BYTES_MIN, 4096, 65536, BLOCK_BYTES_MAX] {
+            let e = Superblock::plan(2 * bs as u64, bs, 1 << 30).unwrap_err();
+            let least: u64 = e.context.rsplit("at least ").next().unwrap().split(' ').next().unwrap().parse().unwrap();
+            assert_eq!(Superblock::plan(least, bs, 1 << 30).unwrap().slots, 2, "{}", e.context);
+            assert!(Superblock::plan(least - 1, bs, 1 << 30).is_err());
+        }
     }
 
     #[test]

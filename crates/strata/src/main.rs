@@ -72,6 +72,6 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("strata: error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(if e.downcast_ref::<cmd::NotChecked>().is_some() { 2 } else { 1 });
     }
 }

@@ -74,7 +74,7 @@ use strata_io::file::FileOptions;
 use strata_io::latency::{HddParams, SsdParams};
 use strata_io::query::{self, invalid_spec, percent_decode, split_query, Options, Written};
 use strata_io::units::{format_size_exact, parse_duration, parse_size, parse_volume_size, volume_size, DurationError};
-use strata_io::{Error, Result};
+use strata_io::{Error, ErrorKind, Result};
 use strata_qos::QosOptions;
 
 use strata_nbd::remote::{Address, RemoteSpec, Tuning, DEFAULT_PORT};
@@ -399,6 +399,24 @@ impl Spec {
         }
     }
 
+    /// Whether the device lives in RAM (`mem:`, or a wrapper of one).
+    fn in_ram(&self) -> bool {
+        match self {
+            Spec::Mem { .. } => true,
+            Spec::Fault { inner, .. } | Spec::Slice { inner, .. } | Spec::Qos { inner, .. } => inner.in_ram(),
+            _ => false,
+        }
+    }
+
+    /// The file or block device this spec's device is the whole of, if any (not a slice).
+    fn whole_file(&self) -> Option<&Path> {
+        match self {
+            Spec::File(f) | Spec::Hdd { file: f, .. } | Spec::Ssd { file: f, .. } => Some(&f.path),
+            Spec::Fault { inner, .. } | Spec::Qos { inner, .. } => inner.whole_file(),
+            _ => None,
+        }
+    }
+
     /// The file or block device this spec's device lives on, if any.
     pub fn path(&self) -> Option<&Path> {
         match self {
@@ -621,9 +639,34 @@ impl FromStr for Spec {
 pub struct NewFiles(Vec<PathBuf>);
 
 impl NewFiles {
-    /// Notes, before anything is opened, which of `specs`' files do not exist yet.
-    pub fn of(specs: &[&Spec]) -> NewFiles {
-        NewFiles(specs.iter().flat_map(|s| s.files_to_create()).collect())
+    /// Notes, before anything is opened, which of the named `specs`' files do not exist
+    /// yet, for a command that formats one of them for the others. Refuses two that name
+    /// the same whole file (each would write over the other), and a device in RAM, gone
+    /// when the server stops while the format made for it stays.
+    pub fn of(specs: &[(&str, &Spec)]) -> Result<NewFiles> {
+        if let Some((name, spec)) = specs.iter().find(|(_, s)| s.in_ram()) {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("{name} {spec} is in RAM and gone when the server stops, while what this formats stays: give a file or block device"),
+            ));
+        }
+        // A file not made yet is named by its directory's canonical path.
+        let canonical = |p: &Path| match std::fs::canonicalize(p) {
+            Ok(c) => Some(c),
+            Err(_) => Some(std::fs::canonicalize(std::path::absolute(p).ok()?.parent()?).ok()?.join(p.file_name()?)),
+        };
+        let whole = |s: &Spec| s.whole_file().and_then(canonical);
+        for (i, &(a, sa)) in specs.iter().enumerate() {
+            for &(b, sb) in &specs[i + 1..] {
+                if let Some(path) = whole(sa).filter(|p| whole(sb).as_ref() == Some(p)) {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        format!("{a} and {b} both name {}: each needs a device of its own", path.display()),
+                    ));
+                }
+            }
+        }
+        Ok(NewFiles(specs.iter().flat_map(|(_, s)| s.files_to_create()).collect()))
     }
 
     /// The command succeeded: the files stay.

@@ -233,16 +233,23 @@ fn bad_input_is_refused_and_nothing_is_written() {
         assert!(e.contains("bad superblock checksum"), "{args:?}: {e}");
         assert!(std::fs::read(&meta).unwrap() == bad, "{args:?} wrote to a damaged pool");
     }
+    // `check` exits 1 for damage, 2 for a device it cannot check.
+    assert_eq!(strata(&["thin", "check", m]).status.code(), Some(1));
+    let missing = d.path().join("missing.meta");
+    assert_eq!(strata(&["thin", "check", missing.to_str().unwrap()]).status.code(), Some(2));
     // A metadata device of another kind.
     std::fs::write(&meta, vec![7u8; 1 << 20]).unwrap();
     assert!(strata_err(&["thin", "list", m]).contains("not dm-thin metadata"));
     let e = strata_err(&["thin", "check", m]);
     assert!(e.contains("not a thin pool's metadata device: it holds no dm-thin superblock"), "{e}");
+    assert_eq!(strata(&["thin", "check", m]).status.code(), Some(2));
     let cache = d.path().join("c.img");
     let origin = format!("{}?size=8MiB", d.path().join("o.img").display());
     strata_ok(&["cache", "create", "--origin", &origin, "--cache", &format!("{}?size=4MiB", cache.display())]);
     let e = strata_err(&["thin", "check", cache.to_str().unwrap()]);
     assert!(e.contains("it holds a strata cache") && !e.contains("damaged"), "{e}");
+    assert_eq!(strata(&["thin", "check", cache.to_str().unwrap()]).status.code(), Some(2));
+    assert_eq!(strata(&["writecache", "check", cache.to_str().unwrap()]).status.code(), Some(2));
 }
 
 const REGION: u64 = 64 << 10;
@@ -431,6 +438,13 @@ fn a_full_pool_is_extended_live_and_offline_with_its_low_water_mark_reported() {
             assert_eq!(c.read(b * REGION, 4096).await.unwrap(), want, "block {b}");
         }
     });
+    drop(srv);
+
+    // Past dm-thin's most metadata (255 bitmaps of 16,320 blocks), the file grows to that.
+    let out = strata_ok(&["thin", "extend", m, "--metadata", "17GiB"]);
+    assert!(out.contains("4161600 metadata blocks"), "{out}");
+    assert_eq!(std::fs::metadata(&meta).unwrap().len(), 4_161_600 * 4096);
+    strata_ok(&["thin", "check", m]);
 }
 
 fn serve_unix(volumes: &[String]) -> Server {

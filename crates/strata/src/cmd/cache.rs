@@ -52,7 +52,8 @@ pub enum CacheCommand {
         after_help = "Example:\n  strata cache origin /var/tmp/cache.img --origin /dev/disk/by-id/wwn-0x5000c500a1b2c3d4"
     )]
     Origin(OriginArgs),
-    /// Verify a cache device's metadata (offline); exits 1 if it is damaged.
+    /// Verify a cache device's metadata (offline); exits 1 if it is damaged, 2 if it cannot
+    /// be opened (missing, or in use by a server).
     #[command(
         after_help = "Example:\n  strata cache check /var/tmp/cache.img\n  strata cache check --repair /var/tmp/cache.img"
     )]
@@ -334,7 +335,7 @@ pub async fn create(origin: &Spec, cache: &Spec, mut opts: CreateOptions) -> Res
     let Spec::File(file) = cache else {
         bail!("the cache device must be a file or block device path, not {:?}", cache.to_string());
     };
-    let new = NewFiles::of(&[origin, cache]);
+    let new = NewFiles::of(&[("--origin", origin), ("--cache", cache)])?;
     let origin_dev = open(origin, true).await.with_context(|| format!("cannot open the origin {origin}"))?;
     let cache_dev = open_file(file, false).with_context(|| format!("cannot open the cache device {cache}"))?;
     opts.origin_spec = origin.recordable().to_string();
@@ -423,7 +424,7 @@ pub async fn wait_written_back(
 }
 
 async fn run_check(a: CheckArgs) -> Result<()> {
-    let dev = cache_device(a.path.as_ref(), !a.repair)?;
+    let dev = super::device_to_check(a.path.as_ref(), !a.repair, "a strata cache").await?;
     let (sb, findings) = offline::check(&*dev).await.with_context(|| a.path.clone())?;
     if a.repair && !findings.errors.is_empty() {
         for e in &findings.errors {

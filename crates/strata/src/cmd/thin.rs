@@ -37,7 +37,8 @@ pub enum ThinCommand {
     /// List a pool's volumes: size, and the bytes mapped and held by that volume alone.
     #[command(after_help = "Example:\n  strata thin list /var/tmp/pool.meta")]
     List(PoolPath),
-    /// Check a pool's metadata (the checks thin_check makes).
+    /// Check a pool's metadata (the checks thin_check makes); exits 1 if it is damaged, 2 if
+    /// it cannot be opened (missing, in use by a server, not a pool).
     #[command(after_help = "Example:\n  strata thin check /var/tmp/pool.meta")]
     Check(PoolPath),
     /// Print a pool's metadata as thin_dump's XML.
@@ -268,7 +269,7 @@ async fn pool_create(a: PoolCreateArgs) -> Result<()> {
     let Spec::File(file) = &a.metadata else {
         bail!("the metadata device must be a file or block device path, not {:?}", a.metadata.to_string());
     };
-    let new = NewFiles::of(&[&a.metadata, &a.data]);
+    let new = NewFiles::of(&[("--metadata", &a.metadata), ("--data", &a.data)])?;
     let data = open(&a.data, true).await.with_context(|| format!("cannot open the data device {}", a.data))?;
     if !a.force {
         if let Some(what) = strata_io::signature::recognise(&strata_io::signature::head(&*data).await?) {
@@ -385,8 +386,9 @@ async fn extend(a: ExtendArgs) -> Result<()> {
         m.extend_data(bytes / m.data_block_bytes())?;
     }
     if let Some(bytes) = a.metadata {
+        let bytes = strata_thin::format::metadata_bytes_used(bytes);
         md.grow(bytes).await?;
-        m.extend_metadata(bytes / 4096)?;
+        m.extend_metadata(bytes / strata_thin::format::BLOCK as u64)?;
     }
     m.commit(&*md).await.with_context(|| format!("cannot commit to {}", a.pool.display()))?;
     println!(
@@ -452,14 +454,13 @@ async fn list(a: PoolPath) -> Result<()> {
 }
 
 async fn check(a: PoolPath) -> Result<()> {
-    let dev = cache_device(&a.pool, true)?;
+    let dev = super::device_to_check(&a.pool, true, strata_io::signature::THIN_METADATA).await?;
     let shown = a.pool.display();
-    // Another format is not a damaged pool (nor one for a repair tool to rewrite).
-    match strata_io::signature::recognise(&strata_io::signature::head(&*dev).await?) {
-        Some(strata_io::signature::THIN_METADATA) => {}
-        what => {
-            bail!("{shown} is not a thin pool's metadata device: it holds {}", what.unwrap_or("no dm-thin superblock"))
-        }
+    // Another format is not a damaged pool (nor one for a repair tool to rewrite), and
+    // neither is a device without dm-thin's magic.
+    if strata_io::signature::recognise(&strata_io::signature::head(&*dev).await?).is_none() {
+        let e = anyhow::anyhow!("{shown} is not a thin pool's metadata device: it holds no dm-thin superblock");
+        return Err(e.context(super::NotChecked));
     }
     let r = strata_thin::check::check(&*dev).await;
     for w in &r.warnings {

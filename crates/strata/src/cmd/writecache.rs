@@ -44,7 +44,8 @@ pub enum WritecacheCommand {
         after_help = "Example:\n  strata writecache origin /var/tmp/log.img --origin /var/tmp/origin-restored.img"
     )]
     Origin(crate::cmd::cache::OriginArgs),
-    /// Verify a log's superblock and entries (offline); exits 1 if an entry is damaged.
+    /// Verify a log's superblock and entries (offline); exits 1 if an entry is damaged, 2 if
+    /// it cannot be opened (missing, or in use by a server).
     #[command(
         after_help = "Example:\n  strata writecache check /var/tmp/log.img\n  strata writecache check --repair /var/tmp/log.img"
     )]
@@ -136,7 +137,7 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     let Spec::File(file) = &a.cache else {
         bail!("the log device must be a file or block device path, not {:?}", a.cache.to_string());
     };
-    let new = NewFiles::of(&[&a.origin, &a.cache]);
+    let new = NewFiles::of(&[("--origin", &a.origin), ("--cache", &a.cache)])?;
     let origin = open(&a.origin, true).await.with_context(|| format!("cannot open the origin {}", a.origin))?;
     let cache = open_file(file, false).with_context(|| format!("cannot open the log device {}", a.cache))?;
     let opts = CreateOptions {
@@ -188,7 +189,7 @@ fn describe(sb: &Superblock) -> String {
 }
 
 async fn run_check(a: CheckArgs) -> Result<()> {
-    let dev = cache_device(a.path.as_ref(), !a.repair)?;
+    let dev = super::device_to_check(a.path.as_ref(), !a.repair, "a strata write log").await?;
     let sb = offline::superblock(&*dev, None).await.with_context(|| a.path.clone())?;
     let scan = offline::scan(&*dev, &sb).await.with_context(|| a.path.clone())?;
     println!("{}: superblock ok ({})", a.path, describe(&sb));
