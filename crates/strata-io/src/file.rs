@@ -27,12 +27,38 @@ pub struct FileOptions {
     pub engine: EngineKind,
     /// Create a sparse file of this size if the path does not exist.
     pub create_size: Option<u64>,
+    /// A file made for `create_size` is allocated in full rather than sparse (for a device a
+    /// format lives on, whose writes must not meet a full file system later).
+    pub allocate: bool,
     pub read_only: bool,
+}
+
+/// Gives a new file its `size`: allocated in full if `allocate` (where the file system cannot
+/// allocate ahead, sparse as without it), else sparse.
+fn size_new_file(f: &std::fs::File, size: u64, allocate: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if allocate && size > 0 {
+        // SAFETY: a valid open descriptor; mode 0 allocates and extends the file.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size as libc::off_t) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(e);
+        }
+    }
+    f.set_len(size)
 }
 
 impl Default for FileOptions {
     fn default() -> FileOptions {
-        FileOptions { direct: true, engine: engine::DEFAULT_ENGINE, create_size: None, read_only: false }
+        FileOptions {
+            direct: true,
+            engine: engine::DEFAULT_ENGINE,
+            create_size: None,
+            allocate: false,
+            read_only: false,
+        }
     }
 }
 
@@ -111,7 +137,7 @@ impl FileDev {
                         .create_new(true)
                         .open(path)
                         .map_err(|e| Error::from_os(e, ctx("cannot create")))?;
-                    if let Err(e) = f.set_len(size) {
+                    if let Err(e) = size_new_file(&f, size, opts.allocate) {
                         // Not left behind empty: the next try would find a file of the wrong size.
                         let _ = std::fs::remove_file(path);
                         return Err(Error::from_os(e, ctx("cannot size")));

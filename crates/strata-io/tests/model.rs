@@ -29,7 +29,7 @@ async fn run(dev: &dyn BlockDev, w: &Workload, seeds: std::ops::Range<u64>) {
 }
 
 fn file(dir: &tempfile::TempDir, name: &str, direct: bool, engine: EngineKind) -> FileDev {
-    let opts = FileOptions { direct, engine, create_size: Some(SIZE), read_only: false };
+    let opts = FileOptions { direct, engine, create_size: Some(SIZE), allocate: false, read_only: false };
     FileDev::open(&dir.path().join(name), &opts).expect("open file device")
 }
 

@@ -13,7 +13,13 @@ use strata_io::{BlockDev, Buf};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugged_operations_start_when_the_plug_goes() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let opts = FileOptions { direct: true, engine: EngineKind::Uring, create_size: Some(1 << 20), read_only: false };
+    let opts = FileOptions {
+        direct: true,
+        engine: EngineKind::Uring,
+        create_size: Some(1 << 20),
+        allocate: false,
+        read_only: false,
+    };
     let dev = FileDev::open(&dir.path().join("f"), &opts).expect("open file device");
     assert_eq!(dev.engine_name(), "uring");
     dev.write(0, Buf::from_slice(&[7u8; 4096]), false).await.unwrap();

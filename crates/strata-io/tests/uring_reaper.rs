@@ -19,7 +19,13 @@ fn thread_names() -> Vec<String> {
 async fn completions_reaped_on_the_runtime_match_reference() {
     engine::reap_on_current_runtime();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let opts = FileOptions { direct: true, engine: EngineKind::Uring, create_size: Some(4 << 20), read_only: false };
+    let opts = FileOptions {
+        direct: true,
+        engine: EngineKind::Uring,
+        create_size: Some(4 << 20),
+        allocate: false,
+        read_only: false,
+    };
     let dev = FileDev::open(&dir.path().join("f"), &opts).expect("open file device");
     assert_eq!(dev.engine_name(), "uring");
     assert!(!thread_names().iter().any(|n| n == "strata-uring"), "a reaper thread was started: {:?}", thread_names());

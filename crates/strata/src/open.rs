@@ -199,7 +199,20 @@ async fn open_slices(
 
 /// Opens and claims a file or block device with its spec's options.
 pub fn open_file(f: &FileSpec, read_only: bool) -> Result<FileDev> {
-    let opts = FileOptions { direct: f.direct, engine: f.engine, create_size: f.size, read_only: read_only || f.ro };
+    open_file_with(f, FileOptions { read_only, ..FileOptions::default() })
+}
+
+/// Opens and claims, writable, the file or block device a create command formats (a cache
+/// device, write log or pool's metadata): a file it makes for `size=` is allocated in full,
+/// so that the format's writes never meet a full file system later.
+pub fn open_to_format(f: &FileSpec) -> Result<FileDev> {
+    open_file_with(f, FileOptions { allocate: true, ..FileOptions::default() })
+}
+
+/// `open_file` with `base`'s `allocate` and `read_only` (the spec's own `ro` added).
+fn open_file_with(f: &FileSpec, base: FileOptions) -> Result<FileDev> {
+    let read_only = base.read_only || f.ro;
+    let opts = FileOptions { direct: f.direct, engine: f.engine, create_size: f.size, read_only, ..base };
     let claim = if f.shared { Claim::Unclaimed } else { Claim::Default };
     FileDev::open_claimed(&f.path, &opts, claim).map_err(|e| claim_hint(e, opts.read_only))
 }

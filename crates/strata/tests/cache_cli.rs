@@ -42,6 +42,14 @@ fn create_check_and_dump_a_fresh_cache() {
     let o = create(d.path(), &["--block-size", "32KiB", "--mode", "writethrough", "--policy", "smq"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let cache = d.path().join("cache.img");
+    // The cache device's file is allocated in full (its writes never meet a full file
+    // system), the origin's made sparse, as the write log's and its origin's.
+    let (log, origin2) = create_log(d.path());
+    for (file, full) in [(&cache, true), (&d.path().join("origin.img"), false), (&log, true), (&origin2, false)] {
+        let m = std::fs::metadata(file).unwrap();
+        let allocated = std::os::unix::fs::MetadataExt::blocks(&m) * 512;
+        assert_eq!(allocated >= m.len(), full, "{}: {allocated} of {} bytes allocated", file.display(), m.len());
+    }
     let c = strata(&["cache", "check", cache.to_str().unwrap()]);
     assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stdout));
     assert!(String::from_utf8_lossy(&c.stdout).contains("metadata ok"));

@@ -2,7 +2,7 @@
 //! it, and check or dump its metadata offline.
 
 use crate::http;
-use crate::open::{cache_device, open, open_file};
+use crate::open::{cache_device, open, open_to_format};
 use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -337,7 +337,7 @@ pub async fn create(origin: &Spec, cache: &Spec, mut opts: CreateOptions) -> Res
     };
     let new = NewFiles::of(&[("--origin", origin), ("--cache", cache)])?;
     let origin_dev = open(origin, true).await.with_context(|| format!("cannot open the origin {origin}"))?;
-    let cache_dev = open_file(file, false).with_context(|| format!("cannot open the cache device {cache}"))?;
+    let cache_dev = open_to_format(file).with_context(|| format!("cannot open the cache device {cache}"))?;
     opts.origin_spec = origin.recordable().to_string();
     opts.origin_id = origin.identity();
     let sb = offline::create(&cache_dev, &*origin_dev, &opts).await;

@@ -5,7 +5,7 @@
 //! pool another process has open is refused (its devices are claimed).
 
 use crate::cmd::cache::Bytes;
-use crate::open::{cache_device, open, open_file};
+use crate::open::{cache_device, open, open_to_format};
 use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -276,7 +276,7 @@ async fn pool_create(a: PoolCreateArgs) -> Result<()> {
             bail!("the data device {} holds {what}; its blocks would be written over (--force uses it anyway)", a.data);
         }
     }
-    let md = open_file(file, false).with_context(|| format!("cannot open the metadata device {}", a.metadata))?;
+    let md = open_to_format(file).with_context(|| format!("cannot open the metadata device {}", a.metadata))?;
     let m = Metadata::format(&md, data.size(), a.block_size.0, &a.data.recordable().to_string(), a.force)
         .await
         .with_context(|| format!("cannot create a pool on {}", file.path.display()))?;

@@ -3,7 +3,7 @@
 
 use crate::cmd::cache::{send_settings, wait_written_back, Bytes, Drain, SetArgs};
 use crate::http;
-use crate::open::{cache_device, open, open_file};
+use crate::open::{cache_device, open, open_to_format};
 use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -139,7 +139,7 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     };
     let new = NewFiles::of(&[("--origin", &a.origin), ("--cache", &a.cache)])?;
     let origin = open(&a.origin, true).await.with_context(|| format!("cannot open the origin {}", a.origin))?;
-    let cache = open_file(file, false).with_context(|| format!("cannot open the log device {}", a.cache))?;
+    let cache = open_to_format(file).with_context(|| format!("cannot open the log device {}", a.cache))?;
     let opts = CreateOptions {
         block_bytes: u32::try_from(a.block_size.0).unwrap_or(u32::MAX),
         force: a.force,
