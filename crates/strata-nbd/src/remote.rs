@@ -441,7 +441,10 @@ async fn chunk(
             let taken = conn.pending.lock().get_mut(&cookie).map(|p| (p.offset, p.len, p.buf.take()));
             match taken {
                 Some((start, plen, Some(mut b))) => {
-                    if offset < start || offset + n > start + plen as u64 {
+                    if offset < start || offset.checked_add(n).is_none_or(|end| end > start + plen as u64) {
+                        if let Some(p) = conn.pending.lock().get_mut(&cookie) {
+                            p.buf = Some(b);
+                        }
                         return Err(bad("data"));
                     }
                     let at = (offset - start) as usize;
@@ -463,7 +466,7 @@ async fn chunk(
             let n = rd.read_u32().await.map_err(io)? as u64;
             if let Some(p) = conn.pending.lock().get_mut(&cookie) {
                 let end = p.offset + p.len as u64;
-                if offset < p.offset || offset + n > end {
+                if offset < p.offset || offset.checked_add(n).is_none_or(|e| e > end) {
                     return Err(bad("hole"));
                 }
                 if let Some(b) = p.buf.as_mut() {

@@ -215,3 +215,95 @@ async fn a_server_that_stops_answering_turns_into_timeouts_then_eio() {
     dev.write(4096, pattern(2, 4096, 4096), false).await.unwrap();
     server.shutdown();
 }
+
+/// A server that answers the handshake and then every read with one structured reply chunk
+/// (`chunk_type`, `payload`): a hostile or broken server, written out by hand.
+fn serve_chunks(sock: &Path, chunk_type: u16, payload: Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = std::fs::remove_file(sock);
+    let listener = tokio::net::UnixListener::bind(sock).unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let payload = payload.clone();
+            tokio::spawn(async move {
+                let reply = |opt: u32, ty: u32, data: &[u8]| {
+                    let mut r = 0x3e889045565a9u64.to_be_bytes().to_vec();
+                    r.extend(opt.to_be_bytes());
+                    r.extend(ty.to_be_bytes());
+                    r.extend((data.len() as u32).to_be_bytes());
+                    r.extend(data);
+                    r
+                };
+                c.write_all(b"NBDMAGICIHAVEOPT\0\x03").await?;
+                c.read_u32().await?;
+                loop {
+                    let (_, opt, len) = (c.read_u64().await?, c.read_u32().await?, c.read_u32().await?);
+                    let mut data = vec![0; len as usize];
+                    c.read_exact(&mut data).await?;
+                    match opt {
+                        8 => c.write_all(&reply(opt, 1, &[])).await?,
+                        6 | 7 => {
+                            let mut info = vec![0, 0];
+                            info.extend(SIZE.to_be_bytes());
+                            info.extend(5u16.to_be_bytes());
+                            c.write_all(&reply(opt, 3, &info)).await?;
+                            c.write_all(&reply(opt, 1, &[])).await?;
+                            if opt == 7 {
+                                break;
+                            }
+                        }
+                        _ => c.write_all(&reply(opt, 0x8000_0001, &[])).await?,
+                    }
+                }
+                loop {
+                    let mut req = [0u8; 28];
+                    c.read_exact(&mut req).await?;
+                    let ty = u16::from_be_bytes([req[6], req[7]]);
+                    let len = u32::from_be_bytes(req[24..28].try_into().unwrap());
+                    let mut r = Vec::new();
+                    if ty == 0 {
+                        r.extend(0x668e_33efu32.to_be_bytes());
+                        r.extend(1u16.to_be_bytes());
+                        r.extend(chunk_type.to_be_bytes());
+                        r.extend(&req[8..16]);
+                        r.extend((payload.len() as u32).to_be_bytes());
+                        r.extend(&payload);
+                    } else {
+                        if ty == 1 {
+                            c.read_exact(&mut vec![0; len as usize]).await?;
+                        }
+                        r.extend(0x6744_6698u32.to_be_bytes());
+                        r.extend(0u32.to_be_bytes());
+                        r.extend(&req[8..16]);
+                    }
+                    c.write_all(&r).await?;
+                }
+                #[allow(unreachable_code)]
+                Ok::<(), std::io::Error>(())
+            });
+        }
+    });
+}
+
+/// A reply chunk whose offset and length run past 2^64 is a bad chunk: the read fails and
+/// the connection is dropped (as for any chunk outside the request), the reply reader does
+/// not panic on the arithmetic.
+#[tokio::test]
+async fn a_chunk_whose_range_wraps_around_is_refused() {
+    let near_end = u64::MAX - 9;
+    let hole = [near_end.to_be_bytes().as_slice(), &100u32.to_be_bytes()].concat();
+    let data = [near_end.to_be_bytes().as_slice(), &[7u8; 100]].concat();
+    for (name, ty, payload) in [("hole", 2u16, hole), ("data", 1, data)] {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = socket(&dir);
+        serve_chunks(&sock, ty, payload);
+        let tuning =
+            Tuning { timeout: Duration::from_millis(500), outage: Duration::from_millis(1500), ..Tuning::default() };
+        let dev = RemoteDev::open(spec(&sock, tuning)).await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(20), dev.read(0, Buf::zeroed(4096))).await.expect("no hang");
+        assert!(r.is_err(), "{name}: a read answered by a bad chunk");
+        let status = dev.status().unwrap();
+        let why = status["last_error"].as_str().unwrap();
+        assert!(why.contains(&format!("bad {name} chunk")), "{name}: {status}");
+    }
+}
