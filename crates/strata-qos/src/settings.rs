@@ -55,10 +55,13 @@ impl GroupSettings {
                 return Ok(None);
             }
             let n = if rate { parse_rate(v).map_err(invalid)? } else { number(key, v)? };
-            if n == 0 {
-                return Err(invalid(format!("{key}=0 would stop the group; give a positive cap or max")));
+            match (n, key) {
+                (0, "latency_ms") => {
+                    Err(invalid("latency_ms=0 is a target no request meets; give a positive target or off".into()))
+                }
+                (0, _) => Err(invalid(format!("{key}=0 would stop the group; give a positive cap or max"))),
+                _ => Ok(Some(n)),
             }
-            Ok(Some(n))
         };
         match key {
             "weight" => {
@@ -172,9 +175,11 @@ impl QosOptions {
         if device.depth == Some(0) {
             return Err(opts.invalid("depth=0 would never send a request"));
         }
-        device.slice_ms = opts.take_parsed("slice_ms")?;
-        device.idle_ms = opts.take_parsed("idle_ms")?;
-        device.max_wait_ms = opts.take_parsed("max_wait_ms")?;
+        // At most a minute (an hour for max_wait_ms): past that a typo, not a setting, and
+        // the nanoseconds the scheduler counts in stay far from overflowing.
+        device.slice_ms = opts.take_within("slice_ms", 0, 60_000, " ms")?;
+        device.idle_ms = opts.take_within("idle_ms", 0, 60_000, " ms")?;
+        device.max_wait_ms = opts.take_within("max_wait_ms", 0, 3_600_000, " ms")?;
         Ok(QosOptions { group, device })
     }
 
@@ -224,6 +229,7 @@ mod tests {
             ("weight", "99999999999", "out of range"),
             ("weight", "-1", "bad value"),
             ("riops", "0", "riops=0 would stop the group"),
+            ("latency_ms", "0", "latency_ms=0 is a target no request meets"),
             ("rbps", "lots", "expected a number"),
             ("burst_ms", "60001", "burst_ms 60001 is more than a minute"),
             ("burst_ms", "18446744073709551615", "more than a minute"),

@@ -978,6 +978,9 @@ mod tests {
             ("qos:db?model=1,2,3@mem:1MiB", "six figures, got 3"),
             ("qos:db?model=1,2,3,4,5,0@mem:1MiB", "expected six positive integers"),
             ("qos:db?depth=0@mem:1MiB", "depth=0"),
+            ("qos:db?max_wait_ms=18446744073710@mem:1MiB", "max_wait_ms=18446744073710 is out of range (0 to 3600000 ms)"),
+            ("qos:db?slice_ms=60001@mem:1MiB", "slice_ms=60001 is out of range (0 to 60000 ms)"),
+            ("qos:db?idle_ms=60001@mem:1MiB", "idle_ms=60001 is out of range"),
             ("qos:db?colour=red@mem:1MiB", "unknown option(s): colour"),
             (
                 "foo:bar",
@@ -1091,7 +1094,7 @@ mod tests {
         let weight = proptest::option::of(1..=10_000u32);
         let cap = || proptest::option::of(proptest::option::of(1..1u64 << 40));
         let model = proptest::option::of(proptest::array::uniform6(1..1u64 << 40));
-        let ms = || proptest::option::of(0..100_000u64);
+        let ms = || proptest::option::of(0..=60_000u64);
         (weight, cap(), cap(), cap(), cap(), model, proptest::option::of(1..256usize), ms(), ms(), ms()).prop_map(
             |(weight, riops, wiops, rbps, wbps, model, depth, slice_ms, idle_ms, max_wait_ms)| {
                 let mut s = GroupSettings::default();
