@@ -565,10 +565,9 @@ fn parse_nbd(s: &str, kind: &str, rest: &str) -> Result<Spec> {
         None => Ok(default),
         Some(v) => duration_secs(&v).map_err(|e| invalid_spec(s, format!("{key}: {e}"))),
     };
-    let connections = match opts.take_parsed::<usize>("connections")? {
-        Some(0) => return Err(invalid("connections must be at least 1")),
-        n => n,
-    };
+    // As many as a client sensibly opens (qemu and nbdcopy stop at 16 or fewer); more would
+    // take the server's slots from its other clients.
+    let connections = opts.take_within::<usize>("connections", 1, 64, "")?;
     let tuning = Tuning {
         connections,
         timeout: duration(&mut opts, "timeout", d.timeout)?,
@@ -978,6 +977,7 @@ mod tests {
             ("qos:db?model=1,2,3@mem:1MiB", "six figures, got 3"),
             ("qos:db?model=1,2,3,4,5,0@mem:1MiB", "expected six positive integers"),
             ("qos:db?depth=0@mem:1MiB", "depth=0"),
+            ("nbd://h/e?connections=5000", "connections=5000 is out of range (1 to 64)"),
             ("qos:db?max_wait_ms=18446744073710@mem:1MiB", "max_wait_ms=18446744073710 is out of range (0 to 3600000 ms)"),
             ("qos:db?slice_ms=60001@mem:1MiB", "slice_ms=60001 is out of range (0 to 60000 ms)"),
             ("qos:db?idle_ms=60001@mem:1MiB", "idle_ms=60001 is out of range"),
@@ -999,7 +999,7 @@ mod tests {
             ("nbd://[::1/v", "unclosed"),
             ("nbd://h/v?timeout=soon", "timeout: expected a duration"),
             ("nbd://h/v?outage=0", "must be positive"),
-            ("nbd://h/v?connections=0", "at least 1"),
+            ("nbd://h/v?connections=0", "connections=0 is out of range (1 to 64)"),
             ("nbd://h/v?tls-psk-file=/k", "need TLS"),
             ("nbds://h/v?tls-psk-file=/k&tls-certificates=/d", "not both"),
             ("nbd://h/v?bogus", "unknown option(s): bogus"),
