@@ -162,6 +162,15 @@ impl Admin {
         Ok(())
     }
 
+    /// Takes every export away (`remove` with `force`), each device flushed and closed.
+    pub async fn remove_all(&self) {
+        // By name: a volume held here would keep `remove` waiting for its last holder.
+        let names: Vec<String> = self.volumes().iter().map(|v| v.name.clone()).collect();
+        for name in names {
+            let _ = self.remove(&name, true).await;
+        }
+    }
+
     pub fn status(&self) -> ServerStatus {
         let volumes = self
             .volumes()

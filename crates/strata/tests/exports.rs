@@ -110,8 +110,11 @@ fn a_volume_that_fails_to_open_at_start_leaves_the_others_closed_cleanly() {
     assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");
     // The same when a listener cannot bind after the volumes opened (the admin port taken);
     // the socket bound before it is removed.
+    // Closing them does not wait on the list of volumes being closed (it waited 10 s for
+    // each, the list holding every one).
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let sock = dir.path().join("s.sock");
+    let started = std::time::Instant::now();
     let why = refused(strata(&[
         "serve",
         "--unix",
@@ -119,8 +122,11 @@ fn a_volume_that_fails_to_open_at_start_leaves_the_others_closed_cleanly() {
         "--admin",
         &taken.local_addr().unwrap().to_string(),
         &format!("a=cache:{}", cache.display()),
+        "b=mem:1MiB",
+        "c=mem:1MiB",
     ]));
     assert!(why.contains("binding admin"), "{why}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "closing 3 volumes took {:?}", started.elapsed());
     let check = ok(strata(&["cache", "check", cache.to_str().unwrap()]));
     assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");
     assert!(!sock.exists(), "the socket was left behind");
@@ -137,6 +143,34 @@ fn a_file_at_the_socket_path_is_left_alone() {
     let why = refused(common::output(&mut serve, std::time::Duration::from_secs(30)));
     assert!(why.contains("is not a socket"), "{why}");
     assert_eq!(std::fs::read(&path).unwrap(), b"the user's");
+}
+
+/// A server that stops removes its socket only if it is still the one it bound: a server
+/// started since on the same path (the first one's socket gone) keeps its own.
+#[test]
+fn a_stopping_server_leaves_a_later_servers_socket_alone() {
+    let first = Server::start(&["a=mem:1MiB"]);
+    let sock = first.sock.clone().unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    let second = Server::start_opts(
+        common::tempdir(),
+        ServerOpts {
+            unix: false,
+            args: vec!["--unix".into(), sock.display().to_string(), "b=mem:1MiB".into()],
+            wait_for: Some(common::Listen::Unix(sock.clone())),
+            ..Default::default()
+        },
+    );
+    let mut first = first;
+    let (status, err) = first.terminate();
+    assert!(status.success(), "{err}");
+    assert!(sock.exists(), "the first server removed the second's socket");
+    let out = common::output(
+        Command::new("nbdinfo").arg("--list").arg(format!("nbd+unix:///?socket={}", sock.display())),
+        std::time::Duration::from_secs(30),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("export=\"b\""), "{out:?}");
+    drop(second);
 }
 
 /// Names that clients and the admin endpoint can carry: one with a space and a `%` is added, counted in

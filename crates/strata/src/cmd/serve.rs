@@ -212,9 +212,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         for (name, spec, ro) in wanted {
             if let Err(e) = admin.add(&name, &spec, ro).await {
                 // Close what was opened cleanly: a cache left open would be marked unclean.
-                for v in admin.volumes() {
-                    let _ = admin.remove(&v.name, true).await;
-                }
+                admin.remove_all().await;
                 return Err(e);
             }
         }
@@ -223,7 +221,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // sees the socket.
         let stop = stop_signal()?;
         let mut tasks = Vec::new();
-        let mut bound_unix = false;
+        // The socket this server bound (its file's device and inode), removed at the end only
+        // if it is still the one at the path: a server started meanwhile on the same path
+        // keeps its own.
+        let mut bound_unix = None;
         let listening: Result<()> = async {
             if let Some(path) = &unix {
                 if let Ok(found) = std::fs::symlink_metadata(path) {
@@ -240,7 +241,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 let l = tokio::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
                 let s = server.clone();
                 tasks.push(tokio::spawn(async move { s.serve_unix(l).await }));
-                bound_unix = true;
+                bound_unix = socket_id(path);
                 eprintln!("strata: serving NBD on unix:{}", path.display());
             }
             if let Some(addr) = &tcp {
@@ -265,12 +266,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             // Close the volumes opened, as when one fails to open: a cache left open would be
             // marked unclean (every restart of a unit whose port is taken would do it).
             server.shutdown();
-            for v in admin.volumes() {
-                let _ = admin.remove(&v.name, true).await;
-            }
-            if let (true, Some(path)) = (bound_unix, &unix) {
-                let _ = std::fs::remove_file(path);
-            }
+            admin.remove_all().await;
+            remove_own_socket(unix.as_deref(), bound_unix);
             return Err(e);
         }
         for v in &admin.volumes() {
@@ -293,9 +290,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 }
             }
         }
-        if let Some(path) = &unix {
-            let _ = std::fs::remove_file(path);
-        }
+        remove_own_socket(unix.as_deref(), bound_unix);
         if failed {
             bail!("some volumes failed to flush at shutdown");
         }
@@ -315,4 +310,19 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
             _ = int.recv() => {}
         }
     })
+}
+
+/// The device and inode of the file at `path`, if any.
+fn socket_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Removes the socket this server bound at `path`, unless another has taken the path since.
+fn remove_own_socket(path: Option<&std::path::Path>, bound: Option<(u64, u64)>) {
+    if let Some(path) = path {
+        if bound.is_some() && socket_id(path) == bound {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
