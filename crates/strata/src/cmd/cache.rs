@@ -47,7 +47,7 @@ pub enum CacheCommand {
     Invalidate(VolumeArgs),
     /// Record another device as a cache's origin (offline): after the origin moved, was
     /// restored from a backup or copied to another disk. Its size must match; the cache's
-    /// dirty blocks are written back to it.
+    /// dirty blocks are written back to it once the cache is served again.
     #[command(
         after_help = "Example:\n  strata cache origin /var/tmp/cache.img --origin /dev/disk/by-id/wwn-0x5000c500a1b2c3d4"
     )]

@@ -39,7 +39,7 @@ pub enum WritecacheCommand {
     Detach(ControlArgs),
     /// Record another device as a log's origin (offline): after the origin moved, was restored
     /// from a backup or copied to another disk. Its size must match; the log's dirty blocks
-    /// are written back to it.
+    /// are written back to it once the log is served again.
     #[command(
         after_help = "Example:\n  strata writecache origin /var/tmp/log.img --origin /var/tmp/origin-restored.img"
     )]
