@@ -555,6 +555,10 @@ impl<D: BlockDev> BlockDev for FaultDev<D> {
         Some(std::sync::Arc::new(FaultDev { inner, faults: self.faults.clone() }))
     }
 
+    fn disconnect(&self) {
+        self.inner.disconnect()
+    }
+
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         self.inner.shutdown()
     }

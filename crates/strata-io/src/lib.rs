@@ -169,6 +169,11 @@ pub trait BlockDev: Send + Sync + 'static {
         None
     }
 
+    /// Called on a connection's handle (`connect`) once its connection is closing (the
+    /// client gone, the server stopping, the export removed): the requests it still has
+    /// must finish soon, so a device that paces them (caps, shares) lets them go.
+    fn disconnect(&self) {}
+
     /// Called once when the volume is taken down cleanly: make everything durable and save
     /// whatever makes the next start warm. The default is a flush.
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
@@ -246,6 +251,9 @@ impl<T: BlockDev + ?Sized> BlockDev for std::sync::Arc<T> {
     }
     fn connect(&self) -> Option<std::sync::Arc<dyn BlockDev>> {
         (**self).connect()
+    }
+    fn disconnect(&self) {
+        (**self).disconnect()
     }
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         (**self).shutdown()

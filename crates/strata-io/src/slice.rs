@@ -74,6 +74,9 @@ impl<D: BlockDev> BlockDev for Slice<D> {
         let inner = self.inner.connect()?;
         Some(Arc::new(Slice { inner, offset: self.offset, len: self.len }))
     }
+    fn disconnect(&self) {
+        self.inner.disconnect()
+    }
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         self.inner.shutdown()
     }

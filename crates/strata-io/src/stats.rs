@@ -146,6 +146,9 @@ impl<D: BlockDev> BlockDev for StatsDev<D> {
         let inner = self.inner.connect()?;
         Some(Arc::new(StatsDev { inner, ops: self.ops.clone() }))
     }
+    fn disconnect(&self) {
+        self.inner.disconnect()
+    }
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         self.inner.shutdown()
     }

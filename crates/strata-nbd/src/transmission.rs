@@ -225,6 +225,8 @@ where
     // The stall watchdog: bytes moved either way, as of its last tick; and whether the
     // connection is closing (server stopping or export removed), which shortens its period.
     let (mut moved, mut moved_at_tick, mut closing) = (0u64, 0u64, false);
+    // Whether the device was told this connection is closing (`BlockDev::disconnect`).
+    let mut disconnected = false;
     let stall = tokio::time::sleep(shared.limits.stall_timeout);
     tokio::pin!(stall);
 
@@ -240,6 +242,11 @@ where
         }
         if closing && matches!(input, Input::Header) {
             input = Input::Closed;
+        }
+        if matches!(input, Input::Closed) && !disconnected {
+            // What still runs must end soon: a device that paces requests lets them go.
+            s.dev.disconnect();
+            disconnected = true;
         }
         if matches!(input, Input::Closed) && s.held == 0 {
             break;

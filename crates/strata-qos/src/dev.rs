@@ -355,6 +355,14 @@ impl BlockDev for QosDev {
         let stream = self.qos.with(|s| s.open_stream(self.group));
         Some(Arc::new(QosDev { qos: self.qos.clone(), group: self.group, stream, connection: true }))
     }
+    fn disconnect(&self) {
+        if self.connection {
+            let mut st = self.qos.state.lock();
+            st.sched.drain_stream(self.stream);
+            let now = self.qos.now();
+            self.qos.pump(&mut st, now, None);
+        }
+    }
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         self.qos.dev.shutdown()
     }
@@ -368,6 +376,30 @@ pub(crate) fn snapshot(qos: &Qos) -> (Vec<crate::sched::GroupReport>, Tuning, St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection that closes (its client gone, the server stopping, the export removed)
+    /// has its requests go past its group's caps: at 1 KiB/s, two reads of 256 KiB would
+    /// hold a shutdown for minutes.
+    #[tokio::test]
+    async fn a_closing_connections_requests_wait_for_no_cap() {
+        let qos = Qos::new(Arc::new(strata_io::mem::MemDev::new(1 << 20)), &DeviceOptions::default(), None);
+        let capped = QosOptions { group: vec![("rbps".into(), "1KiB".into())], ..QosOptions::default() };
+        let volume = qos.join("ga", &capped).unwrap();
+        let conn = volume.connect().unwrap();
+        let reads: Vec<_> = (0..2)
+            .map(|_| {
+                let conn = conn.clone();
+                tokio::spawn(async move { conn.read(0, Buf::zeroed(256 << 10)).await.map(|b| b.len()) })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(reads.iter().any(|r| !r.is_finished()), "the cap held no read");
+        conn.disconnect();
+        for r in reads {
+            let done = tokio::time::timeout(std::time::Duration::from_secs(10), r).await.expect("no hang");
+            assert_eq!(done.unwrap().unwrap(), 256 << 10);
+        }
+    }
 
     /// A group whose volumes were all removed is not shown or set, and the next volume to
     /// join it gives its settings, as a new group's; a group with a volume keeps its own.

@@ -348,6 +348,10 @@ pub struct Scheduler {
     groups: Vec<Group>,
     streams: Vec<Option<Stream>>,
     free_streams: Vec<usize>,
+    /// Streams whose connection is closing: their requests go as the device takes them,
+    /// past caps and shares (a gone client's request must not hold a shutdown for its
+    /// cap's time).
+    draining: Vec<StreamId>,
     running: HashMap<Ticket, Running>,
     next_ticket: u64,
     /// Where the last request sent to the device ended.
@@ -366,6 +370,7 @@ impl Scheduler {
             groups: Vec::new(),
             streams: Vec::new(),
             free_streams: Vec::new(),
+            draining: Vec::new(),
             running: HashMap::new(),
             next_ticket: 0,
             head: 0,
@@ -477,6 +482,13 @@ impl Scheduler {
         StreamId(id)
     }
 
+    /// The connection is closing: stream `s`'s requests wait for no cap or share.
+    pub fn drain_stream(&mut self, s: StreamId) {
+        if !self.draining.contains(&s) {
+            self.draining.push(s);
+        }
+    }
+
     /// The connection is gone: the stream goes once its requests are done.
     pub fn close_stream(&mut self, s: StreamId) {
         self.stream_mut(s).open = false;
@@ -499,6 +511,7 @@ impl Scheduler {
         }
         self.streams[s.0] = None;
         self.free_streams.push(s.0);
+        self.draining.retain(|&x| x != s);
     }
 
     /// Stream `s` of group `gid` goes: the slice in progress forgets it. A seeky slice is its
@@ -600,6 +613,10 @@ impl Scheduler {
         let mut wake: Option<Nanos> = None;
         let soonest = |t: Nanos, wake: &mut Option<Nanos>| *wake = Some(wake.map_or(t, |w| w.min(t)));
         while self.running.len() < self.tuning.depth {
+            if let Some(&s) = self.draining.iter().find(|&&s| !self.stream(s).queue.is_empty()) {
+                out.push(self.send(s, now));
+                continue;
+            }
             if self.tuning.slice > 0 {
                 if let Some(sl) = &mut self.slice {
                     // A holder that turned out seeky shares its slice with its group's others.
