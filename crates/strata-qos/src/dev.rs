@@ -401,6 +401,25 @@ mod tests {
         }
     }
 
+    /// Groups made and left by volumes one after another do not pile up: a group left by
+    /// its volumes gives a new one its place (every dispatch walks the groups).
+    #[tokio::test]
+    async fn groups_left_by_their_volumes_make_room_for_new_ones() {
+        let qos = Qos::new(Arc::new(strata_io::mem::MemDev::new(1 << 20)), &DeviceOptions::default(), None);
+        let stays = qos.join("stays", &QosOptions::default()).unwrap();
+        for i in 0..1000 {
+            let v = qos.join(&format!("g{i}"), &QosOptions::default()).unwrap();
+            let conn = v.connect().unwrap();
+            conn.write(0, Buf::zeroed(4096), false).await.unwrap();
+            drop((conn, v));
+        }
+        assert_eq!(qos.with(|s| s.groups().count()), 2);
+        let again = qos.join("g999", &QosOptions::default()).unwrap();
+        assert_eq!(qos.with(|s| s.name(again.group).to_string()), "g999");
+        stays.read(0, Buf::zeroed(4096)).await.unwrap();
+        again.read(0, Buf::zeroed(4096)).await.unwrap();
+    }
+
     /// A group whose volumes were all removed is not shown or set, and the next volume to
     /// join it gives its settings, as a new group's; a group with a volume keeps its own.
     #[tokio::test]

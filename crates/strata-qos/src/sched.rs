@@ -246,6 +246,8 @@ struct Group {
     counters: GroupCounters,
     /// Volumes in the group (`join`, `leave`).
     members: usize,
+    /// Its last volume left (`leave`), and none joined since.
+    left: bool,
 }
 
 impl Group {
@@ -389,8 +391,13 @@ impl Scheduler {
     }
 
     /// Adds a group (with its own stream, for requests from no connection in particular).
+    /// A group its volumes all left, with nothing queued or running and no connection's
+    /// stream, gives the new one its place: groups that volumes make and leave come and go
+    /// without the list (which every dispatch walks) growing.
     pub fn add_group(&mut self, name: &str, settings: GroupSettings) -> GroupId {
-        let id = GroupId(self.groups.len());
+        let unused = |g: &Group| g.left && g.queued == 0 && g.inflight == 0 && g.streams == [g.own];
+        let reuse = self.groups.iter().position(unused);
+        let id = GroupId(reuse.unwrap_or(self.groups.len()));
         let mut g = Group {
             name: name.to_string(),
             settings,
@@ -408,21 +415,34 @@ impl Scheduler {
             last_done: 0,
             counters: GroupCounters { latency_buckets: vec![0; LATENCY_BUCKETS_US.len() + 1], ..Default::default() },
             members: 0,
+            left: false,
         };
         g.set_buckets();
-        self.groups.push(g);
+        match reuse {
+            Some(i) => {
+                let own = self.groups[i].own;
+                self.stream_mut(own).open = false;
+                self.reap(own);
+                self.groups[i] = g;
+            }
+            None => self.groups.push(g),
+        }
         self.groups[id.0].own = self.open_stream(id);
         id
     }
 
     /// A volume enters group `g`.
     pub fn join(&mut self, g: GroupId) {
-        self.groups[g.0].members += 1;
+        let g = &mut self.groups[g.0];
+        g.members += 1;
+        g.left = false;
     }
 
     /// A volume of group `g` is gone.
     pub fn leave(&mut self, g: GroupId) {
-        self.groups[g.0].members -= 1;
+        let g = &mut self.groups[g.0];
+        g.members -= 1;
+        g.left = g.members == 0;
     }
 
     /// Volumes in group `g`: none once its last was removed (its settings are then a new
