@@ -232,8 +232,12 @@ fn refused(what: &str, kind: u32, data: &[u8]) -> Error {
         _ => "error",
     };
     let msg = String::from_utf8_lossy(data);
-    let kind =
-        if kind == REP_ERR_TLS_REQD || kind == REP_ERR_POLICY { ErrorKind::PermissionDenied } else { ErrorKind::Other };
+    // The server answered: a refusal is not an unreachable server, save one shutting down.
+    let kind = match kind {
+        REP_ERR_TLS_REQD | REP_ERR_POLICY => ErrorKind::PermissionDenied,
+        REP_ERR_SHUTDOWN => ErrorKind::Other,
+        _ => ErrorKind::InvalidInput,
+    };
     Error::new(kind, format!("{what}: {why}{}{msg}", if msg.is_empty() { "" } else { ": " }))
 }
 

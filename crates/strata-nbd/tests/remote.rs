@@ -307,3 +307,16 @@ async fn a_chunk_whose_range_wraps_around_is_refused() {
         assert!(why.contains(&format!("bad {name} chunk")), "{name}: {status}");
     }
 }
+
+/// A server that answers but refuses the export is not called unreachable: the error names
+/// the refusal.
+#[tokio::test]
+async fn an_unknown_export_is_a_refusal_not_an_unreachable_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    let server = serve(Arc::new(MemDev::new(SIZE)), &sock, Limits::default());
+    let wrong = RemoteSpec { export: "wrong".into(), ..spec(&sock, Tuning::default()) };
+    let e = RemoteDev::open(wrong).await.err().expect("an unknown export");
+    assert!(e.context.contains("unknown export") && !e.context.contains("cannot reach"), "{e}");
+    stop(server).await;
+}
