@@ -70,6 +70,37 @@ async fn origin_failing_during_write_back_keeps_blocks_dirty_and_serving() {
     }
 }
 
+/// A write-back that fails one run of blocks still cleans the runs written before it: an
+/// origin that fails some writes drains, where a batch with any failure used to keep every
+/// block of it dirty (with 30% of writes failing, none ever became clean).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_written_before_a_failed_one_become_clean() {
+    let (origin, faults) = FaultDev::new(MemDev::new(ORIGIN));
+    let origin = Arc::new(origin);
+    let cache = Arc::new(MemDev::new(CACHE));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
+        .await
+        .unwrap();
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    // Eight runs of one block each (every other block), the last of them failing.
+    for b in 0..8u8 {
+        dev.write(2 * b as u64 * BLOCK, Buf::from_slice(&[b + 1; BLOCK as usize]), false).await.unwrap();
+    }
+    dev.flush().await.unwrap();
+    let rule = faults.add(Rule::write_error(14 * BLOCK..15 * BLOCK).always());
+    assert!(dev.message("flush").await.is_err());
+    let s = status(&dev);
+    assert_eq!(s.dirty_blocks, 1, "{s:?}");
+    for b in 0..7u8 {
+        assert_eq!(read(&*origin, 2 * b as u64 * BLOCK).await, vec![b + 1; BLOCK as usize], "block {b} on the origin");
+    }
+    dev.check_state().unwrap();
+    faults.remove(rule);
+    dev.message("flush").await.unwrap();
+    assert_eq!(status(&dev).dirty_blocks, 0);
+    assert_eq!(read(&*origin, 14 * BLOCK).await, vec![8; BLOCK as usize]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_the_log_device_fails_go_around_it() {
     let (dev, origin, cache, faults) = over_a_faulty_log().await;

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
-use strata_io::{Buf, Result, ZeroFlags};
+use strata_io::{Buf, Error, Result, ZeroFlags};
 use strata_policy::pacing::Pacer;
 
 /// Most blocks one paced batch takes (one origin flush per batch), and most adjacent blocks
@@ -111,7 +111,7 @@ impl Inner {
         }
         picks.sort_unstable_by_key(|p| p.block);
         let guards = lock_all(&self.origin_locks, &self.stripes_of(picks.iter().map(|p| p.block))).await;
-        let result = self.copy_out(&picks, yield_to_streams).await;
+        let (written, failed) = self.copy_out(&picks, yield_to_streams).await;
         drop(guards);
         let mut st = self.state.lock();
         let mut cleaned = 0;
@@ -119,20 +119,16 @@ impl Inner {
             st.writing_back.remove(&p.slot);
             st.unpin(p.slot);
         }
-        if let Ok(written) = &result {
-            for &(s, seq) in written {
-                if st.mark_clean(s, seq) {
-                    cleaned += 1;
-                }
+        for (s, seq) in written {
+            if st.mark_clean(s, seq) {
+                cleaned += 1;
             }
         }
         drop(st);
-        match result {
-            Ok(_) => {
-                self.counters.writebacks.fetch_add(cleaned as u64, Relaxed);
-                Ok(cleaned)
-            }
-            Err(e) => {
+        self.counters.writebacks.fetch_add(cleaned as u64, Relaxed);
+        match failed {
+            None => Ok(cleaned),
+            Some(e) => {
                 relaxed(&self.counters.writeback_errors);
                 *self.last_error.lock() = Some(format!("write-back: {e}"));
                 Err(e)
@@ -146,8 +142,10 @@ impl Inner {
     /// holds the data it was picked with (it is pinned): the newer copy goes to the origin
     /// later, and no write around the log can come between. With `yield_to_streams` it stops
     /// between runs once a large write waits to go around the log (the rest stays dirty and
-    /// the locks are released when this returns).
-    async fn copy_out(&self, picks: &[Pick], yield_to_streams: bool) -> Result<Vec<(u32, u64)>> {
+    /// the locks are released when this returns). A run that fails stays dirty, and no run
+    /// starts after it; those written are flushed and returned all the same, with the
+    /// failure (an origin that fails some writes still drains, a run at a time).
+    async fn copy_out(&self, picks: &[Pick], yield_to_streams: bool) -> (Vec<(u32, u64)>, Option<Error>) {
         // Skip what changed since it was picked (superseded copies are not written back).
         let current: Vec<&Pick> = {
             let st = self.state.lock();
@@ -180,11 +178,13 @@ impl Inner {
                 Some(Err(e)) => failed = failed.or(Some(e)),
             }
         }
-        if let Some(e) = failed {
-            return Err(e);
+        if failed.is_some() && written.is_empty() {
+            return (written, failed);
         }
-        self.origin_flush().await?;
-        Ok(written)
+        match self.origin_flush().await {
+            Ok(()) => (written, failed),
+            Err(e) => (Vec::new(), Some(failed.unwrap_or(e))),
+        }
     }
 
     /// Copies one run of adjacent picked blocks to the origin as one write.
