@@ -34,19 +34,25 @@ async fn over_a_faulty_log() -> (WritecacheDev, Arc<MemDev>, Arc<FaultDev<MemDev
     (dev, origin, cache, faults)
 }
 
-async fn read(dev: &dyn BlockDev, at: u64) -> Vec<u8> {
-    dev.read(at, Buf::zeroed(BLOCK as usize)).await.unwrap().to_vec()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn origin_failing_during_write_back_keeps_blocks_dirty_and_serving() {
+/// A log on a RAM device over a RAM origin behind injected faults.
+async fn over_a_faulty_origin() -> (WritecacheDev, Arc<FaultDev<MemDev>>, Faults) {
     let (origin, faults) = FaultDev::new(MemDev::new(ORIGIN));
     let origin = Arc::new(origin);
     let cache = Arc::new(MemDev::new(CACHE));
     create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
         .await
         .unwrap();
-    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    let dev = WritecacheDev::open(cache, origin.clone(), opts()).await.unwrap();
+    (dev, origin, faults)
+}
+
+async fn read(dev: &dyn BlockDev, at: u64) -> Vec<u8> {
+    dev.read(at, Buf::zeroed(BLOCK as usize)).await.unwrap().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_failing_during_write_back_keeps_blocks_dirty_and_serving() {
+    let (dev, origin, faults) = over_a_faulty_origin().await;
     for b in 0..8u8 {
         dev.write(b as u64 * BLOCK, Buf::from_slice(&[b + 1; BLOCK as usize]), false).await.unwrap();
     }
@@ -75,13 +81,7 @@ async fn origin_failing_during_write_back_keeps_blocks_dirty_and_serving() {
 /// block of it dirty (with 30% of writes failing, none ever became clean).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_written_before_a_failed_one_become_clean() {
-    let (origin, faults) = FaultDev::new(MemDev::new(ORIGIN));
-    let origin = Arc::new(origin);
-    let cache = Arc::new(MemDev::new(CACHE));
-    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, force: false, ..CreateOptions::default() })
-        .await
-        .unwrap();
-    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    let (dev, origin, faults) = over_a_faulty_origin().await;
     // Eight runs of one block each (every other block), the last of them failing.
     for b in 0..8u8 {
         dev.write(2 * b as u64 * BLOCK, Buf::from_slice(&[b + 1; BLOCK as usize]), false).await.unwrap();
