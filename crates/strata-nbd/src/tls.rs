@@ -148,7 +148,7 @@ impl ClientTls {
             .use_server_name_indication(self.psk_file.is_none())
             .into_ssl(host)
             .map_err(|e| ssl_err("TLS setup", e))?;
-        handshake(ssl, stream, false).await
+        handshake(ssl, stream, Side::Client { psk: self.psk_file.is_some() }).await
     }
 }
 
@@ -257,13 +257,32 @@ impl<S: Stream> AsyncWrite for TlsStream<S> {
     }
 }
 
-async fn handshake<S: Stream>(ssl: Ssl, stream: S, server: bool) -> Result<TlsStream<S>> {
+/// Which end of a handshake this is; a client says whether it offers a pre-shared key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Server,
+    Client { psk: bool },
+}
+
+async fn handshake<S: Stream>(ssl: Ssl, stream: S, side: Side) -> Result<TlsStream<S>> {
     let stream = BufWriter::with_capacity(RECORDS_BUFFER_BYTES, stream);
     let mut s = SslStream::new(ssl, stream).map_err(|e| ssl_err("TLS setup", e))?;
-    let done = if server { Pin::new(&mut s).accept().await } else { Pin::new(&mut s).connect().await };
+    let done = match side {
+        Side::Server => Pin::new(&mut s).accept().await,
+        Side::Client { .. } => Pin::new(&mut s).connect().await,
+    };
     done.map_err(|e| {
         let verify = s.ssl().verify_result();
-        let extra = if verify.as_raw() != 0 { format!(" ({})", verify.error_string()) } else { String::new() };
+        let extra = match (verify.as_raw(), side) {
+            (0, _) => String::new(),
+            // A PSK client trusts no certificate: the server did not take the key.
+            (_, Side::Client { psk: true }) => format!(
+                " ({}: the server answered with a certificate rather than the pre-shared key; \
+                 it has no PSK file, or no key for this identity)",
+                verify.error_string()
+            ),
+            _ => format!(" ({})", verify.error_string()),
+        };
         Error::new(ErrorKind::PermissionDenied, format!("TLS handshake failed: {e}{extra}"))
     })?;
     Ok(TlsStream(s, Vec::new()))
@@ -352,7 +371,7 @@ impl ServerTls {
     /// Runs the server side of the TLS handshake over `stream`.
     pub async fn accept<S: Stream>(&self, stream: S) -> Result<TlsStream<S>> {
         let ssl = Ssl::new(&self.ctx).map_err(|e| ssl_err("TLS setup", e))?;
-        handshake(ssl, stream, true).await
+        handshake(ssl, stream, Side::Server).await
     }
 }
 

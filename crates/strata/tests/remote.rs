@@ -598,14 +598,15 @@ fn x509_with_client_certificates_and_an_untrusted_one_refused() {
     std::fs::copy(good.join("ca-cert.pem"), rogue.join("ca-cert.pem")).unwrap();
     let o = qemu(&rogue, &srv.path().join("rogue.img"));
     assert!(!o.status.success(), "a client with an untrusted certificate got in");
-    // strata serving `origin` as a volume: whether it could open it.
+    // strata serving `origin` as a volume: whether it could open it, and what it said.
     let serves = |origin: &str, sock: &str| {
         let mut serve = Command::new(env!("CARGO_BIN_EXE_strata"));
         serve.args(["serve", "--unix"]).arg(keys.path().join(sock)).arg(format!("v={origin}"));
-        output(&mut serve, CMD_TIMEOUT).status.success()
+        let o = output(&mut serve, CMD_TIMEOUT);
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
     };
     let rogue_origin = format!("nbds+unix:///vol?socket={}&tls-certificates={}", sock.display(), rogue.display());
-    assert!(!serves(&rogue_origin, "x.sock"), "strata with an untrusted certificate got in");
+    assert!(!serves(&rogue_origin, "x.sock").0, "strata with an untrusted certificate got in");
     // A client with a PSK proves the server by the key alone: a server without the key (one
     // with a certificate only, asking for none) is refused, whatever certificate it shows.
     let certs_only = tls_server(&[]);
@@ -616,7 +617,9 @@ fn x509_with_client_certificates_and_an_untrusted_one_refused() {
         certs_only.sock.as_ref().unwrap().display(),
         psk.display()
     );
-    assert!(!serves(&psk_origin, "p.sock"), "a PSK client took a server that has no key");
+    let (served, said) = serves(&psk_origin, "p.sock");
+    assert!(!served, "a PSK client took a server that has no key");
+    assert!(said.contains("a certificate rather than the pre-shared key"), "{said}");
     certs_only.stop();
     // The server kept serving.
     let o = qemu(&good, &srv.path().join("again.img"));
