@@ -91,17 +91,20 @@ where
             IoKind::Read => Op::Read,
             IoKind::Write => Op::Write,
         };
-        let end = r.offset.saturating_add(r.len);
-        let spans = (end - 1) / block_size - r.offset / block_size + 1;
+        // In 128 bits: a request may end at 2^64 exactly (the last namespace's last byte),
+        // where a block's end would wrap.
+        let (bs, start) = (block_size as u128, r.offset as u128);
+        let end = start + r.len as u128;
+        let spans = ((end - 1) / bs - start / bs + 1) as u64;
         if w.accesses.len() as u64 + spans > MAX_ACCESSES {
             return Err(TraceError::TooManyAccesses(MAX_ACCESSES, block_size));
         }
-        let mut pos = r.offset;
+        let mut pos = start;
         while pos < end {
-            let block = pos / block_size;
-            let block_end = (block + 1) * block_size;
-            let chunk = end.min(block_end) - pos;
-            w.accesses.push(BlockAccess { block, time_ns: clock, bytes: chunk as u32, op, full: chunk == block_size });
+            let block = pos / bs;
+            let chunk = end.min((block + 1) * bs) - pos;
+            let block = block as u64;
+            w.accesses.push(BlockAccess { block, time_ns: clock, bytes: chunk as u32, op, full: chunk == bs });
             w.max_block = w.max_block.max(block);
             pos += chunk;
         }

@@ -202,6 +202,21 @@ fn the_cloudphysics_sample_parses() {
     assert_eq!(reqs.iter().filter(|r| r.kind == IoKind::Read).count(), 46_974);
 }
 
+/// A request that ends at the very end of the address space (the last namespace's last
+/// byte, 2^64) splits into its blocks like any other: the end of its last block does not
+/// wrap around to 0 (which made the split loop forever).
+#[test]
+fn a_request_ending_at_the_end_of_the_address_space_splits_into_its_blocks() {
+    use strata_sim::sim::{split_requests, Ops};
+    for (block_size, accesses) in [(4096, 1), (1, 4096), (3, 1366), (1000, 5)] {
+        let last = [Ok(req(None, u64::MAX - 4095, 4096, IoKind::Read))];
+        let w = split_requests(last, block_size, Ops::All, 1).unwrap();
+        assert_eq!(w.accesses.len(), accesses, "blocks of {block_size}");
+        assert_eq!(w.accesses.iter().map(|a| a.bytes as u64).sum::<u64>(), 4096, "blocks of {block_size}");
+        assert_eq!(w.max_block, u64::MAX / block_size, "blocks of {block_size}");
+    }
+}
+
 /// A trace that would split into more accesses than a replay holds is refused before they
 /// are made: one 4 GiB request in 1-byte blocks is 2^32 of them.
 #[test]

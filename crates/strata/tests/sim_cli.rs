@@ -145,6 +145,10 @@ fn options_beyond_what_the_trace_holds() {
     let synthetic = ["--synthetic", "uniform", "--blocks", "100", "--requests", "1000", "--ops", "read"];
     let err = run(args(&synthetic).unwrap()).unwrap_err().to_string();
     assert!(err.contains("--rwmix-read"), "{err}");
+    // More requests than a replay holds are refused before any is made (3 * 10^8 took 6 GiB).
+    let err =
+        run(args(&["--synthetic", "uniform", "--blocks", "100", "--requests", "300000000"]).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("at most 268435456 accesses"), "{err}");
     // 2^30 blocks of arc, lirs, opt or smq would need tens of GiB.
     run(args(&[trace, "--policy", "arc,lirs,opt,smq", "--size", "1073741822", "-j", "1"]).unwrap()).unwrap();
     run(args(&[trace, "--policy", "lru", "--size", "1", "--windows", "1000000000000"]).unwrap()).unwrap();

@@ -185,9 +185,14 @@ pub fn run(args: SimArgs) -> Result<()> {
             if args.blocks == 0 {
                 bail!("--blocks must be at least 1");
             }
+            // Each request is one access, held in memory as a trace's are.
+            let requests = args.requests.unwrap_or(1_000_000);
+            if requests > sim::MAX_ACCESSES {
+                bail!("--requests {requests}: a replay holds at most {} accesses", sim::MAX_ACCESSES);
+            }
             let options = synthetic::WorkloadOptions {
                 blocks: args.blocks,
-                requests: args.requests.unwrap_or(1_000_000),
+                requests,
                 seed: args.seed,
                 read_percent: args.rwmix_read,
                 interval_ns: 1_000_000_000 / args.iops.max(1),
