@@ -309,7 +309,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 Ok(Ok(Ok(request))) => answer(&admin, request).await,
             };
             let resp = format!(
-                "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {code}\r\nServer: {SERVER}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = stream.write_all(resp.as_bytes()).await;
@@ -423,16 +423,38 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<Res
     Ok(Ok(Request { head, method, path, body }))
 }
 
+/// The `Server` header of the admin endpoint's answers, by which its clients know it.
+const SERVER: &str = "strata";
+
 /// How long `get` waits for an answer: `/status` and `/metrics` answer at once, so a peer
 /// that takes longer is not a strata server (or is stuck), and a monitoring script must not
 /// hang on it.
 const GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a control message may take to be answered (settings, invalidate, a snapshot, the
+/// start of a flush): all answer at once but a write log's `flush`, which waits for its
+/// write-back (`message_unbounded`).
+const MESSAGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long adding or removing an export may take: opening a device (a remote origin
+/// connects, within its own timeout) or closing one (a forced removal waits for its
+/// connections, then flushes).
+const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `request`, failing if no answer comes within `limit`.
+async fn request_within(
+    limit: std::time::Duration,
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<String> {
+    tokio::time::timeout(limit, request(addr, method, path, body))
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer from the admin endpoint at {addr} within {limit:?}"))?
+}
 
 /// Fetches `path` from an admin endpoint (for `strata status` and friends).
 pub async fn get(addr: &str, path: &str) -> anyhow::Result<String> {
-    tokio::time::timeout(GET_TIMEOUT, request(addr, "GET", path, ""))
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer from the admin endpoint at {addr} within {GET_TIMEOUT:?}"))?
+    request_within(GET_TIMEOUT, addr, "GET", path, "").await
 }
 
 /// The `/status` of a running server.
@@ -442,12 +464,13 @@ pub async fn status(addr: &str) -> anyhow::Result<ServerStatus> {
 
 /// Adds export `named` (`NAME=SPEC`) to a running server.
 pub async fn add_export(addr: &str, named: &str, read_only: bool) -> anyhow::Result<String> {
-    request(addr, "POST", if read_only { "/exports?read_only" } else { "/exports" }, named).await
+    request_within(EXPORT_TIMEOUT, addr, "POST", if read_only { "/exports?read_only" } else { "/exports" }, named).await
 }
 
 /// Removes export `name` from a running server.
 pub async fn remove_export(addr: &str, name: &str, force: bool) -> anyhow::Result<String> {
-    request(
+    request_within(
+        EXPORT_TIMEOUT,
         addr,
         "DELETE",
         &format!("/exports/{}{}", percent_encode(name, true), if force { "?force" } else { "" }),
@@ -458,6 +481,12 @@ pub async fn remove_export(addr: &str, name: &str, force: bool) -> anyhow::Resul
 
 /// Sends a control message to a volume of a running server.
 pub async fn message(addr: &str, volume: &str, msg: &str) -> anyhow::Result<String> {
+    request_within(MESSAGE_TIMEOUT, addr, "POST", &format!("/volumes/{}/message", percent_encode(volume, true)), msg)
+        .await
+}
+
+/// `message`, for one whose answer waits for as long as the work takes (a write log's flush).
+pub async fn message_unbounded(addr: &str, volume: &str, msg: &str) -> anyhow::Result<String> {
     request(addr, "POST", &format!("/volumes/{}/message", percent_encode(volume, true)), msg).await
 }
 
@@ -498,10 +527,57 @@ async fn request(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Re
     .await?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).await?;
-    let (head, body) = resp.split_once("\r\n\r\n").context("malformed HTTP response")?;
-    let status = head.lines().next().unwrap_or("");
+    let not_strata = |what: &str| anyhow::anyhow!("{addr} is not a strata admin endpoint: it answered {what}");
+    let (head, body) = resp.split_once("\r\n\r\n").ok_or_else(|| not_strata("no HTTP response"))?;
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or("");
+    let ours =
+        lines.any(|l| l.split_once(':').is_some_and(|(k, v)| k.eq_ignore_ascii_case("server") && v.trim() == SERVER));
+    if !ours {
+        return Err(not_strata(&format!("{status:?}")));
+    }
     if !status.contains(" 200 ") {
         anyhow::bail!("{}", body.trim());
     }
     Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A peer that takes the request and never answers is given up on, with the reason.
+    #[tokio::test]
+    async fn a_silent_peer_is_given_up_on() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let held = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            drop(s);
+        });
+        let limit = std::time::Duration::from_millis(200);
+        let e = request_within(limit, &addr, "POST", "/volumes/v/message", "flush").await.unwrap_err();
+        assert!(e.to_string().contains("no answer from the admin endpoint"), "{e}");
+        held.abort();
+    }
+
+    /// Another HTTP server's answer, error page or not, is said to be another server's
+    /// rather than printed as strata's error.
+    #[tokio::test]
+    async fn another_http_servers_answer_is_named_as_such() {
+        for answer in ["HTTP/1.0 501 Unsupported method\r\n\r\n<!DOCTYPE HTML>\n<html>", "HTTP/1.0 200 OK\r\n\r\n{}"] {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap().to_string();
+            tokio::spawn(async move {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                s.write_all(answer.as_bytes()).await.unwrap();
+            });
+            let e = request(&addr, "GET", "/status", "").await.unwrap_err().to_string();
+            assert!(e.contains("is not a strata admin endpoint") && !e.contains("DOCTYPE"), "{e}");
+        }
+    }
 }

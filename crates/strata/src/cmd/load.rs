@@ -83,13 +83,23 @@ pub fn run(a: LoadArgs) -> Result<()> {
 async fn drive(a: &LoadArgs) -> Result<(u64, u64, f64)> {
     type Client = strata_nbd::client::Client<tokio::net::UnixStream>;
     let mut clients: Vec<Client> = Vec::new();
-    for _ in 0..a.iodepth {
-        let c = Client::connect_unix(&a.unix, &a.export).await;
-        clients.push(c.with_context(|| format!("connecting to {} export {:?}", a.unix.display(), a.export))?);
+    // A server answers a handshake at once: one that does not is not an NBD server, or is
+    // stuck (or out of connections: it closes those past its limit).
+    const HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(30);
+    for i in 0..a.iodepth {
+        let c = tokio::time::timeout(HANDSHAKE, Client::connect_unix(&a.unix, &a.export))
+            .await
+            .map_err(|_| anyhow::anyhow!("no NBD handshake within {HANDSHAKE:?}"))
+            .and_then(|c| c.map_err(anyhow::Error::from));
+        let what = || {
+            format!("connecting to {} export {:?} (connection {} of {})", a.unix.display(), a.export, i + 1, a.iodepth)
+        };
+        clients.push(c.with_context(what)?);
     }
-    let size = a.size.unwrap_or(clients[0].size()).min(clients[0].size());
+    let export = clients[0].size();
+    let size = a.size.unwrap_or(export).min(export);
+    anyhow::ensure!(size / a.bs > 0, "{size} bytes to use (the export has {export}) are fewer than --bs {}", a.bs);
     let slots = size / a.bs;
-    anyhow::ensure!(slots > 0, "the export ({size} bytes) is smaller than --bs");
     // With --stride: every stride's first bytes once, in a seeded random order.
     let once: Option<std::sync::Arc<(Vec<u64>, std::sync::atomic::AtomicUsize)>> = a.stride.map(|stride| {
         let step = stride.max(a.bs);

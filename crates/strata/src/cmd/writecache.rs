@@ -111,7 +111,7 @@ pub fn run(args: WritecacheArgs) -> Result<()> {
             WritecacheCommand::Create(a) => run_create(a).await,
             WritecacheCommand::Set(a) => send_settings(&a.admin, &a.name, "", &a.settings).await,
             WritecacheCommand::Flush(a) => {
-                print!("{}: {}", a.name, http::message(&a.admin, &a.name, "flush").await?);
+                print!("{}: {}", a.name, http::message_unbounded(&a.admin, &a.name, "flush").await?);
                 Ok(())
             }
             WritecacheCommand::Detach(a) => detach(a).await,
@@ -173,7 +173,7 @@ async fn detach(a: ControlArgs) -> Result<()> {
         Ok(Drain { dirty: s.dirty_blocks, errors: s.writeback_errors, stopped: s.stopped, last_error: s.last_error })
     })
     .await?;
-    http::message(&a.admin, &a.name, "flush").await?;
+    http::message_unbounded(&a.admin, &a.name, "flush").await?;
     println!("{}: the origin is complete; stop the server and serve the origin directly", a.name);
     Ok(())
 }
