@@ -638,11 +638,15 @@ impl FromStr for Spec {
 pub struct NewFiles(Vec<PathBuf>);
 
 impl NewFiles {
-    /// Notes, before anything is opened, which of the named `specs`' files do not exist
-    /// yet, for a command that formats one of them for the others. Refuses two that name
-    /// the same whole file (each would write over the other), and a device in RAM, gone
-    /// when the server stops while the format made for it stays.
-    pub fn of(specs: &[(&str, &Spec)]) -> Result<NewFiles> {
+    /// Notes, before anything is opened, which of `specs`' files do not exist yet.
+    pub fn of<'a>(specs: impl IntoIterator<Item = &'a Spec>) -> NewFiles {
+        NewFiles(specs.into_iter().flat_map(|s| s.files_to_create()).collect())
+    }
+
+    /// `of` the named `specs`, for a command that formats one of them for the others.
+    /// Refuses two that name the same whole file (each would write over the other), and a
+    /// device in RAM, gone when the server stops while the format made for it stays.
+    pub fn to_format(specs: &[(&str, &Spec)]) -> Result<NewFiles> {
         if let Some((name, spec)) = specs.iter().find(|(_, s)| s.in_ram()) {
             return Err(Error::new(
                 ErrorKind::Invalid,
@@ -665,7 +669,7 @@ impl NewFiles {
                 }
             }
         }
-        Ok(NewFiles(specs.iter().flat_map(|(_, s)| s.files_to_create()).collect()))
+        Ok(NewFiles::of(specs.iter().map(|&(_, s)| s)))
     }
 
     /// The command succeeded: the files stay.

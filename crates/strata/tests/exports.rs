@@ -123,9 +123,10 @@ fn a_volume_that_fails_to_open_at_start_leaves_the_others_closed_cleanly() {
         &taken.local_addr().unwrap().to_string(),
         &format!("a=cache:{}", cache.display()),
         "b=mem:1MiB",
-        "c=mem:1MiB",
+        &format!("c={}?size=1MiB", dir.path().join("new.img").display()),
     ]));
     assert!(why.contains("binding admin"), "{why}");
+    assert!(!dir.path().join("new.img").exists(), "the file made for size= was left behind");
     assert!(started.elapsed() < std::time::Duration::from_secs(10), "closing 3 volumes took {:?}", started.elapsed());
     let check = ok(strata(&["cache", "check", cache.to_str().unwrap()]));
     assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");

@@ -335,7 +335,7 @@ pub async fn create(origin: &Spec, cache: &Spec, mut opts: CreateOptions) -> Res
     let Spec::File(file) = cache else {
         bail!("the cache device must be a file or block device path, not {:?}", cache.to_string());
     };
-    let new = NewFiles::of(&[("--origin", origin), ("--cache", cache)])?;
+    let new = NewFiles::to_format(&[("--origin", origin), ("--cache", cache)])?;
     let origin_dev = open(origin, true).await.with_context(|| format!("cannot open the origin {origin}"))?;
     let cache_dev = open_to_format(file).with_context(|| format!("cannot open the cache device {cache}"))?;
     opts.origin_spec = origin.recordable().to_string();

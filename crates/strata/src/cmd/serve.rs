@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::http::{self, Admin};
-use crate::spec::Spec;
+use crate::spec::{NewFiles, Spec};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -209,6 +209,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             server = server.with_tls(tls);
         }
         let admin = Arc::new(Admin::new(server.clone(), token));
+        // Files made for `size=`, removed again if the server does not start.
+        let new = NewFiles::of(wanted.iter().map(|(_, spec, _)| spec));
         for (name, spec, ro) in wanted {
             if let Err(e) = admin.add(&name, &spec, ro).await {
                 // Close what was opened cleanly: a cache left open would be marked unclean.
@@ -270,6 +272,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             remove_own_socket(unix.as_deref(), bound_unix);
             return Err(e);
         }
+        new.keep();
         for v in &admin.volumes() {
             eprintln!("strata: export {:?}: {} bytes, {}", v.name, v.dev.size(), v.dev.describe());
         }

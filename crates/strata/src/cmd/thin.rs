@@ -269,7 +269,7 @@ async fn pool_create(a: PoolCreateArgs) -> Result<()> {
     let Spec::File(file) = &a.metadata else {
         bail!("the metadata device must be a file or block device path, not {:?}", a.metadata.to_string());
     };
-    let new = NewFiles::of(&[("--metadata", &a.metadata), ("--data", &a.data)])?;
+    let new = NewFiles::to_format(&[("--metadata", &a.metadata), ("--data", &a.data)])?;
     let data = open(&a.data, true).await.with_context(|| format!("cannot open the data device {}", a.data))?;
     if !a.force {
         if let Some(what) = strata_io::signature::recognise(&strata_io::signature::head(&*data).await?) {

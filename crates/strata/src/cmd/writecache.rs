@@ -137,7 +137,7 @@ async fn run_create(a: CreateArgs) -> Result<()> {
     let Spec::File(file) = &a.cache else {
         bail!("the log device must be a file or block device path, not {:?}", a.cache.to_string());
     };
-    let new = NewFiles::of(&[("--origin", &a.origin), ("--cache", &a.cache)])?;
+    let new = NewFiles::to_format(&[("--origin", &a.origin), ("--cache", &a.cache)])?;
     let origin = open(&a.origin, true).await.with_context(|| format!("cannot open the origin {}", a.origin))?;
     let cache = open_to_format(file).with_context(|| format!("cannot open the log device {}", a.cache))?;
     let opts = CreateOptions {
