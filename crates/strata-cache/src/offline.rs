@@ -57,7 +57,7 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
         migration_budget_bytes_per_s: o.migration_budget_bytes_per_s,
         writeback_percent: o.writeback_percent,
         readahead_bytes: o.readahead_bytes,
-        policy: o.policy.clone(),
+        policy: strata_policy::resolve(&o.policy).to_string(),
         origin_spec: o.origin_spec.clone(),
         origin_id: o.origin_id.clone(),
     };

@@ -40,7 +40,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        other => return Err(format!("size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB, TiB)")),
+        other => return Err(format!("size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB, TiB, PiB, or KB to TB)")),
     };
     // Exact: whole part and decimals in integers (a float would change large byte counts).
     let not_a_number = || format!("size {s:?}: {num:?} is not a number");
@@ -64,7 +64,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Parses a rate such as `32MiB/s` (the `/s` is optional) into bytes per second.
 pub fn parse_rate(s: &str) -> Result<u64, String> {
-    parse_size(s.trim().trim_end_matches("/s"))
+    let t = s.trim();
+    parse_size(t.strip_suffix("/s").unwrap_or(t))
 }
 
 /// Formats a byte count with a binary unit: `4.0 GiB`, `512 B`.
@@ -148,6 +149,9 @@ mod tests {
         assert_eq!(parse_size("10M").unwrap(), 10 << 20);
         assert_eq!(parse_size("10mib").unwrap(), 10 << 20);
         assert_eq!(parse_rate("32MiB/s").unwrap(), 32 << 20);
+        assert_eq!(parse_rate("32MiB").unwrap(), 32 << 20);
+        assert!(parse_rate("32MiB/s/s").is_err(), "one /s");
+        assert!(parse_size("4XB").unwrap_err().contains("PiB"));
         assert!(parse_size("").is_err());
         assert!(parse_size("GiB").is_err());
         assert!(parse_size("4XB").is_err());

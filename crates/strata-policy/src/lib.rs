@@ -467,13 +467,23 @@ impl fmt::Debug for dyn Policy + Send {
     }
 }
 
+/// The policy `name` stands for: [`DEFAULT_POLICY`] for `default`, else itself (what a
+/// cache records, so that its superblock and status name the policy it runs).
+pub fn resolve(name: &str) -> &str {
+    if name == "default" {
+        DEFAULT_POLICY
+    } else {
+        name
+    }
+}
+
 /// Build a policy by name from the [`POLICIES`] table (see [`POLICY_NAMES`]; `default` means
 /// [`DEFAULT_POLICY`]).
 /// `capacity_blocks` must be at least 1.
 pub fn build(name: &str, capacity_blocks: usize, params: &Params) -> Result<Box<dyn Policy + Send>, UnknownPolicy> {
     assert!(capacity_blocks >= 1, "a cache needs at least one block");
     assert!(capacity_blocks < u32::MAX as usize / 4, "capacity exceeds the 32-bit entry index");
-    let name = if name == "default" { DEFAULT_POLICY } else { name };
+    let name = resolve(name);
     match find(name).and_then(|p| p.new) {
         Some(new) => Ok(new(capacity_blocks, params)),
         None => Err(UnknownPolicy { name: name.to_string() }),

@@ -96,6 +96,11 @@ impl Config {
     }
 
     fn check(&self) -> Result<()> {
+        for (key, n) in [("max_connections", self.max_connections), ("max_inflight", self.max_inflight)] {
+            if n == Some(0) {
+                bail!("{key} = 0: at least 1, as --{}", key.replace('_', "-"));
+            }
+        }
         for g in self.qos.keys() {
             if !self.volumes.iter().any(|v| v.group.as_deref() == Some(g)) {
                 bail!("[qos.{g}]: unknown group (no [[volume]] has group = {g:?})");
@@ -183,6 +188,10 @@ mod tests {
         let volume = "[[volume]]\nname = \"a\"\nspec = \"mem:1MiB\"\ngroup = \"db\"\n";
         let e = Config::parse(&format!("{volume}[qos.dbb]\nweight = 5\n")).unwrap_err();
         assert!(e.to_string().contains("[qos.dbb]: unknown group"), "{e}");
+        for zero in ["max_connections = 0", "max_inflight = 0"] {
+            let e = Config::parse(&format!("{zero}\n{volume}")).unwrap_err();
+            assert!(e.to_string().contains("at least 1"), "{zero}: {e}");
+        }
         for (table, why) in [
             ("weight = 0", "weight 0 is out of range"),
             ("weight = 20000", "out of range"),

@@ -386,6 +386,17 @@ pub(super) mod tests {
         }
     }
 
+    /// `policy default` is recorded and shown as the policy it stands for.
+    #[tokio::test]
+    async fn the_default_policy_is_named_as_what_it_is() {
+        let (cache, origin) = (Arc::new(MemDev::new(2 << 20)), Arc::new(MemDev::new(ORIGIN)));
+        let dev = small_cache(Mode::Writeback, &cache, &origin, true).await;
+        dev.message("policy lru").await.unwrap();
+        let answer = dev.message("policy default").await.unwrap();
+        assert!(answer.contains(strata_policy::DEFAULT_POLICY), "{answer}");
+        assert_eq!(dev.status().unwrap()["policy"], strata_policy::DEFAULT_POLICY);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn random_workloads_keep_the_invariants() {
         for (seed, mode) in [Mode::Writeback, Mode::Writethrough, Mode::Writearound].into_iter().enumerate() {

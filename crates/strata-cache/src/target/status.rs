@@ -99,6 +99,7 @@ impl Inner {
                                 format!("mode {}", sb.mode.name())
                             }
                             "policy" => {
+                                let value = strata_policy::resolve(value);
                                 let params =
                                     Params { origin_blocks: Some(sb.origin_blocks()), ..Params::default() };
                                 let p = strata_policy::build(value, policy_capacity(st.meta.slots()), &params)

@@ -199,10 +199,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         strata_io::engine::reap_on_current_runtime();
         let mut limits = Limits::default();
         if let Some(n) = args.max_connections.or(cfg.max_connections) {
-            limits.max_connections = n.max(1);
+            limits.max_connections = n;
         }
         if let Some(n) = args.max_inflight.or(cfg.max_inflight) {
-            limits.max_inflight_per_connection = n.max(1);
+            limits.max_inflight_per_connection = n;
         }
         let mut server = Server::new(Vec::new(), limits).map_err(anyhow::Error::msg)?;
         if let Some(tls) = tls {

@@ -22,7 +22,7 @@ fn after_help() -> String {
 Policies (--policy: a comma-separated list, or all):
 {}
 Sizes: cache sizes are blocks (5000), percentages of the trace's footprint (10%), or bytes
-(64MiB, 2GiB). K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024 (64M = 64MiB, as qemu-img
+(64MiB, 2GiB). K, M, G, T, P and KiB, MiB, GiB, TiB, PiB are powers of 1024 (64M = 64MiB, as qemu-img
 and fio read 64M); KB, MB, GB, TB are powers of 1000 (10MB = 10,000,000 bytes), as everywhere
 in strata. A byte size is rounded down to whole blocks; --block-size reads the same units.
 Hit ratios count cache-block accesses: a 64 KiB request over 4 KiB blocks is 16 accesses.
@@ -154,7 +154,7 @@ fn block_size(args: &SimArgs, default: u64) -> Result<u64> {
         None => default,
     };
     if bytes == 0 || bytes > u32::MAX as u64 {
-        bail!("block size must be between 1 byte and 4 GiB");
+        bail!("block size must be between 1 byte and 4 GiB - 1 byte ({} bytes)", u32::MAX);
     }
     Ok(bytes)
 }
