@@ -90,7 +90,16 @@ async fn drive(a: &LoadArgs) -> Result<(u64, u64, f64)> {
         let c = tokio::time::timeout(HANDSHAKE, Client::connect_unix(&a.unix, &a.export))
             .await
             .map_err(|_| anyhow::anyhow!("no NBD handshake within {HANDSHAKE:?}"))
-            .and_then(|c| c.map_err(anyhow::Error::from));
+            .and_then(|c| {
+                c.map_err(|e| match e.kind() {
+                    // What a server at its connection limit does to the next one.
+                    std::io::ErrorKind::UnexpectedEof if i > 0 => anyhow::anyhow!(
+                        "{e}: the server closed it during the handshake (at its connection limit? \
+                         strata serve --max-connections)"
+                    ),
+                    _ => anyhow::Error::from(e),
+                })
+            });
         let what = || {
             format!("connecting to {} export {:?} (connection {} of {})", a.unix.display(), a.export, i + 1, a.iodepth)
         };
