@@ -79,12 +79,6 @@ impl Qos {
         }
         let mut st = self.state.lock();
         let group = match st.sched.group(name) {
-            // Left by volumes since removed: this volume's spec gives its settings.
-            Some(g) if st.sched.members(g) == 0 => {
-                let settings = opts.apply(&GroupSettings::default())?;
-                st.sched.set(g, settings);
-                g
-            }
             Some(g) => {
                 let current = st.sched.settings(g).clone();
                 if opts.apply(&current)? != current {
@@ -279,7 +273,7 @@ impl QosDev {
         let mut st = self.qos.state.lock();
         let gid = match group {
             None => self.group,
-            Some(name) => st.sched.group(name).filter(|&g| st.sched.members(g) > 0).ok_or_else(|| {
+            Some(name) => st.sched.group(name).ok_or_else(|| {
                 Error::new(ErrorKind::Invalid, format!("qos: unknown group {name:?} on {}", self.qos.dev.describe()))
             })?,
         };
@@ -421,7 +415,8 @@ mod tests {
     }
 
     /// A group whose volumes were all removed is not shown or set, and the next volume to
-    /// join it gives its settings, as a new group's; a group with a volume keeps its own.
+    /// join it starts it afresh (its settings, zero counters), as a new group; a group with a
+    /// volume keeps its own.
     #[tokio::test]
     async fn a_group_left_by_its_volumes_takes_the_next_ones_settings() {
         let qos = Qos::new(Arc::new(strata_io::mem::MemDev::new(1 << 20)), &DeviceOptions::default(), None);
@@ -429,6 +424,7 @@ mod tests {
         let a = qos.join("ga", &weight("300")).unwrap();
         let b = qos.join("gb", &QosOptions::default()).unwrap();
         a.message("weight 50").await.unwrap();
+        a.write(0, Buf::zeroed(4096), false).await.unwrap();
         assert!(qos.join("ga", &weight("300")).is_err(), "a group with a volume keeps its settings");
         let shown = |d: &QosDev| -> Vec<String> {
             crate::status::status(&d.qos, d.group).groups.into_iter().map(|g| g.name).collect()
@@ -440,5 +436,7 @@ mod tests {
         let a = qos.join("ga", &weight("300")).unwrap();
         assert_eq!(qos.with(|s| s.settings(a.group).weight), 300);
         assert_eq!(shown(&b), ["ga", "gb"]);
+        let ga = crate::status::status(&a.qos, a.group).groups.into_iter().find(|g| g.name == "ga").unwrap();
+        assert_eq!((ga.requests, ga.bytes), (0, 0), "the old group's counters are gone");
     }
 }

@@ -445,14 +445,10 @@ impl Scheduler {
         g.left = g.members == 0;
     }
 
-    /// Volumes in group `g`: none once its last was removed (its settings are then a new
-    /// volume's to give).
-    pub fn members(&self, g: GroupId) -> usize {
-        self.groups[g.0].members
-    }
-
+    /// The group of that name, unless its last volume has left: the next to join it then
+    /// starts it afresh, settings and counters alike.
     pub fn group(&self, name: &str) -> Option<GroupId> {
-        self.groups.iter().position(|g| g.name == name).map(GroupId)
+        self.groups.iter().position(|g| g.name == name && !g.left).map(GroupId)
     }
 
     pub fn groups(&self) -> impl Iterator<Item = GroupId> {
