@@ -40,7 +40,7 @@ pub fn corrupt(msg: impl Into<String>) -> Error {
 }
 
 pub fn no_metadata_space() -> Error {
-    Error::new(ErrorKind::NoSpace, "the pool's metadata device is full")
+    Error::new(ErrorKind::NoSpace, "the pool's metadata device is full: extend it (strata thin extend --metadata)")
 }
 
 /// A node decoded: keys and values side by side.
