@@ -217,6 +217,34 @@ async fn origin_failing_write_back_keeps_the_block_dirty() {
     assert_eq!(status(&r.dev).dirty_blocks, 0);
 }
 
+/// An origin away for now (`Unavailable`: a remote server's outage) lost nothing: the
+/// write-back that meets it is counted, the block stays dirty, and the volume records no
+/// fault and keeps writeback; once the origin is back the block is written back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_away_for_now_is_no_fault() {
+    let r = rig("writeback").await;
+    r.dev.write(2 * BLOCK, fill(3), false).await.unwrap();
+    let id = r.origin_faults.add(Rule::write_error(0..ORIGIN).kind(ErrorKind::Unavailable));
+    r.dev.message("flush").await.unwrap();
+    for _ in 0..300 {
+        if status(&r.dev).writeback_errors > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let s = status(&r.dev);
+    assert!(s.writeback_errors >= 1, "write-back was tried");
+    assert_eq!(s.dirty_blocks, 1, "still dirty");
+    assert!(!s.degraded && s.faults.is_empty(), "{:?}", s.faults);
+    assert_eq!(s.mode, "writeback");
+    r.origin_faults.remove(id);
+    r.dev.message("flush").await.unwrap();
+    wait_clean(&r.dev).await;
+    let mut on_origin = vec![0; BLOCK as usize];
+    r.origin.inner().read_into(2 * BLOCK, &mut on_origin).unwrap();
+    assert_eq!(on_origin, vec![3; BLOCK as usize]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_errors_reach_only_the_failing_request() {
     let r = rig("writethrough").await;

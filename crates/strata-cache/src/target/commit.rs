@@ -60,7 +60,7 @@ impl Inner {
         };
         let origin_flush = async {
             match full {
-                true => self.origin.flush().await,
+                true => self.origin_answered(self.origin.flush().await),
                 false => Ok(()),
             }
         };
@@ -115,7 +115,7 @@ impl Inner {
         let _one = self.commit_lock.lock().await;
         let flushed = {
             let _busy = self.meter.start(kind);
-            self.origin.flush().await
+            self.origin_answered(self.origin.flush().await)
         };
         if let Err(e) = &flushed {
             if e.kind != ErrorKind::Unavailable {

@@ -121,6 +121,9 @@ struct Inner {
     /// The origin was busy with foreground IO at the background task's last look (then
     /// writeback may stop making new dirty data: see `write_mode`).
     origin_busy: AtomicBool,
+    /// The origin's last answer was `Unavailable` (a remote server away for now): writeback
+    /// then keeps making dirty data (see `dirty_limited`).
+    origin_away: AtomicBool,
 }
 
 /// The cache target as a `BlockDev`. Background tasks (write-back, periodic commit) stop
@@ -186,12 +189,22 @@ impl Inner {
 
     async fn origin_read(&self, offset: u64, buf: Buf, kind: Kind) -> Result<Buf> {
         let _busy = self.meter.start(kind);
-        self.origin.read(offset, buf).await
+        self.origin_answered(self.origin.read(offset, buf).await)
     }
 
     async fn origin_write(&self, offset: u64, buf: Buf, fua: bool, kind: Kind) -> Result<Buf> {
         let _busy = self.meter.start(kind);
-        self.origin.write(offset, buf, fua).await
+        self.origin_answered(self.origin.write(offset, buf, fua).await)
+    }
+
+    /// Notes whether the origin is away for now (`origin_away`) from one of its answers.
+    fn origin_answered<T>(&self, answer: Result<T>) -> Result<T> {
+        match &answer {
+            Ok(_) => self.origin_away.store(false, Relaxed),
+            Err(e) if e.kind == strata_io::ErrorKind::Unavailable => self.origin_away.store(true, Relaxed),
+            Err(_) => {}
+        }
+        answer
     }
 }
 

@@ -166,6 +166,7 @@ impl CacheDev {
             describe,
             share_cap: Mutex::new(opts.migration_share_max),
             origin_busy: AtomicBool::new(false),
+            origin_away: AtomicBool::new(false),
             state: Mutex::new(State {
                 policy,
                 map,

@@ -550,4 +550,38 @@ pub(super) mod tests {
         dev.write(at, Buf::from_slice(&vec![9u8; BLOCK as usize]), false).await.unwrap();
         assert!(dev.inner.state.lock().policy.dirty_len() > dirty_before, "writeback again once lifted");
     }
+
+    /// An origin away for now (`Unavailable`: a remote server's outage) lifts the dirty
+    /// limit: a write sent through would wait the outage out and fail, where the cache can
+    /// keep it. Once the origin answers again the limit is back.
+    #[tokio::test]
+    async fn an_origin_away_lifts_the_dirty_limit() {
+        use strata_io::fault::{FaultDev, Rule};
+        use strata_io::ErrorKind;
+        let cache = Arc::new(MemDev::new(2 << 20));
+        let (origin, faults) = FaultDev::new(MemDev::new(ORIGIN));
+        let origin = Arc::new(origin);
+        let dev = small_cache(Mode::Writeback, &cache, &origin, true).await;
+        let (b, _) = a_dirty_block(&dev).await;
+        let bs = BLOCK as u64;
+        dev.inner.origin_busy.store(true, Relaxed);
+        let limited = || dev.status().unwrap()["dirty_limited"] == true;
+        assert!(limited());
+        faults.add(Rule::read_error(0..ORIGIN).kind(ErrorKind::Unavailable));
+        faults.add(Rule::write_error(0..ORIGIN).kind(ErrorKind::Unavailable));
+        let away = dev.read((b + 100) * bs, Buf::zeroed(BLOCK as usize)).await.unwrap_err();
+        assert_eq!(away.kind, ErrorKind::Unavailable);
+        assert!(!limited(), "an origin away is not a busy one");
+        let dirty_before = dev.inner.state.lock().policy.dirty_len();
+        for k in 0..4u64 {
+            let data = vec![k as u8 + 1; BLOCK as usize];
+            dev.write((b + 103 + k) * bs, Buf::from_slice(&data), false).await.unwrap();
+            assert!(dev.read((b + 103 + k) * bs, Buf::zeroed(data.len())).await.unwrap()[..] == data[..]);
+        }
+        assert_eq!(dev.inner.state.lock().policy.dirty_len(), dirty_before + 4, "kept in the cache, dirty");
+        faults.clear();
+        dev.read((b + 100) * bs, Buf::zeroed(BLOCK as usize)).await.unwrap();
+        assert!(limited(), "back, and busy: the limit holds again");
+        dev.inner.state.lock().check().unwrap();
+    }
 }

@@ -463,7 +463,9 @@ impl Inner {
     }
 
     pub(super) fn dirty_limited(&self, st: &State) -> bool {
-        let busy = self.origin_busy.load(Relaxed);
+        // An origin away for now is no busy one: writes sent through would wait out the
+        // outage and fail, where the cache can keep them.
+        let busy = self.origin_busy.load(Relaxed) && !self.origin_away.load(Relaxed);
         dirty_limited(st.policy.dirty_len(), st.meta.slots(), st.meta.sb.writeback_percent, busy)
     }
 

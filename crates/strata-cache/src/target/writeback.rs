@@ -7,7 +7,7 @@ use crate::format::Mode;
 use crate::meter::{Counters, Kind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-use strata_io::Buf;
+use strata_io::{Buf, ErrorKind};
 
 /// Most blocks one write-back batch takes (one origin flush per batch).
 const WRITEBACK_BATCH_MAX: usize = 256;
@@ -132,6 +132,12 @@ impl Inner {
                 self.counters.migration_bytes.fetch_add(bytes, Relaxed);
                 self.counters.writeback_writes.fetch_add(1, Relaxed);
                 (used, picked)
+            }
+            Err(e) if e.kind == ErrorKind::Unavailable => {
+                // An origin away for now lost nothing: no fault, the blocks go again later.
+                Counters::bump(&self.counters.writeback_errors);
+                put_back(&picked, None);
+                (used, Vec::new())
             }
             Err(e) => {
                 let n = picked.len();
