@@ -10,7 +10,7 @@ use std::sync::Arc;
 use strata_cache::meta::Meta;
 use strata_cache::{offline::create, CreateOptions};
 use strata_cache::{CacheDev, CacheStatus, OpenOptions};
-use strata_io::fault::{FaultDev, Faults, Rule};
+use strata_io::fault::{FaultDev, Faults, Ops, Rule};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Buf, ErrorKind};
 
@@ -243,6 +243,30 @@ async fn an_origin_away_for_now_is_no_fault() {
     let mut on_origin = vec![0; BLOCK as usize];
     r.origin.inner().read_into(2 * BLOCK, &mut on_origin).unwrap();
     assert_eq!(on_origin, vec![3; BLOCK as usize]);
+}
+
+/// A shutdown waits out a write-back under way: once it has returned and the volume is
+/// dropped, nothing holds the devices any longer (so a removed export's files can be
+/// claimed again at once), and nothing reaches them after the clean-shutdown superblock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_waits_out_the_write_back_under_way() {
+    let Rig { dev, origin, cache, origin_faults, .. } = rig("writeback").await;
+    dev.write(2 * BLOCK, fill(3), false).await.unwrap();
+    origin_faults.add(Rule::delay(Ops::WRITE, std::time::Duration::from_millis(500)));
+    dev.message("flush").await.unwrap();
+    for _ in 0..300 {
+        if origin_faults.counters().delayed > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(origin_faults.counters().delayed, 1, "a write-back is under way");
+    dev.shutdown().await.unwrap();
+    drop(dev);
+    assert_eq!((Arc::strong_count(&origin), Arc::strong_count(&cache)), (1, 1), "the devices are free");
+    let mut on_origin = vec![0; BLOCK as usize];
+    origin.inner().read_into(2 * BLOCK, &mut on_origin).unwrap();
+    assert_eq!(on_origin, vec![3; BLOCK as usize], "the write-back under way ended first");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 //! and left as it was.
 
 use std::sync::Arc;
-use strata_io::fault::{FaultDev, Faults, Rule};
+use strata_io::fault::{FaultDev, Faults, Ops, Rule};
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, Buf, ErrorKind};
 use strata_writecache::offline::{create, CreateOptions};
@@ -99,6 +99,31 @@ async fn runs_written_before_a_failed_one_become_clean() {
     dev.message("flush").await.unwrap();
     assert_eq!(status(&dev).dirty_blocks, 0);
     assert_eq!(read(&*origin, 14 * BLOCK).await, vec![8; BLOCK as usize]);
+}
+
+/// A shutdown waits out a write-back under way: once it has returned and the log is
+/// dropped, nothing holds the devices any longer (so a removed export's files can be
+/// claimed again at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_waits_out_the_write_back_under_way() {
+    let (origin, faults) = FaultDev::new(MemDev::new(ORIGIN));
+    let (origin, cache) = (Arc::new(origin), Arc::new(MemDev::new(CACHE)));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), OpenOptions::default()).await.unwrap();
+    faults.add(Rule::delay(Ops::WRITE, std::time::Duration::from_millis(500)));
+    dev.write(3 * BLOCK, Buf::from_slice(&[7; BLOCK as usize]), false).await.unwrap();
+    dev.flush().await.unwrap();
+    for _ in 0..300 {
+        if faults.counters().delayed > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(faults.counters().delayed, 1, "a write-back is under way");
+    dev.shutdown().await.unwrap();
+    drop(dev);
+    assert_eq!((Arc::strong_count(&origin), Arc::strong_count(&cache)), (1, 1), "the devices are free");
+    assert_eq!(read(&*origin, 3 * BLOCK).await, vec![7; BLOCK as usize], "the write-back under way ended first");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,6 +115,9 @@ struct Inner {
     meter: OriginMeter,
     wake: Notify,
     stop: AtomicBool,
+    /// The background task (commits, write-back), which a shutdown waits out: until it ends
+    /// it may hold the devices, and their files' claims, for a write-back under way.
+    background: Mutex<Option<tokio::task::JoinHandle<()>>>,
     epoch: Instant,
     describe: String,
     share_cap: Mutex<f64>,

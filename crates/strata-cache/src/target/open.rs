@@ -162,6 +162,7 @@ impl CacheDev {
             meter: OriginMeter::new(),
             wake: Notify::new(),
             stop: AtomicBool::new(false),
+            background: Mutex::new(None),
             epoch: Instant::now(),
             describe,
             share_cap: Mutex::new(opts.migration_share_max),
@@ -202,7 +203,7 @@ impl CacheDev {
         inner.write_superblock().await?;
         inner.commit().await?;
         inner.state.lock().debug_check();
-        tokio::spawn(background(Arc::downgrade(&inner)));
+        *inner.background.lock() = Some(tokio::spawn(background(Arc::downgrade(&inner))));
         Ok(CacheDev { inner })
     }
 
@@ -243,6 +244,12 @@ impl Inner {
     pub(super) async fn shutdown(&self) -> Result<()> {
         self.stop.store(true, Relaxed);
         self.wake.notify_waiters();
+        let task = self.background.lock().take();
+        if let Some(task) = task {
+            // A write-back under way ends first: nothing reaches the devices after the
+            // superblock below, and a shut-down volume holds its devices no longer.
+            _ = task.await;
+        }
         self.commit().await?;
         let (hints, offset, capacity) = {
             let st = self.state.lock();

@@ -428,6 +428,9 @@ pub(super) async fn background(weak: Weak<Inner>) {
     };
     loop {
         let Some(inner) = weak.upgrade() else { return };
+        if inner.stop.load(Relaxed) {
+            return;
+        }
         let ok = inner.background_round(&mut r).await;
         if ok && inner.behind(&r) {
             drop(inner);
