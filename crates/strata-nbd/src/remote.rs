@@ -724,11 +724,8 @@ async fn maintain(inner: Arc<Inner>, i: usize, mut conn: Option<Arc<Conn>>) {
         let attempt = async {
             let (stream, info, cipher) = connect(&inner.spec).await.map_err(|e| e.to_string())?;
             inner.health.lock().tls_cipher = cipher;
-            if info.size != inner.info.size || info.structured != inner.info.structured {
-                return Err(format!(
-                    "the export changed: {} bytes (was {}), structured replies {} (was {})",
-                    info.size, inner.info.size, info.structured, inner.info.structured
-                ));
+            if let Some(change) = export_change(&inner.info, &info) {
+                return Err(format!("the export changed: {change}; waiting for it as it was"));
             }
             let c = Conn::new(stream, info, shown.clone());
             inner.replay(&c).await?;
@@ -749,6 +746,29 @@ async fn maintain(inner: Arc<Inner>, i: usize, mut conn: Option<Arc<Conn>>) {
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
+}
+
+/// How `now` differs from the export as first agreed (`was`), where the difference matters:
+/// its size, structured replies, block sizes, or any transmission flag but the rotational
+/// hint. Requests are shaped by what was first agreed (a FUA bit, a write to a read-only
+/// export, several connections without multi-conn, whose flushes may not cover each other's
+/// writes), so a server that comes back otherwise is not used.
+fn export_change(was: &ExportInfo, now: &ExportInfo) -> Option<String> {
+    let flags = |i: &ExportInfo| i.flags & !TFLAG_ROTATIONAL;
+    let mut changes = Vec::new();
+    if now.size != was.size {
+        changes.push(format!("{} bytes (was {})", now.size, was.size));
+    }
+    if now.structured != was.structured {
+        changes.push(format!("structured replies {} (was {})", now.structured, was.structured));
+    }
+    if now.block != was.block {
+        changes.push(format!("block sizes {:?} (was {:?})", now.block, was.block));
+    }
+    if flags(now) != flags(was) {
+        changes.push(format!("transmission flags {:#06x} (was {:#06x})", flags(now), flags(was)));
+    }
+    (!changes.is_empty()).then(|| changes.join(", "))
 }
 
 impl Inner {

@@ -16,8 +16,11 @@ use strata_nbd::{Export, Limits, Server};
 const SIZE: u64 = 4 << 20;
 
 fn serve(dev: Arc<dyn BlockDev>, sock: &Path, limits: Limits) -> Server {
+    serve_export(Export { name: "vol".into(), description: String::new(), dev, read_only: false }, sock, limits)
+}
+
+fn serve_export(export: Export, sock: &Path, limits: Limits) -> Server {
     let _ = std::fs::remove_file(sock);
-    let export = Export { name: "vol".into(), description: String::new(), dev, read_only: false };
     let server = Server::new(vec![export], limits).unwrap();
     let listener = tokio::net::UnixListener::bind(sock).unwrap();
     let s = server.clone();
@@ -103,6 +106,40 @@ async fn requests_wait_for_a_server_that_comes_back() {
     let mut back = vec![0u8; 4096];
     mem.read(65536, Buf::zeroed(4096)).await.map(|b| back.copy_from_slice(&b)).unwrap();
     assert_eq!(back[..], pattern(8, 65536, 4096)[..]);
+    stop(server).await;
+}
+
+/// A server that comes back with other abilities (here read-only) is not used: requests
+/// wait for the export as first agreed, the status says why, and they go on once it is.
+#[tokio::test]
+async fn a_server_back_with_other_flags_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket(&dir);
+    let mem: Arc<dyn BlockDev> = Arc::new(MemDev::new(SIZE));
+    let server = serve(mem.clone(), &sock, Limits::default());
+    let dev = Arc::new(RemoteDev::open(spec(&sock, Tuning::default())).await.unwrap());
+    dev.write(0, pattern(7, 0, 4096), false).await.unwrap();
+    stop(server).await;
+    let read_only = Export { name: "vol".into(), description: String::new(), dev: mem.clone(), read_only: true };
+    let server = serve_export(read_only, &sock, Limits::default());
+    let d = dev.clone();
+    let waiting = tokio::spawn(async move { d.write(8192, pattern(8, 8192, 4096), false).await.map(|_| ()) });
+    let changed = || dev.status().unwrap()["last_error"].as_str().unwrap_or("").contains("export changed");
+    for _ in 0..500 {
+        if changed() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = dev.status().unwrap();
+    assert!(changed() && status["last_error"].as_str().unwrap().contains("transmission flags"), "{status}");
+    assert_eq!(status["state"], "down", "{status}");
+    assert!(!waiting.is_finished(), "the write waits for the export as it was");
+    stop(server).await;
+    let server = serve(mem.clone(), &sock, Limits::default());
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("answered").unwrap().unwrap();
+    let back = mem.read(8192, Buf::zeroed(4096)).await.unwrap();
+    assert_eq!(back[..], pattern(8, 8192, 4096)[..]);
     stop(server).await;
 }
 
