@@ -5,7 +5,7 @@
 
 use crate::cost::{CostModel, Linear};
 use crate::sched::{GroupId, Nanos, Op, Request, Scheduler, StreamId, Ticket, Tuning};
-use crate::settings::{DeviceOptions, GroupSettings, QosOptions};
+use crate::settings::{DeviceOptions, GroupSettings, QosOptions, GROUP_KEYS};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -299,6 +299,11 @@ impl Drop for QosDev {
     }
 }
 
+/// Whether a message line is the scheduler's: `KEY VALUE` of a group setting, or `group ...`.
+fn is_setting(line: &str) -> bool {
+    line.split_whitespace().next().is_some_and(|w| w == "group" || GROUP_KEYS.contains(&w))
+}
+
 fn rw(op: Op, offset: u64, len: u64) -> Request {
     Request { op, offset, len }
 }
@@ -336,14 +341,41 @@ impl BlockDev for QosDev {
     fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
         self.qos.dev.cache(offset, len)
     }
+    /// The scheduler's status, and the device's below it under `BELOW` when it has one (a
+    /// cache: dirty blocks, degraded, its origin).
     fn status(&self) -> Option<serde_json::Value> {
-        Some(serde_json::to_value(crate::status::status(&self.qos, self.group)).expect("a status serialises"))
+        let mut v = serde_json::to_value(crate::status::status(&self.qos, self.group)).expect("a status serialises");
+        if let Some(below) = self.qos.dev.status() {
+            v[crate::status::BELOW] = below;
+        }
+        Some(v)
     }
     fn metrics(&self) -> Vec<strata_io::metrics::Sample> {
-        crate::status::metrics(&self.qos, self.group)
+        let mut m = crate::status::metrics(&self.qos, self.group);
+        m.extend(self.qos.dev.metrics());
+        m
     }
+    /// Settings are the scheduler's; any other message is the device's below (`flush` to a
+    /// cache under qos). A device that takes no messages leaves the refusal to the settings.
     fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
-        strata_io::ready(self.apply_message(msg))
+        let lines: Vec<&str> = msg.lines().filter(|l| !l.trim().is_empty()).collect();
+        let settings = lines.iter().filter(|l| is_setting(l)).count();
+        if settings == lines.len() && settings > 0 {
+            return strata_io::ready(self.apply_message(msg));
+        }
+        if settings > 0 {
+            return strata_io::ready(Err(Error::new(
+                ErrorKind::Invalid,
+                format!("qos: a message is either qos settings or the device's below, not both: {msg:?}"),
+            )));
+        }
+        let msg = msg.to_string();
+        Box::pin(async move {
+            match self.qos.dev.message(&msg).await {
+                Err(e) if e.kind == ErrorKind::Unsupported => self.apply_message(&msg),
+                answer => answer,
+            }
+        })
     }
     fn connect(&self) -> Option<Arc<dyn BlockDev>> {
         let stream = self.qos.with(|s| s.open_stream(self.group));

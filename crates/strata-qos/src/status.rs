@@ -8,6 +8,19 @@ use crate::settings::GROUP_KEYS;
 use serde::{Deserialize, Serialize};
 use strata_io::metrics::{latency_histogram, MetricKind, Sample};
 
+/// The key of a qos volume's status under which the device it schedules shows its own (a
+/// cache's or write log's), as a cache shows its remote origin's under `origin`.
+pub const BELOW: &str = "below";
+
+/// The status of the target under any qos layers of a volume's status (`target` in
+/// `/status`): the status itself when it is not a qos volume's.
+pub fn below_qos(mut target: serde_json::Value) -> serde_json::Value {
+    while let Some(below) = target.get_mut(BELOW).map(serde_json::Value::take) {
+        target = below;
+    }
+    target
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QosStatus {
     /// The group this volume belongs to.

@@ -118,3 +118,54 @@ async fn settings_change_live_and_bad_ones_are_refused() {
     a.write(0, Buf::from_slice(&[1u8; 4096]), false).await.unwrap();
     assert_eq!(a.read(0, Buf::zeroed(4096)).await.unwrap()[0], 1);
 }
+
+/// qos above a cache, as QOS.md advises: the cache's messages (`flush`) go through to it,
+/// its status shows under `below` and its metrics with the scheduler's; a message mixing
+/// qos settings and the cache's is refused and changes nothing.
+#[tokio::test]
+async fn a_cache_under_qos_takes_its_messages_and_shows_its_status() {
+    use strata_cache::{meta::Meta, offline::create, CacheDev, CacheStatus, CreateOptions, Mode, OpenOptions};
+    use strata_io::mem::MemDev;
+    use strata_qos::{DeviceOptions, Qos, QosOptions};
+    let (origin, fast) = (Arc::new(MemDev::new(4 << 20)), Arc::new(MemDev::new(2 << 20)));
+    let o = CreateOptions {
+        mode: Mode::Writeback,
+        writeback_percent: 100,
+        migration_budget_bytes_per_s: 0,
+        origin_spec: "mem:origin".into(),
+        ..CreateOptions::default()
+    };
+    create(&*fast, &*origin, &o).await.unwrap();
+    let (meta, _) = Meta::load(&*fast).await.unwrap();
+    let cache = CacheDev::open(fast.clone(), origin.clone(), meta, OpenOptions::default()).await.unwrap();
+    let qos = Qos::new(Arc::new(cache), &DeviceOptions::default(), None);
+    let vol = qos.join("db", &QosOptions::default()).unwrap();
+    for i in 0..8 {
+        vol.write(i * (64 << 10), Buf::from_slice(&[9u8; 4096]), false).await.unwrap();
+    }
+    let cache_status = || CacheStatus::from_json(vol.status().unwrap()["below"].clone()).expect("a cache's status");
+    assert!(cache_status().dirty_blocks > 0, "{}", vol.status().unwrap());
+    assert_eq!(vol.status().unwrap()["groups"][0]["name"], "db", "the qos fields stay where they were");
+    let names: Vec<&str> = vol.metrics().iter().map(|s| s.name).collect();
+    for want in ["strata_qos_requests_total", "strata_cache_dirty_blocks"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+
+    let e = vol.message("weight 300\nflush").await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Invalid);
+    assert!(e.context.contains("not both"), "{e}");
+    assert_eq!(vol.status().unwrap()["groups"][0]["weight"], 100, "a refused message changes nothing");
+    vol.message("sequential_cutoff 0").await.expect("a cache setting goes to the cache");
+    let e = vol.message("speed 5").await.unwrap_err();
+    assert!(!e.context.starts_with("qos:"), "the cache answers what neither knows: {e}");
+    assert_eq!(vol.message("weight 300").await.unwrap(), "group db: weight = 300");
+
+    let answer = vol.message("flush").await.unwrap();
+    assert!(answer.starts_with("writing back"), "{answer}");
+    let start = std::time::Instant::now();
+    while cache_status().dirty_blocks > 0 {
+        assert!(start.elapsed().as_secs() < 20, "flush through qos never wrote back: {}", vol.status().unwrap());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(&origin.read(0, Buf::zeroed(4096)).await.unwrap()[..], &[9u8; 4096][..]);
+}

@@ -383,9 +383,10 @@ pub struct Drain {
     pub last_error: Option<String>,
 }
 
-/// Waits, with a progress bar, until volume `name` has no dirty block. Fails once write-back
-/// fails (its error count rises; the volume keeps its blocks dirty and tries again in the
-/// background) or the volume stops, rather than wait for what may never come.
+/// Waits, with a progress bar, until volume `name` (or the target under its qos layer) has no
+/// dirty block. Fails once write-back fails (its error count rises; the volume keeps its
+/// blocks dirty and tries again in the background) or the volume stops, rather than wait for
+/// what may never come.
 pub async fn wait_written_back(
     admin: &str,
     name: &str,
@@ -394,7 +395,8 @@ pub async fn wait_written_back(
     let drain = || async {
         let v = http::status(admin).await?;
         let target = v.volumes.into_iter().find(|x| x.name == name).and_then(|x| x.target);
-        read(target.with_context(|| format!("no volume {name:?} with a target"))?)
+        // A cache or write log under qos shows its status under the scheduler's.
+        read(strata_qos::status::below_qos(target.with_context(|| format!("no volume {name:?} with a target"))?))
     };
     let first = drain().await?;
     let bar = ProgressBar::new(first.dirty.max(1));

@@ -63,11 +63,24 @@ pub fn render(status: &ServerStatus) -> String {
             }
         }
         // Whatever the target reports, key by key (for a cache, the fields of `CacheStatus`).
-        if let Some(serde_json::Value::Object(t)) = &vol.target {
-            for (k, val) in t {
-                let _ = writeln!(out, "  {k}: {val}");
-            }
+        if let Some(t) = &vol.target {
+            render_target(&mut out, t, "  ");
         }
     }
     out
+}
+
+/// A target's status key by key; the device under a qos layer (its `below`) as a block of
+/// its own, indented.
+fn render_target(out: &mut String, target: &serde_json::Value, indent: &str) {
+    use std::fmt::Write;
+    let Some(t) = target.as_object() else { return };
+    for (k, val) in t {
+        if k == strata_qos::status::BELOW && val.is_object() {
+            let _ = writeln!(out, "{indent}{k}:");
+            render_target(out, val, &format!("{indent}  "));
+        } else {
+            let _ = writeln!(out, "{indent}{k}: {val}");
+        }
+    }
 }

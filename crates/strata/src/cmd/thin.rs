@@ -305,7 +305,7 @@ async fn served_by(admin: &str, pool: &Path) -> Result<Option<String>> {
     let path = path.display().to_string();
     let status = crate::http::status(admin).await?;
     Ok(status.volumes.into_iter().find_map(|v| {
-        let t = v.target?;
+        let t = strata_qos::status::below_qos(v.target?);
         (t["target"] == "thin" && t["pool"]["metadata_path"] == path.as_str()).then_some(v.name)
     }))
 }
