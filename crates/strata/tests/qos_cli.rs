@@ -158,3 +158,37 @@ fn calibrate_prints_a_model_and_bad_configs_are_refused() {
         assert!(text(&o).contains(why), "{config}: {}", text(&o));
     }
 }
+
+/// `strata cache flush` on a qos volume over a cache (the stacking QOS.md advises) reaches
+/// the cache through qos and waits until its dirty blocks are written back.
+#[test]
+fn cache_flush_goes_through_qos() {
+    let d = common::tempdir();
+    let p = |f: &str| d.path().join(f).display().to_string();
+    let o = strata(&[
+        "cache",
+        "create",
+        "--origin",
+        &format!("{}?size=8MiB", p("o.img")),
+        "--cache",
+        &format!("{}?size=4MiB", p("c.img")),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let spec = format!("db=qos:db@cache:{}", p("c.img"));
+    let srv = common::Server::start_opts(d, common::ServerOpts { admin: true, args: vec![spec], ..Default::default() });
+    let sock = srv.sock.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = strata_nbd::client::Client::connect_unix(&sock, "db").await.unwrap();
+        c.write(0, &common::random_bytes(256 << 10, 1), false).await.unwrap();
+    });
+    let dirty = |s: &serde_json::Value| s["volumes"][0]["target"]["below"]["dirty_blocks"].as_u64();
+    assert!(dirty(&srv.status()).is_some(), "{}", srv.status());
+    let admin = srv.admin.clone().unwrap();
+    let o = strata(&["cache", "flush", "--admin", &admin, "db"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("db: no dirty blocks"), "{}", text(&o));
+    assert_eq!(dirty(&srv.status()), Some(0), "{}", srv.status());
+    let o = strata(&["status", "--admin", &admin]);
+    assert!(text(&o).contains("\n  below:\n    "), "{}", text(&o));
+}
