@@ -2,6 +2,7 @@
 //! errors, and the plain devices (files and block devices, RAM, latency models) that targets
 //! stack on. Nothing here knows about caching or the NBD wire format.
 
+pub mod background;
 pub mod buf;
 pub mod depth;
 pub mod engine;

@@ -30,6 +30,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
+use strata_io::background::Background;
 use strata_io::{BlockDev, BoxFut, Buf, Error, Extent, Geometry, Result, ZeroFlags};
 use strata_policy::Policy;
 use tokio::sync::{Notify, RwLock};
@@ -114,10 +115,8 @@ struct Inner {
     budget: Budget,
     meter: OriginMeter,
     wake: Notify,
-    stop: AtomicBool,
-    /// The background task (commits, write-back), which a shutdown waits out: until it ends
-    /// it may hold the devices, and their files' claims, for a write-back under way.
-    background: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Commits and write-back, which a shutdown stops and waits out.
+    background: Background,
     epoch: Instant,
     describe: String,
     share_cap: Mutex<f64>,
@@ -346,7 +345,6 @@ impl BlockDev for CacheDev {
 
 impl Drop for CacheDev {
     fn drop(&mut self) {
-        self.inner.stop.store(true, Relaxed);
-        self.inner.wake.notify_waiters();
+        self.inner.background.ask_to_stop(&self.inner.wake);
     }
 }

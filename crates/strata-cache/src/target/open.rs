@@ -9,9 +9,10 @@ use crate::meter::{Budget, Counters, OriginMeter, Windows};
 use crate::streams::Streams;
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::time::Instant;
+use strata_io::background::Background;
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 use strata_policy::Params;
 use tokio::sync::{Notify, RwLock};
@@ -161,8 +162,7 @@ impl CacheDev {
             budget: Budget::new(sb.migration_budget_bytes_per_s),
             meter: OriginMeter::new(),
             wake: Notify::new(),
-            stop: AtomicBool::new(false),
-            background: Mutex::new(None),
+            background: Background::default(),
             epoch: Instant::now(),
             describe,
             share_cap: Mutex::new(opts.migration_share_max),
@@ -203,7 +203,7 @@ impl CacheDev {
         inner.write_superblock().await?;
         inner.commit().await?;
         inner.state.lock().debug_check();
-        *inner.background.lock() = Some(tokio::spawn(background(Arc::downgrade(&inner))));
+        inner.background.start(background(Arc::downgrade(&inner)));
         Ok(CacheDev { inner })
     }
 
@@ -242,14 +242,7 @@ impl CacheDev {
 impl Inner {
     /// Clean shutdown: write back nothing extra, commit, save hints, mark clean.
     pub(super) async fn shutdown(&self) -> Result<()> {
-        self.stop.store(true, Relaxed);
-        self.wake.notify_waiters();
-        let task = self.background.lock().take();
-        if let Some(task) = task {
-            // A write-back under way ends first: nothing reaches the devices after the
-            // superblock below, and a shut-down volume holds its devices no longer.
-            _ = task.await;
-        }
+        self.background.stop(&self.wake).await;
         self.commit().await?;
         let (hints, offset, capacity) = {
             let st = self.state.lock();

@@ -214,11 +214,11 @@ pub(super) async fn background(weak: std::sync::Weak<Inner>) {
     let mut last_access = (0, Instant::now());
     loop {
         let Some(me) = weak.upgrade() else { return };
-        if me.stop.load(Relaxed) {
+        if me.background.stopping() {
             return;
         }
         let woken = tokio::time::timeout(TICK, me.wake.notified()).await.is_ok();
-        if me.stop.load(Relaxed) {
+        if me.background.stopping() {
             return;
         }
         me.windows.tick(&me.counters);

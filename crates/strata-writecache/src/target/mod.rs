@@ -27,8 +27,9 @@ use crate::format::Superblock;
 use crate::status::Tunables;
 use parking_lot::Mutex;
 use state::State;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use strata_io::background::Background;
 use strata_io::{BlockDev, BoxFut, Buf, Geometry, Result, ZeroFlags};
 use tokio::sync::Notify;
 
@@ -84,11 +85,8 @@ pub(crate) struct Inner {
     pub(crate) tunables: Mutex<Tunables>,
     /// Wakes the background task (a write filled the log, a tunable changed, a shutdown).
     kick: Notify,
-    /// Set by a shutdown: the background task ends at its next round.
-    stop: AtomicBool,
-    /// The background task (write-back, commits), which a shutdown waits out: until it ends
-    /// it may hold the devices, and their files' claims, for a write-back under way.
-    background: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Write-back and commits, which a shutdown stops and waits out.
+    background: Background,
     /// The write-back controller's rate (f64 bits, blocks per second; infinite: flat out).
     writeback_rate: AtomicU64,
     /// When a large write last went around the log (nanoseconds since `epoch`, 0: never):
@@ -277,14 +275,7 @@ impl BlockDev for WritecacheDev {
 
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
-            self.inner.stop.store(true, Relaxed);
-            self.inner.kick.notify_waiters();
-            let task = self.inner.background.lock().take();
-            if let Some(task) = task {
-                // A write-back under way ends first: a shut-down log holds its devices no
-                // longer, and nothing reaches them after the flush below.
-                _ = task.await;
-            }
+            self.inner.background.stop(&self.inner.kick).await;
             self.inner.flush().await?;
             Ok(())
         })

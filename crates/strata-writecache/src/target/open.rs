@@ -12,8 +12,9 @@ use crate::format::Entry;
 use crate::offline::{scan, superblock};
 use crate::status::Tunables;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use strata_io::background::Background;
 use strata_io::{BlockDev, Result};
 use tokio::sync::Notify;
 
@@ -66,8 +67,7 @@ impl WritecacheDev {
             counters: Counters::default(),
             tunables: Mutex::new(tunables),
             kick: Notify::new(),
-            stop: AtomicBool::new(false),
-            background: Mutex::new(None),
+            background: Background::default(),
             writeback_rate: AtomicU64::new(0),
             last_stream: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
@@ -81,7 +81,7 @@ impl WritecacheDev {
         // Recovery's maps are gone: give their pages back, so the books are what stays.
         strata_io::buf::trim_heap();
         if !o.no_background {
-            *inner.background.lock() = Some(tokio::spawn(writeback::background(Arc::downgrade(&inner))));
+            inner.background.start(writeback::background(Arc::downgrade(&inner)));
         }
         let describe = format!("writecache({} over {})", inner.cache.describe(), inner.describe_origin);
         Ok(WritecacheDev { inner, describe })

@@ -428,7 +428,7 @@ pub(super) async fn background(weak: Weak<Inner>) {
     };
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(Relaxed) {
+        if inner.background.stopping() {
             return;
         }
         let ok = inner.background_round(&mut r).await;
