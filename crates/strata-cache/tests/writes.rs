@@ -469,8 +469,18 @@ async fn promotions_of_large_blocks_hold_a_bounded_set_of_buffers() {
         let got = dev.read(i * BIG as u64 + 4096, Buf::zeroed(4096)).await.unwrap();
         assert_eq!(&got[..], &pattern(i, 0, 4096)[..], "block {i}");
     }
-    let started = cache_dev.writes().iter().filter(|&&(_, n)| n == BIG as u64).count();
+    // A promotion taken on starts its cache write in the background: wait for those taken
+    // on (reads less the skipped ones) to reach the held device before counting.
     let s = CacheStatus::of(&dev).unwrap();
+    let taken = reads - s.promotions_skipped as usize;
+    let big_writes = || cache_dev.writes().iter().filter(|&&(_, n)| n == BIG as u64).count();
+    for _ in 0..1000 {
+        if big_writes() >= taken {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let started = big_writes();
     let fit = (PROMOTION_BUFFER_BYTES / BIG as u64) as usize;
     assert_eq!(started, fit, "promotions in flight: {s:?}");
     assert_eq!(s.promotions_skipped as usize, reads - fit, "{s:?}");
