@@ -125,9 +125,7 @@ impl Admin {
         let export = Export { name: name.to_string(), description: dev.describe(), dev: dev.clone(), read_only };
         if let Err(e) = self.server.add(export) {
             // Added meanwhile by another request: this one's device is closed as it opened.
-            if !read_only {
-                let _ = dev.shutdown().await;
-            }
+            let _ = dev.shutdown().await;
             bail!(e);
         }
         let volume = Arc::new(Volume { name: name.to_string(), read_only, dev });
@@ -147,9 +145,9 @@ impl Admin {
             let i = volumes.iter().position(|v| v.name == name).context("volume not in the list")?;
             volumes.remove(i)
         };
-        if !volume.read_only {
-            volume.dev.shutdown().await.with_context(|| format!("flushing {name}"))?;
-        }
+        // Read-only or not: a read-only export takes no writes from clients, but a cache or
+        // pool behind it writes its own devices and is closed cleanly as any other.
+        volume.dev.shutdown().await.with_context(|| format!("flushing {name}"))?;
         // Answered only once the device is closed and its files' claims released, so the same
         // spec can be added again at once: wait out whoever still holds it for a moment (a
         // status request listing volumes, a client listing exports).

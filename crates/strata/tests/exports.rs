@@ -28,6 +28,20 @@ fn names(srv: &Server) -> Vec<String> {
     st["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect()
 }
 
+/// A cache of 2 MiB made in `dir` over a 4 MiB origin: (origin, cache).
+fn new_cache(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (origin, cache) = (dir.join("o.img"), dir.join("c.img"));
+    ok(strata(&[
+        "cache",
+        "create",
+        "--origin",
+        &format!("{}?size=4MiB", origin.display()),
+        "--cache",
+        &format!("{}?size=2MiB", cache.display()),
+    ]));
+    (origin, cache)
+}
+
 #[test]
 fn exports_are_added_and_removed_while_serving() {
     let srv = Server::start_opts(
@@ -89,15 +103,7 @@ fn a_volume_that_fails_to_open_at_start_leaves_the_others_closed_cleanly() {
     // The second volume claims the cache's origin: the server refuses to start, and the cache,
     // already opened, is closed with a clean shutdown (no recovery at the next open).
     let dir = common::tempdir();
-    let (origin, cache) = (dir.path().join("o.img"), dir.path().join("c.img"));
-    ok(strata(&[
-        "cache",
-        "create",
-        "--origin",
-        &format!("{}?size=4MiB", origin.display()),
-        "--cache",
-        &format!("{}?size=2MiB", cache.display()),
-    ]));
+    let (origin, cache) = new_cache(dir.path());
     let why = refused(strata(&[
         "serve",
         "--unix",
@@ -225,6 +231,48 @@ fn export_names_defaults_and_read_only_specs() {
         assert_eq!(default.size(), 2 << 20, "b, served longest, is the default now");
     });
     assert_eq!(srv.status()["volumes"][1]["read_only"], true);
+}
+
+/// A read-only export takes no writes from clients, but a cache behind it still writes its
+/// own device (promotions, metadata): removing the export, and stopping a server that
+/// serves every volume read-only, shut it down cleanly (no recovery at the next open).
+#[test]
+fn a_read_only_export_of_a_cache_is_shut_down_cleanly() {
+    let dir = common::tempdir();
+    let (_, cache) = new_cache(dir.path());
+    let clean = || {
+        let check = ok(strata(&["cache", "check", cache.to_str().unwrap()]));
+        assert!(check.contains("clean shutdown") && !check.contains("not shut down cleanly"), "{check}");
+    };
+    let spec = format!("c=cache:{}", cache.display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let read = |sock: &std::path::Path| {
+        rt.block_on(async {
+            let mut c = Client::connect_unix(sock, "c").await.unwrap();
+            assert_ne!(c.flags() & (1 << 1), 0, "exported read-only: {:#x}", c.flags());
+            c.read(0, 1 << 20).await.unwrap();
+            c.disconnect().await.unwrap();
+        })
+    };
+
+    let srv = Server::start_opts(
+        common::tempdir(),
+        ServerOpts { admin: true, args: vec!["keep=mem:1MiB".into()], ..Default::default() },
+    );
+    let admin = srv.admin.clone().unwrap();
+    ok(strata(&["export", "add", "--admin", &admin, "--read-only", &spec]));
+    read(srv.sock.as_ref().unwrap());
+    ok(strata(&["export", "remove", "--admin", &admin, "c"]));
+    clean();
+    srv.stop();
+
+    let srv = Server::start_opts(
+        common::tempdir(),
+        ServerOpts { args: vec!["--read-only".into(), spec.clone()], ..Default::default() },
+    );
+    read(srv.sock.as_ref().unwrap());
+    srv.stop();
+    clean();
 }
 
 /// A config file's volume names follow the command line's rules: an empty name (which

@@ -286,11 +286,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         server.wait_idle().await;
         let mut failed = false;
         for v in &admin.volumes() {
-            if !v.read_only {
-                if let Err(e) = v.dev.shutdown().await {
-                    eprintln!("strata: flushing {}: {e}", v.name);
-                    failed = true;
-                }
+            if let Err(e) = v.dev.shutdown().await {
+                eprintln!("strata: flushing {}: {e}", v.name);
+                failed = true;
             }
         }
         remove_own_socket(unix.as_deref(), bound_unix);
