@@ -5,6 +5,9 @@
 //! is stable: each clean slot equals its origin block, and a block reads the same before and
 //! after the cache drops its clean copy.
 
+mod common;
+
+use common::until;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_cache::meta::Meta;
@@ -75,13 +78,7 @@ async fn write_block(dev: &CacheDev, b: u64, v: u8, fua: bool) {
 
 /// Waits until the cache maps `n` blocks (read promotions finish in the background).
 async fn until_cached(dev: &CacheDev, n: u64) {
-    for _ in 0..500 {
-        if dev.status().unwrap()["cached_blocks"] == n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    panic!("the cache never held {n} blocks: {}", dev.status().unwrap());
+    until(&format!("the cache to hold {n} blocks"), || dev.status().unwrap()["cached_blocks"] == n).await;
 }
 
 /// What block `B` reads as after the power is cut now and the cache recovered from the
@@ -218,13 +215,8 @@ async fn write_back_in_flight_is_never_overtaken() {
         .origin_faults
         .add(Rule::delay(Ops::WRITE, Duration::from_millis(400)).range(B * BLOCK..(B + 1) * BLOCK).once());
     r.dev.message("flush").await.unwrap();
-    for _ in 0..500 {
-        if r.origin_faults.fired(slow) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert_eq!(r.origin_faults.fired(slow), 1, "write-back started");
+    until("write-back to start", || r.origin_faults.fired(slow) > 0).await;
+    assert_eq!(r.origin_faults.fired(slow), 1, "write-back started once");
     r.dev.discard(B * BLOCK, BLOCK).await.unwrap();
     r.dev.message("mode writearound").await.unwrap();
     write_block(&r.dev, B, 7, false).await;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::wait_clean;
+use common::{until, wait_clean};
 use std::sync::Arc;
 use strata_cache::meta::Meta;
 use strata_cache::{offline::create, CreateOptions};
@@ -202,8 +202,7 @@ async fn origin_failing_write_back_keeps_the_block_dirty() {
     r.dev.write(2 * BLOCK, fill(3), false).await.unwrap();
     let id = r.origin_faults.add(Rule::write_error(0..ORIGIN).always());
     r.dev.message("flush").await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    assert!(r.origin_faults.fired(id) >= 1, "write-back was tried");
+    until("write-back to be tried and fail", || r.origin_faults.fired(id) >= 1 && status(&r.dev).degraded).await;
     assert_eq!(status(&r.dev).dirty_blocks, 1, "still dirty, not dropped");
     assert!(status(&r.dev).degraded);
     assert_eq!(read(&r.dev, 2).await.unwrap(), vec![3; BLOCK as usize], "readable from the cache");
@@ -407,13 +406,7 @@ async fn a_block_remapped_into_its_slot_during_write_back_keeps_its_clean_state(
         .origin_faults
         .add(Rule::delay(Ops::WRITE, std::time::Duration::from_millis(500)).range(9 * BLOCK..10 * BLOCK).once());
     r.dev.message("flush").await.unwrap();
-    for _ in 0..100 {
-        if r.origin_faults.fired(slow) == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert_eq!(r.origin_faults.fired(slow), 1, "the batch reached the slow block");
+    until("the batch to reach the slow block", || r.origin_faults.fired(slow) == 1).await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     r.dev.discard(2 * BLOCK, BLOCK).await.unwrap();
     r.dev.flush().await.unwrap(); // the slot is free again
@@ -445,13 +438,7 @@ async fn a_read_during_a_refused_write_does_not_cache_the_data_it_replaces() {
         let dev = dev.clone();
         async move { dev.write(9 * BLOCK, fill(5), false).await.map(|_| ()) }
     });
-    for _ in 0..100 {
-        if r.origin_faults.fired(slow) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert_eq!(r.origin_faults.fired(slow), 1, "the refused write reached the origin");
+    until("the refused write to reach the origin", || r.origin_faults.fired(slow) == 1).await;
     // Reads while the origin write is on its way: old or new content, and nothing cached
     // that goes stale.
     for _ in 0..4 {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::wait_clean;
+use common::{until, wait_clean};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -343,6 +343,8 @@ async fn sequential_reads_past_the_cutoff_go_to_the_origin_whole() {
     // A block cached before the stream reaches it.
     let cached_at = 3 << 20;
     dev.read(cached_at, Buf::zeroed(BLOCK as usize)).await.unwrap();
+    // Its promotion finishes in the background.
+    until("the promotion", || CacheStatus::of(&dev).unwrap().cached_blocks == 1).await;
     r.recording.take();
     for i in 0..6u64 {
         let at = i << 20;
@@ -391,11 +393,17 @@ async fn a_stream_flushed_every_few_blocks_stays_in_the_cache() {
     dev.check_invariants().unwrap();
 }
 
-/// Keeps writing 4 KiB pieces of `hot` blocks (by number) for `busy`, one every 2 ms.
-async fn keep_writing(dev: &CacheDev, hot: std::ops::Range<u64>, busy: std::time::Duration) {
-    let until = std::time::Instant::now() + busy;
-    let mut i = 0u64;
-    while std::time::Instant::now() < until {
+/// Keeps writing 4 KiB pieces of `hot` blocks (by number) for `busy`, one every 2 ms, and
+/// then on until the volume's status is `done` (background write-back runs late on a loaded
+/// machine), for at most five times `busy` in all.
+async fn keep_writing(
+    dev: &CacheDev,
+    hot: std::ops::Range<u64>,
+    busy: std::time::Duration,
+    done: impl Fn(&CacheStatus) -> bool,
+) {
+    let (start, mut i) = (std::time::Instant::now(), 0u64);
+    while start.elapsed() < busy || (!done(&CacheStatus::of(dev).unwrap()) && start.elapsed() < busy * 5) {
         let b = hot.start + i % (hot.end - hot.start);
         let at = b * BLOCK as u64 + (i * 4096) % BLOCK as u64;
         dev.write(at, pattern(i, at, 4096), false).await.unwrap();
@@ -414,7 +422,7 @@ async fn write_back_goes_below_the_target_only_on_a_quiet_volume() {
     let dev = open(&r).await;
     dev.message("writeback_percent 50").await.unwrap();
     // Below the target: nothing is written back while the writer goes on.
-    keep_writing(&dev, 0..8, std::time::Duration::from_millis(2500)).await;
+    keep_writing(&dev, 0..8, std::time::Duration::from_millis(2500), |_| true).await;
     let s = CacheStatus::of(&*dev).unwrap();
     assert_eq!((s.dirty_blocks, s.writebacks), (8, 0), "written back while the volume was busy: {s:?}");
     wait_clean(&dev).await;
@@ -429,7 +437,8 @@ async fn write_back_goes_below_the_target_only_on_a_quiet_volume() {
         let at = b * BLOCK as u64;
         dev.write(at, pattern(b, at, BLOCK as usize), false).await.unwrap();
     }
-    keep_writing(&dev, 0..4, std::time::Duration::from_millis(2500)).await;
+    let target_reached = |s: &CacheStatus| (s.dirty_blocks, s.writebacks - 8) == (4, 4);
+    keep_writing(&dev, 0..4, std::time::Duration::from_millis(2500), target_reached).await;
     let s = CacheStatus::of(&*dev).unwrap();
     assert_eq!((s.dirty_blocks, s.writebacks - 8), (4, 4), "{s:?}");
     wait_clean(&dev).await;
@@ -474,12 +483,7 @@ async fn promotions_of_large_blocks_hold_a_bounded_set_of_buffers() {
     let s = CacheStatus::of(&dev).unwrap();
     let taken = reads - s.promotions_skipped as usize;
     let big_writes = || cache_dev.writes().iter().filter(|&&(_, n)| n == BIG as u64).count();
-    for _ in 0..1000 {
-        if big_writes() >= taken {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    until("the promotions taken on to start", || big_writes() >= taken).await;
     let started = big_writes();
     let fit = (PROMOTION_BUFFER_BYTES / BIG as u64) as usize;
     assert_eq!(started, fit, "promotions in flight: {s:?}");

@@ -564,8 +564,17 @@ async fn bad_request_magic_and_vanishing_clients_hurt_no_one_else() {
     assert!(huge.is_closed().await);
     good.request(CMD_WRITE, 0, 3, 0, 4, b"ok!!").await;
     assert_eq!(good.simple().await, (0, 3));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(s.live_connections(), 1);
+    until_live(&s, 1).await;
+}
+
+/// Waits (10 s at most) until `s` serves `n` connections: a closed one is counted out once
+/// its task has ended.
+async fn until_live(s: &Server, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.live_connections() != n && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.live_connections(), n);
 }
 
 #[tokio::test]
@@ -593,11 +602,7 @@ async fn many_connections_opened_and_dropped() {
             let _ = a.write_all(&[0, 0, 0, 3, 1, 2]).await;
         }
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while s.live_connections() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(s.live_connections(), 0);
+    until_live(&s, 0).await;
     let mut c = Client::new(&s).await;
     c.go("mem", &[]).await;
 }

@@ -93,6 +93,11 @@ async fn requests_wait_for_a_server_that_comes_back() {
         w.and(d.read(0, Buf::zeroed(8192)).await)
     });
     tokio::time::sleep(Duration::from_millis(700)).await;
+    // Its connections see the server gone in their own tasks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while dev.status().unwrap()["state"] != "down" && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let status = dev.status().unwrap();
     assert_eq!(status["state"], "down", "{status}");
     assert!(!waiting.is_finished());

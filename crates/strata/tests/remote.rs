@@ -443,6 +443,11 @@ fn the_remote_killed_and_restarted_under_a_writeback_cache() {
     write(2, 2 * MIB); // during: the cache takes it
     check(1, 0); // hits are served
     assert!(t.elapsed() < Duration::from_secs(20), "the cache served without the origin");
+    // The connections see nbdkit gone in their own tasks.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while target(&srv, "c")["origin"]["state"] != "down" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let origin = &target(&srv, "c")["origin"];
     assert_eq!(origin["state"], "down", "status: {origin}");
     let _k2 = Peer::nbdkit(&sock, &["file", &file_arg]);

@@ -1,4 +1,5 @@
-//! Helpers shared by the cache's integration tests.
+//! Helpers shared by the cache's integration tests (each test binary uses some of them).
+#![allow(dead_code)]
 
 use strata_cache::{CacheDev, CacheStatus};
 
@@ -11,4 +12,14 @@ pub async fn wait_clean(dev: &CacheDev) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     panic!("dirty blocks never reached 0: {:?}", CacheStatus::of(dev).unwrap());
+}
+
+/// Waits until `done` holds, looking every 10 ms for at most 10 s (background tasks run
+/// late on a loaded machine), then fails naming `what`.
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "waited 10 s for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
