@@ -157,13 +157,7 @@ async fn dirty_block_unreadable_is_reported_never_dropped() {
     r.cache_faults.remove(id);
     assert_eq!(read(&r.dev, 5).await.unwrap(), vec![9; BLOCK as usize]);
     r.dev.message("flush").await.unwrap();
-    for _ in 0..300 {
-        if status(&r.dev).dirty_blocks == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert_eq!(status(&r.dev).dirty_blocks, 0);
+    wait_clean(&r.dev).await;
     let mut o = vec![0u8; BLOCK as usize];
     r.origin.inner().read_into(5 * BLOCK, &mut o).unwrap();
     assert_eq!(o, vec![9; BLOCK as usize]);
@@ -207,13 +201,7 @@ async fn origin_failing_write_back_keeps_the_block_dirty() {
     assert!(status(&r.dev).degraded);
     assert_eq!(read(&r.dev, 2).await.unwrap(), vec![3; BLOCK as usize], "readable from the cache");
     r.origin_faults.remove(id);
-    for _ in 0..300 {
-        if status(&r.dev).dirty_blocks == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert_eq!(status(&r.dev).dirty_blocks, 0);
+    wait_clean(&r.dev).await;
 }
 
 /// An origin away for now (`Unavailable`: a remote server's outage) lost nothing: the
@@ -225,12 +213,7 @@ async fn an_origin_away_for_now_is_no_fault() {
     r.dev.write(2 * BLOCK, fill(3), false).await.unwrap();
     let id = r.origin_faults.add(Rule::write_error(0..ORIGIN).kind(ErrorKind::Unavailable));
     r.dev.message("flush").await.unwrap();
-    for _ in 0..300 {
-        if status(&r.dev).writeback_errors > 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    until("a write-back error", || status(&r.dev).writeback_errors > 0).await;
     let s = status(&r.dev);
     assert!(s.writeback_errors >= 1, "write-back was tried");
     assert_eq!(s.dirty_blocks, 1, "still dirty");
@@ -253,12 +236,7 @@ async fn a_shutdown_waits_out_the_write_back_under_way() {
     dev.write(2 * BLOCK, fill(3), false).await.unwrap();
     origin_faults.add(Rule::delay(Ops::WRITE, std::time::Duration::from_millis(500)));
     dev.message("flush").await.unwrap();
-    for _ in 0..300 {
-        if origin_faults.counters().delayed > 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    until("a write-back under way", || origin_faults.counters().delayed > 0).await;
     assert_eq!(origin_faults.counters().delayed, 1, "a write-back is under way");
     dev.shutdown().await.unwrap();
     drop(dev);

@@ -113,7 +113,7 @@ async fn a_shutdown_waits_out_the_write_back_under_way() {
     faults.add(Rule::delay(Ops::WRITE, std::time::Duration::from_millis(500)));
     dev.write(3 * BLOCK, Buf::from_slice(&[7; BLOCK as usize]), false).await.unwrap();
     dev.flush().await.unwrap();
-    for _ in 0..300 {
+    for _ in 0..1000 {
         if faults.counters().delayed > 0 {
             break;
         }
