@@ -18,8 +18,9 @@ pub enum ErrorKind {
     Invalid,
     /// Write to a read-only device (EPERM).
     ReadOnly,
-    /// Stored data failed its checksum (an EIO to clients).
-    Checksum,
+    /// Stored data or metadata is damaged: a bad checksum, or a structure that cannot be
+    /// (an EIO to clients).
+    Corrupt,
     /// The device cannot do this (ENOTSUP), e.g. a fast zero it cannot do quickly.
     Unsupported,
     /// The device is shutting down (ESHUTDOWN).

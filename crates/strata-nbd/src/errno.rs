@@ -11,7 +11,7 @@ use strata_io::ErrorKind;
 pub fn from_kind(kind: ErrorKind) -> u32 {
     match kind {
         // NBD has no EBUSY or checksum error: the client sees an IO error.
-        ErrorKind::Io | ErrorKind::Checksum | ErrorKind::Busy | ErrorKind::Unavailable => EIO,
+        ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Busy | ErrorKind::Unavailable => EIO,
         ErrorKind::NoSpace => ENOSPC,
         ErrorKind::OutOfRange | ErrorKind::Invalid => EINVAL,
         ErrorKind::ReadOnly => EPERM,
@@ -56,7 +56,7 @@ mod tests {
             (ErrorKind::OutOfRange, 22),
             (ErrorKind::Invalid, 22),
             (ErrorKind::ReadOnly, 1),
-            (ErrorKind::Checksum, 5),
+            (ErrorKind::Corrupt, 5),
             (ErrorKind::Unsupported, 95),
             (ErrorKind::Shutdown, 108),
             (ErrorKind::NoMemory, 12),
@@ -73,7 +73,7 @@ mod tests {
         assert_eq!(for_command(ErrorKind::ReadOnly, CMD_WRITE), 1);
         assert_eq!(for_command(ErrorKind::Io, CMD_READ), 5);
         for (kind, errno) in table {
-            if !matches!(kind, ErrorKind::Checksum | ErrorKind::Busy | ErrorKind::Unavailable | ErrorKind::OutOfRange) {
+            if !matches!(kind, ErrorKind::Corrupt | ErrorKind::Busy | ErrorKind::Unavailable | ErrorKind::OutOfRange) {
                 assert_eq!(to_kind(errno), kind, "{errno}");
             }
         }

@@ -36,7 +36,7 @@ pub struct Tm {
 }
 
 pub fn corrupt(msg: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Checksum, msg)
+    Error::new(ErrorKind::Corrupt, msg)
 }
 
 pub fn no_metadata_space() -> Error {

@@ -27,6 +27,10 @@ pub const INDEX_XOR: u32 = 160478;
 pub const BITMAP_XOR: u32 = 240779;
 pub const BTREE_XOR: u32 = 121107;
 
+/// The superblock's `flags`: dm-thin sets it when the pool's metadata failed, and writes
+/// the pool again only once a check has cleared it (`thin_check --clear-needs-check-flag`).
+pub const NEEDS_CHECK: u32 = 1;
+
 /// Node flags.
 pub const INTERNAL_NODE: u32 = 1;
 pub const LEAF_NODE: u32 = 2;
@@ -477,6 +481,30 @@ impl Superblock {
             return Err(format!("bad data block size {} sectors", sb.data_block_size));
         }
         Ok(sb)
+    }
+
+    /// Features the pool uses that strata does not know, if any: dm-thin defines no
+    /// compat_ro or incompat feature, and refuses a pool with one (to write, for a compat_ro
+    /// one; at all, for an incompat one). Unknown compat features are harmless.
+    pub fn unknown_features(&self) -> Option<String> {
+        let named = |kind: &str, bits: u32| (bits != 0).then(|| format!("{kind} features {bits:#x}"));
+        let found: Vec<String> = [named("incompat", self.incompat_flags), named("compat_ro", self.compat_ro_flags)]
+            .into_iter()
+            .flatten()
+            .collect();
+        (!found.is_empty()).then(|| format!("the pool uses {} that strata does not know", found.join(" and ")))
+    }
+
+    /// Why the pool must not be written, if it must not: features strata does not know, or
+    /// a check due (`NEEDS_CHECK`), as dm-thin refuses to write it.
+    pub fn not_writable(&self) -> Option<String> {
+        self.unknown_features().or_else(|| {
+            (self.flags & NEEDS_CHECK != 0).then(|| {
+                "the pool's needs_check flag is set (its metadata failed once): once `strata thin check` \
+                 finds it clean, `strata thin check --clear-needs-check-flag` (or thin_check's) clears it"
+                    .to_string()
+            })
+        })
     }
 
     /// The sealed 4 KiB block, written over nothing.

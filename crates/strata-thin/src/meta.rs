@@ -833,10 +833,14 @@ impl Metadata {
     }
 
     /// Prepares the commit of everything changed since the last one (None if nothing did).
-    /// Until `committed` is called the blocks this commit frees stay unused.
+    /// Until `committed` is called the blocks this commit frees stay unused. Refused for a
+    /// pool that must not be written (`Superblock::not_writable`).
     pub fn prepare_commit(&mut self) -> Result<Option<Commit>> {
         if !self.dirty {
             return Ok(None);
+        }
+        if let Some(why) = self.sb.not_writable() {
+            return Err(invalid(why));
         }
         for id in std::mem::take(&mut self.changed) {
             let v = self.details[&id].encode();
@@ -1457,6 +1461,21 @@ pub(crate) fn devices(tm: &Tm, sb: &Superblock) -> Result<BTreeMap<DevId, Device
     Ok(details)
 }
 
+/// Clears the superblock's needs_check flag (the caller has found the pool clean): whether
+/// it was set. The rest of the superblock is written back as it was.
+pub async fn clear_needs_check(dev: &dyn BlockDev) -> Result<bool> {
+    let (mut sb, image) = read_superblock_image(dev).await?;
+    if sb.flags & NEEDS_CHECK == 0 {
+        return Ok(false);
+    }
+    sb.flags &= !NEEDS_CHECK;
+    for w in sb.writes(&image) {
+        dev.write(0, Buf::from_slice(&w), true).await?;
+        dev.flush().await?;
+    }
+    Ok(true)
+}
+
 /// Reads and checks the superblock alone (for strata's record of the data device).
 pub async fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock> {
     Ok(read_superblock_image(dev).await?.0)
@@ -1468,7 +1487,7 @@ async fn read_superblock_image(dev: &dyn BlockDev) -> Result<(Superblock, Vec<u8
     }
     let b = read_block(dev, SUPERBLOCK).await?;
     let sb = Superblock::decode(&b).map_err(|e| {
-        let kind = if e.starts_with("not dm-thin") { ErrorKind::Invalid } else { ErrorKind::Checksum };
+        let kind = if e.starts_with("not dm-thin") { ErrorKind::Invalid } else { ErrorKind::Corrupt };
         Error::new(kind, format!("superblock: {e}"))
     })?;
     Ok((sb, b.to_vec()))

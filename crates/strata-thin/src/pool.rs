@@ -200,6 +200,9 @@ impl Pool {
         // The devices' leaves are read when first needed; the counts are not compared with
         // the trees here (strata thin check and thin_check do that, as before dm-thin's).
         let meta = Metadata::open_lazy(&*md).await?;
+        if let Some(why) = meta.sb.not_writable() {
+            return Err(Error::new(ErrorKind::Invalid, why));
+        }
         let block_bytes = meta.data_block_bytes();
         let need = meta.tm.data.nr_blocks() * block_bytes;
         if data.size() < need {

@@ -190,3 +190,52 @@ async fn a_space_map_index_that_reaches_a_node_twice_is_refused() {
     let r = check(&md).await;
     assert_eq!(r.errors, [format!("space map tree: node {leaf} is reached twice")], "{r:?}");
 }
+
+/// A superblock's needs_check flag (dm-thin sets it when the metadata failed, and then writes
+/// the pool no more until a check clears it), and features strata does not know (dm-thin
+/// defines no compat_ro or incompat feature and refuses a pool with one): the pool is neither
+/// served nor changed offline, with the reason, and not a byte of it changes. The check warns
+/// of the flag and refuses the features; once the flag is cleared the pool is written again,
+/// and thin_check agrees.
+#[tokio::test]
+async fn a_pool_flagged_for_a_check_or_using_unknown_features_is_not_written() {
+    use std::sync::Arc;
+    use strata_thin::format::{seal, SUPERBLOCK_XOR};
+    let image = |md: &MemDev| {
+        let mut b = vec![0u8; md.size() as usize];
+        md.read_into(0, &mut b).unwrap();
+        b
+    };
+    // (byte of the superblock, value): flags (needs_check), compat_ro, incompat.
+    for (at, bits, why) in [(4usize, 1u32, "needs_check"), (356, 1, "compat_ro features 0x1"), (360, 4, "incompat")] {
+        let (md, _) = pool(100, 1).await;
+        let mut sb = image(&md)[..4096].to_vec();
+        sb[at..at + 4].copy_from_slice(&bits.to_le_bytes());
+        seal(&mut sb, SUPERBLOCK_XOR);
+        md.write_from(0, &sb).unwrap();
+        let before = image(&md);
+        let md = Arc::new(md);
+        let data = Arc::new(MemDev::new(64 << 30));
+        let opened = strata_thin::Pool::open(md.clone(), data.clone(), "", strata_thin::PoolOptions::default()).await;
+        let e = opened.err().expect("served");
+        assert!(e.to_string().contains(why), "{why}: {e}");
+        let mut m = Metadata::open(&*md).await.unwrap();
+        m.create_thin(3).unwrap();
+        let e = m.commit(&*md).await.unwrap_err();
+        assert!(e.to_string().contains(why), "{why}: {e}");
+        assert!(image(&md) == before, "{why}: the pool was written");
+        let r = check(&*md).await;
+        if why != "needs_check" {
+            assert!(r.errors.len() == 1 && r.errors[0].contains("does not know"), "{why}: {r:?}");
+            continue;
+        }
+        assert!(r.clean() && r.warnings.len() == 1 && r.warnings[0].contains("needs_check"), "{r:?}");
+        assert!(strata_thin::meta::clear_needs_check(&*md).await.unwrap());
+        assert!(!strata_thin::meta::clear_needs_check(&*md).await.unwrap(), "cleared twice");
+        let mut m = Metadata::open(&*md).await.unwrap();
+        m.create_thin(3).unwrap();
+        m.commit(&*md).await.unwrap();
+        common::checked(&md, "flag cleared, a volume created").await;
+        drop(strata_thin::Pool::open(md, data, "", strata_thin::PoolOptions::default()).await.unwrap());
+    }
+}

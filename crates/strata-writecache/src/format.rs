@@ -174,7 +174,7 @@ impl Superblock {
         }
         let crc = u32::from_le_bytes(b[32..36].try_into().expect("4 bytes"));
         if crc != Superblock::checksum_of(b) {
-            return Err(Error::new(ErrorKind::Checksum, "writecache superblock: checksum mismatch (corrupt)"));
+            return Err(Error::new(ErrorKind::Corrupt, "writecache superblock: checksum mismatch (corrupt)"));
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
@@ -331,10 +331,10 @@ mod tests {
         assert_eq!(Superblock::decode(&sb.encode(), 1 << 20).unwrap(), sb);
         let mut b = sb.encode();
         b[70] ^= 1;
-        assert_eq!(Superblock::decode(&b, 1 << 20).unwrap_err().kind, ErrorKind::Checksum, "origin text is checked");
+        assert_eq!(Superblock::decode(&b, 1 << 20).unwrap_err().kind, ErrorKind::Corrupt, "origin text is checked");
         b[70] ^= 1;
         b[20] ^= 1;
-        assert_eq!(Superblock::decode(&b, 1 << 20).unwrap_err().kind, ErrorKind::Checksum);
+        assert_eq!(Superblock::decode(&b, 1 << 20).unwrap_err().kind, ErrorKind::Corrupt);
         assert!(Superblock::decode(&[0u8; 4096], 1 << 20).is_err());
     }
 }

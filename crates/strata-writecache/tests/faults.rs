@@ -212,7 +212,7 @@ async fn bad_logs_are_refused_and_left_alone() {
     head[17] ^= 0x40;
     cache.write(0, Buf::from_slice(&head), false).await.unwrap();
     let e = refused(&cache, &origin).await;
-    assert_eq!(e.kind, ErrorKind::Checksum, "{e}");
+    assert_eq!(e.kind, ErrorKind::Corrupt, "{e}");
     head[17] ^= 0x40;
     cache.write(0, Buf::from_slice(&head), false).await.unwrap();
     // Repaired, it opens with the write intact.

@@ -252,6 +252,54 @@ fn bad_input_is_refused_and_nothing_is_written() {
     assert_eq!(strata(&["writecache", "check", cache.to_str().unwrap()]).status.code(), Some(2));
 }
 
+/// A pool whose needs_check flag is set (dm-thin's mark of a metadata failure): served, it is
+/// refused with the way out; `thin check` warns and exits 0; `--clear-needs-check-flag` clears
+/// it once the pool checks clean, as thin_check's does, and the pool is written again. One
+/// using features strata does not know cannot be checked (exit 2) and is not written.
+#[test]
+fn a_pool_flagged_for_a_check_is_refused_until_a_clean_check_clears_the_flag() {
+    let d = tempdir();
+    let (meta, _) = new_pool(d.path(), "4MiB", "16MiB", "4MiB");
+    let m = meta.to_str().unwrap();
+    let set = |at: usize, bits: u32| {
+        let mut b = std::fs::read(&meta).unwrap();
+        b[at..at + 4].copy_from_slice(&bits.to_le_bytes());
+        strata_thin::format::seal(&mut b[..4096], strata_thin::format::SUPERBLOCK_XOR);
+        std::fs::write(&meta, &b).unwrap();
+        b
+    };
+    let flagged = set(4, 1);
+    let sock = d.path().join("s.sock");
+    let o = strata(&["serve", "--unix", sock.to_str().unwrap(), &format!("v=thin:{m}?id=1")]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("needs_check flag is set") && e.contains("--clear-needs-check-flag"),
+        "{e}"
+    );
+    assert!(strata_err(&["thin", "create", m, "2", "--size", "1MiB"]).contains("needs_check"));
+    let out = strata_ok(&["thin", "check", m]);
+    assert!(out.contains("warning: the needs_check flag is set") && out.contains(": ok:"), "{out}");
+    assert!(std::fs::read(&meta).unwrap() == flagged, "the flagged pool was written");
+    let out = strata_ok(&["thin", "check", "--clear-needs-check-flag", m]);
+    assert!(out.contains("the needs_check flag is cleared"), "{out}");
+    strata_ok(&["thin", "create", m, "2", "--size", "1MiB"]);
+    assert!(!strata_ok(&["thin", "check", m]).contains("warning"));
+    if tools(&["thin_check"]) {
+        thin_check_ok(&meta);
+        // The tools' own way out, on a flag strata reads.
+        set(4, 1);
+        let o = cmd("thin_check").args(["--clear-needs-check-flag", m]).output().unwrap();
+        assert!(o.status.success(), "thin_check: {}", String::from_utf8_lossy(&o.stderr));
+        strata_ok(&["thin", "create", m, "3", "--size", "1MiB"]);
+    }
+    let unknown = set(360, 2);
+    let o = strata(&["thin", "check", m]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(2) && e.contains("incompat features 0x2 that strata does not know"), "{e}");
+    assert!(strata_err(&["thin", "delete", m, "2"]).contains("does not know"));
+    assert!(std::fs::read(&meta).unwrap() == unknown, "a pool with unknown features was written");
+}
+
 const REGION: u64 = 64 << 10;
 const REGIONS: u64 = 64;
 

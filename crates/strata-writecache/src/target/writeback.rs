@@ -49,7 +49,7 @@ pub(super) struct Pick {
 pub(super) fn verify_slot(b: u64, s: u32, crc: u32, data: &[u8]) -> Result<()> {
     if crc32c::crc32c(data) != crc {
         return Err(strata_io::Error::new(
-            strata_io::ErrorKind::Checksum,
+            strata_io::ErrorKind::Corrupt,
             format!(
                 "writecache: slot {s} does not hold block {b}'s data (the fast device lost a write); not written back"
             ),

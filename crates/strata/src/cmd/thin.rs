@@ -38,9 +38,10 @@ pub enum ThinCommand {
     #[command(after_help = "Example:\n  strata thin list /var/tmp/pool.meta")]
     List(PoolPath),
     /// Check a pool's metadata (the checks thin_check makes); exits 1 if it is damaged, 2 if
-    /// it cannot be opened (missing, in use by a server, not a pool).
+    /// it cannot be opened (missing, in use by a server, not a pool, or using features strata
+    /// does not know).
     #[command(after_help = "Example:\n  strata thin check /var/tmp/pool.meta")]
-    Check(PoolPath),
+    Check(CheckArgs),
     /// Print a pool's metadata as thin_dump's XML.
     #[command(after_help = "Example:\n  strata thin dump /var/tmp/pool.meta > pool.xml")]
     Dump(PoolPath),
@@ -196,6 +197,16 @@ fn humantime_ms(s: &str) -> std::result::Result<u64, String> {
 pub struct PoolPath {
     /// The pool's metadata device.
     pub pool: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The pool's metadata device.
+    pub pool: PathBuf,
+    /// If the pool checks clean, clear its needs_check flag (set by dm-thin when the pool's
+    /// metadata failed; neither dm-thin nor strata writes the pool while it is set)
+    #[arg(long)]
+    pub clear_needs_check_flag: bool,
 }
 
 pub fn run(args: ThinArgs) -> Result<()> {
@@ -453,14 +464,19 @@ async fn list(a: PoolPath) -> Result<()> {
     Ok(())
 }
 
-async fn check(a: PoolPath) -> Result<()> {
-    let dev = super::device_to_check(&a.pool, true, strata_io::signature::THIN_METADATA).await?;
+async fn check(a: CheckArgs) -> Result<()> {
+    let read_only = !a.clear_needs_check_flag;
+    let dev = super::device_to_check(&a.pool, read_only, strata_io::signature::THIN_METADATA).await?;
     let shown = a.pool.display();
     // Another format is not a damaged pool (nor one for a repair tool to rewrite), and
     // neither is a device without dm-thin's magic.
     if strata_io::signature::recognise(&strata_io::signature::head(&*dev).await?).is_none() {
         let e = anyhow::anyhow!("{shown} is not a thin pool's metadata device: it holds no dm-thin superblock");
         return Err(e.context(super::NotChecked));
+    }
+    // Nor is one that uses features strata does not know (whose checks it cannot make).
+    if let Some(why) = strata_thin::meta::read_superblock(&*dev).await.ok().and_then(|sb| sb.unknown_features()) {
+        return Err(anyhow::anyhow!("{shown}: {why}").context(super::NotChecked));
     }
     let r = strata_thin::check::check(&*dev).await;
     for w in &r.warnings {
@@ -476,6 +492,9 @@ async fn check(a: PoolPath) -> Result<()> {
         "{shown}: ok: {} volumes, {} mappings, {} data blocks and {} metadata blocks referenced",
         r.devices, r.mapped_blocks, r.data_blocks_used, r.metadata_blocks_used
     );
+    if a.clear_needs_check_flag && strata_thin::meta::clear_needs_check(&*dev).await? {
+        println!("{shown}: the needs_check flag is cleared");
+    }
     Ok(())
 }
 
