@@ -4,21 +4,22 @@
 //! under way; a shutdown that did not wait would write its last superblock under it and
 //! answer while the files were still open.
 
-use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use tokio::sync::Notify;
+use tokio::sync::{Mutex, Notify};
 use tokio::task::JoinHandle;
 
 #[derive(Default)]
 pub struct Background {
     stop: AtomicBool,
+    /// Held by a stop while it waits, so that every stop (two volumes over one target shut
+    /// down at once) waits the task out, not only the first.
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Background {
     pub fn start(&self, task: impl Future<Output = ()> + Send + 'static) {
-        *self.task.lock() = Some(tokio::spawn(task));
+        *self.task.try_lock().expect("started once, before any stop") = Some(tokio::spawn(task));
     }
 
     /// Whether the task is to end: it looks at each round.
@@ -36,9 +37,39 @@ impl Background {
     /// Asks the task to end and waits until it has (the round under way finishes first).
     pub async fn stop(&self, wake: &Notify) {
         self.ask_to_stop(wake);
-        let task = self.task.lock().take();
-        if let Some(task) = task {
-            _ = task.await;
+        let mut task = self.task.lock().await;
+        if let Some(t) = task.as_mut() {
+            _ = t.await;
+            *task = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Two stops at once: each returns only once the task has ended.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_stop_waits_the_task_out() {
+        let (bg, wake, ended) =
+            (Arc::new(Background::default()), Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
+        bg.start({
+            let (bg, ended) = (bg.clone(), ended.clone());
+            async move {
+                while !bg.stopping() {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await; // a round under way
+                ended.store(true, Relaxed);
+            }
+        });
+        let stop = |bg: Arc<Background>, wake: Arc<Notify>, ended: Arc<AtomicBool>| async move {
+            bg.stop(&wake).await;
+            ended.load(Relaxed)
+        };
+        let (a, b) = tokio::join!(stop(bg.clone(), wake.clone(), ended.clone()), stop(bg.clone(), wake, ended));
+        assert!(a && b, "a stop returned before the task ended: {a} {b}");
     }
 }

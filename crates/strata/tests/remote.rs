@@ -693,3 +693,51 @@ fn an_origin_unreachable_at_start_fails_serve_clearly() {
         assert!(err.contains("cannot reach the server") && err.contains("no-server.sock"), "{vol}: {err}");
     }
 }
+
+/// A remote origin gone at shutdown with writes not yet flushed to it: its volume waits the
+/// outage out to deliver them, while every other volume is shut down cleanly meanwhile, and a
+/// second SIGTERM ends the wait, naming the volume not shut down.
+#[test]
+fn a_second_signal_ends_a_shutdown_waiting_for_an_absent_remote() {
+    let origin = Server::start(&["m=mem:4MiB"]);
+    let dir = tempdir();
+    let cache = dir.path().join("c.img");
+    let o = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["cache", "create", "--origin"])
+        .arg(format!("{}?size=4MiB", dir.path().join("o.img").display()))
+        .arg("--cache")
+        .arg(format!("{}?size=2MiB", cache.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let remote = format!("r=nbd+unix:///m?socket={}&outage=600s", origin.sock.as_ref().unwrap().display());
+    let mut srv = Server::start_opts(
+        tempdir(),
+        ServerOpts { args: vec![remote, format!("c=cache:{}", cache.display())], ..Default::default() },
+    );
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        for name in ["r", "c"] {
+            let mut c = strata_nbd::client::Client::connect_unix(srv.sock.as_ref().unwrap(), name).await.unwrap();
+            c.write(0, &[7; 65536], false).await.unwrap(); // not flushed
+            c.disconnect().await.unwrap();
+        }
+    });
+    origin.stop();
+    signal(srv.pid(), libc::SIGTERM);
+    let clean = || {
+        // The newer of the superblock's two copies (read beside the server's claim).
+        let b = std::fs::read(&cache).unwrap();
+        let copies = b.chunks(strata_cache::format::PAGE).take(strata_cache::format::SB_COPIES);
+        let newest = copies.filter_map(|p| strata_cache::format::Superblock::decode(p).ok()).max_by_key(|sb| sb.seq);
+        newest.is_some_and(|sb| sb.clean_shutdown)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !clean() {
+        assert!(Instant::now() < deadline, "the cache was not shut down: {}", srv.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (st, err) = srv.terminate();
+    assert!(!st.success(), "{err}");
+    assert!(err.contains("stopped by a second signal before these volumes were shut down: r\n"), "{err}");
+}

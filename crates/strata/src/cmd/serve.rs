@@ -221,7 +221,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 
         // Caught from before any listener exists: a client may stop the server as soon as it
         // sees the socket.
-        let stop = stop_signal()?;
+        let mut stop = StopSignals::new()?;
         let mut tasks = Vec::new();
         // The socket this server bound (its file's device and inode), removed at the end only
         // if it is still the one at the path: a server started meanwhile on the same path
@@ -277,20 +277,32 @@ pub fn run(args: ServeArgs) -> Result<()> {
             eprintln!("strata: export {:?}: {} bytes, {}", v.name, v.dev.size(), v.dev.describe());
         }
 
-        stop.await;
-        eprintln!("strata: shutting down: finishing in-flight requests");
+        stop.next().await;
+        eprintln!("strata: shutting down: finishing in-flight requests (a second signal stops at once)");
         server.shutdown();
-        for t in tasks {
-            let _ = t.await;
-        }
-        server.wait_idle().await;
-        let mut failed = false;
-        for v in &admin.volumes() {
-            if let Err(e) = v.dev.shutdown().await {
-                eprintln!("strata: flushing {}: {e}", v.name);
-                failed = true;
+        let volumes = admin.volumes();
+        // The volumes not shut down yet, named if a second signal cuts the wait short.
+        let open = parking_lot::Mutex::new(volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>());
+        let finish = async {
+            for t in tasks {
+                let _ = t.await;
             }
-        }
+            server.wait_idle().await;
+            // All at once: a volume waiting out an absent remote origin holds up no other.
+            let shutdowns = volumes.iter().map(|v| async {
+                let done = v.dev.shutdown().await;
+                open.lock().retain(|n| *n != v.name);
+                done.map_err(|e| eprintln!("strata: flushing {}: {e}", v.name)).is_err()
+            });
+            futures::future::join_all(shutdowns).await.contains(&true)
+        };
+        let failed = tokio::select! {
+            failed = finish => failed,
+            _ = stop.next() => {
+                remove_own_socket(unix.as_deref(), bound_unix);
+                bail!("stopped by a second signal before these volumes were shut down: {}", open.lock().join(", "));
+            }
+        };
         remove_own_socket(unix.as_deref(), bound_unix);
         if failed {
             bail!("some volumes failed to flush at shutdown");
@@ -301,16 +313,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 /// SIGTERM or SIGINT: handled from this call on, awaited with the future it returns.
-fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
+/// SIGTERM and SIGINT, caught from when it is made: the first asks for a clean stop, a
+/// second for one at once.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+    }
+
+    async fn next(&mut self) {
         tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
         }
-    })
+    }
 }
 
 /// The device and inode of the file at `path`, if any.
