@@ -10,7 +10,7 @@ use strata_io::ErrorKind;
 /// The NBD error number for `kind`.
 pub fn from_kind(kind: ErrorKind) -> u32 {
     match kind {
-        // NBD has no EBUSY or checksum error: the client sees an IO error.
+        // NBD has no EBUSY or error for damaged data: the client sees an IO error.
         ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Busy | ErrorKind::Unavailable => EIO,
         ErrorKind::NoSpace => ENOSPC,
         ErrorKind::OutOfRange | ErrorKind::Invalid => EINVAL,

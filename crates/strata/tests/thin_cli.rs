@@ -277,6 +277,9 @@ fn a_pool_flagged_for_a_check_is_refused_until_a_clean_check_clears_the_flag() {
         "{e}"
     );
     assert!(strata_err(&["thin", "create", m, "2", "--size", "1MiB"]).contains("needs_check"));
+    let data_bytes = std::fs::metadata(d.path().join("pool.data")).unwrap().len();
+    assert!(strata_err(&["thin", "extend", m, "--data", "32MiB", "--metadata", "8MiB"]).contains("needs_check"));
+    assert_eq!(std::fs::metadata(d.path().join("pool.data")).unwrap().len(), data_bytes, "the data file grew");
     let out = strata_ok(&["thin", "check", m]);
     assert!(out.contains("warning: the needs_check flag is set") && out.contains(": ok:"), "{out}");
     assert!(std::fs::read(&meta).unwrap() == flagged, "the flagged pool was written");

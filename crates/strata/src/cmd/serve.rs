@@ -1,5 +1,5 @@
 //! `strata serve`: open the volumes, serve them over NBD, and on SIGTERM/SIGINT finish what
-//! is in flight, flush every volume and exit 0.
+//! is in flight, flush and close every volume and exit 0; a second signal stops at once.
 
 use crate::config::Config;
 use crate::http::{self, Admin};
@@ -280,14 +280,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         stop.next().await;
         eprintln!("strata: shutting down: finishing in-flight requests (a second signal stops at once)");
         server.shutdown();
-        let volumes = admin.volumes();
         // The volumes not shut down yet, named if a second signal cuts the wait short.
-        let open = parking_lot::Mutex::new(volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>());
+        let open = parking_lot::Mutex::new(vec!["(all: in-flight requests were still running)".to_string()]);
         let finish = async {
             for t in tasks {
                 let _ = t.await;
             }
             server.wait_idle().await;
+            let volumes = admin.volumes();
+            *open.lock() = volumes.iter().map(|v| v.name.clone()).collect();
             // All at once: a volume waiting out an absent remote origin holds up no other.
             let shutdowns = volumes.iter().map(|v| async {
                 let done = v.dev.shutdown().await;
@@ -297,6 +298,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             futures::future::join_all(shutdowns).await.contains(&true)
         };
         let failed = tokio::select! {
+            biased;
             failed = finish => failed,
             _ = stop.next() => {
                 remove_own_socket(unix.as_deref(), bound_unix);
@@ -312,7 +314,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
     })
 }
 
-/// SIGTERM or SIGINT: handled from this call on, awaited with the future it returns.
 /// SIGTERM and SIGINT, caught from when it is made: the first asks for a clean stop, a
 /// second for one at once.
 struct StopSignals {

@@ -383,6 +383,10 @@ async fn extend(a: ExtendArgs) -> Result<()> {
     }
     let md = claim(&a.pool)?;
     let mut m = Metadata::open(&*md).await.with_context(|| format!("cannot read the pool {}", a.pool.display()))?;
+    // Refused before a device grows (the commit would refuse after).
+    if let Some(why) = m.sb.not_writable() {
+        bail!("{}: {why}", a.pool.display());
+    }
     if let Some(bytes) = a.data {
         let spec = &m.record().data_spec;
         if spec.is_empty() {
