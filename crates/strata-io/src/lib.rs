@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod powercut;
 pub mod query;
 pub mod rwlock;
+pub mod shared;
 pub mod signature;
 pub mod slice;
 pub mod stats;

@@ -6,8 +6,10 @@
 //! An `Opener` lives as long as a server (or a command) and holds what several specs share:
 //! exports whose specs name one pool or one scheduled device get one open object, made the
 //! first time a spec names it (`Opener::shared`) and dropped with the last export using it.
-//! Slices (`slice:`) of one device share its open device this way, and the `Opener` keeps
-//! the ranges of the slices it opened on each device, to refuse overlapping ones.
+//! Slices (`slice:`) of one device share its open device this way, each through a lease on
+//! it (`strata_io::shared`), so that only the last of them to close shuts the device down;
+//! and the `Opener` keeps the ranges of the slices it opened on each device, to refuse
+//! overlapping ones.
 //!
 //! What it must never do: open a cache over an origin other than the one it was made for
 //! (the superblock's recorded size and identity are checked), or create a missing origin
@@ -26,6 +28,7 @@ use strata_io::fault::{FaultDev, Rule};
 use strata_io::file::{Claim, FileDev, FileOptions};
 use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
+use strata_io::shared::Shared;
 use strata_io::slice::Slice;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
 use strata_nbd::remote::RemoteDev;
@@ -134,23 +137,23 @@ async fn open_qos(
     while let Spec::Slice { inner, .. } = base {
         base = inner;
     }
-    let dev = shared_device(opener, base, read_only).await?;
+    let shared = shared_device(opener, base, read_only).await?;
     let hdd = match base {
         Spec::Hdd { params, .. } => Some(*params),
         _ => None,
     };
     let key = format!("qos:{}", base.recordable());
-    let qos =
-        opener.shared(&key, || async { Ok(Qos::new(dev.clone() as Arc<dyn BlockDev>, &options.device, hdd)) }).await?;
-    let handle = qos.join(group, options)?;
+    let qos = opener.shared(&key, || async { Ok(Qos::new(shared.dev().clone(), &options.device, hdd)) }).await?;
+    let handle = shared.lease(Arc::new(qos.join(group, options)?))?;
     open_slices(opener, inner, read_only, Some(Arc::new(handle))).await
 }
 
 /// The device `spec` names, opened once for every slice (and scheduler) over it in this
-/// server, under its recordable spec.
-async fn shared_device(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<Arc<dyn BlockDev>>> {
+/// server, under its recordable spec. Each volume over it takes a lease, so that only the
+/// last one to close shuts it down.
+async fn shared_device(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<Shared>> {
     let key = format!("device:{}", spec.recordable());
-    opener.shared(&key, || async { Ok(Arc::new(Box::pin(open_with(opener, spec, read_only)).await?)) }).await
+    opener.shared(&key, || async { Ok(Shared::new(Box::pin(open_with(opener, spec, read_only)).await?)) }).await
 }
 
 /// Opens `spec`'s slices (`slice:..@slice:..@DEV`) over the shared device `DEV`, or over
@@ -165,7 +168,10 @@ async fn open_slices(
     let Spec::Slice { offset, len, overlap, inner } = spec else {
         return Ok(match base {
             Some(b) => b,
-            None => shared_device(opener, spec, read_only).await?,
+            None => {
+                let shared = shared_device(opener, spec, read_only).await?;
+                Arc::new(shared.lease(shared.dev().clone())?)
+            }
         });
     };
     let below = Box::pin(open_slices(opener, inner, read_only, base)).await?;

@@ -169,3 +169,60 @@ async fn a_cache_under_qos_takes_its_messages_and_shows_its_status() {
     }
     assert_eq!(&origin.read(0, Buf::zeroed(4096)).await.unwrap()[..], &[9u8; 4096][..]);
 }
+
+/// Volumes over one cache (slices of it, or qos groups over it) share one open cache: a
+/// volume's shutdown (its export removed) leaves the cache running for the others, its
+/// write-back going on and no clean-shutdown mark written under them; only the last one's
+/// shutdown closes it, cleanly, whether they close one after another or all at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_last_volume_over_a_shared_cache_shuts_it_down() {
+    use strata_cache::{meta::Meta, CacheStatus};
+    use strata_io::file::{Claim, FileDev, FileOptions};
+    use strata_qos::status::below_qos;
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, cache) = (dir.path().join("o.img"), dir.path().join("c.img"));
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["cache", "create", "--writeback-percent", "100", "--migration-budget", "0"])
+        .args(["--origin", &format!("{}?size=4MiB", origin.display())])
+        .args(["--cache", &format!("{}?size=2MiB", cache.display())])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let clean = || async {
+        let opts = FileOptions { read_only: true, ..FileOptions::default() };
+        let (meta, _) = Meta::load(&FileDev::open_claimed(&cache, &opts, Claim::Unclaimed).unwrap()).await.unwrap();
+        meta.sb.clean_shutdown
+    };
+    let c = cache.display();
+    for specs in [
+        [format!("slice:0+2MiB@cache:{c}"), format!("slice:2MiB+2MiB@cache:{c}")],
+        [format!("qos:a@slice:0+2MiB@cache:{c}"), format!("qos:b@slice:2MiB+2MiB@cache:{c}")],
+        [format!("qos:a@cache:{c}"), format!("slice:0+1MiB@cache:{c}")],
+    ] {
+        let opener = Opener::new();
+        let (a, b) = (open(&opener, &specs[0]).await.unwrap(), open(&opener, &specs[1]).await.unwrap());
+        assert!(!clean().await, "{specs:?}: an open cache is not marked clean");
+        for (i, vol) in [&a, &b].into_iter().enumerate() {
+            vol.write(4096, Buf::from_slice(&[i as u8 + 1; 4096]), false).await.unwrap();
+        }
+        a.shutdown().await.unwrap();
+        assert!(!clean().await, "{specs:?}: marked clean under a volume still serving");
+        b.message("flush").await.unwrap();
+        let dirty = || CacheStatus::from_json(below_qos(b.status().unwrap())).unwrap().dirty_blocks;
+        let start = std::time::Instant::now();
+        while dirty() > 0 {
+            assert!(start.elapsed().as_secs() < 20, "{specs:?}: no write-back after a sibling closed");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        b.shutdown().await.unwrap();
+        assert!(clean().await, "{specs:?}: the last volume closes the cache cleanly");
+        drop((a, b));
+
+        // Both at once: still one clean shutdown, after the other's flush.
+        let (a, b) = (open(&opener, &specs[0]).await.unwrap(), open(&opener, &specs[1]).await.unwrap());
+        let (ra, rb) = tokio::join!(a.shutdown(), b.shutdown());
+        ra.unwrap();
+        rb.unwrap();
+        assert!(clean().await, "{specs:?}: closed together, the cache is closed cleanly");
+    }
+}

@@ -1,8 +1,8 @@
 //! A device that records the offset and length of every read and write it passes on, in
 //! order: tests of the order and size of the IO a target sends its origin. Writes can be
 //! held (recorded when issued, passed on when released), to catch a target between two.
-//! Writes done and flushes started are also kept in one order ([`Event`]), for tests of what
-//! a flush may overtake.
+//! Writes done, flushes started and shutdowns are also kept in one order ([`Event`]), for
+//! tests of what a flush may overtake and of who shuts a device down.
 
 use crate::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
 use parking_lot::Mutex;
@@ -10,11 +10,12 @@ use parking_lot::Mutex;
 /// (offset, length) of each IO, in order.
 pub type Log = Vec<(u64, u64)>;
 
-/// A write that completed (its offset) or a flush that started.
+/// A write that completed (its offset), a flush that started, or a shutdown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     WriteDone(u64),
     Flush,
+    Shutdown,
 }
 
 pub struct Recording<D> {
@@ -47,7 +48,7 @@ impl<D: BlockDev> Recording<D> {
         self.writes.lock().clone()
     }
 
-    /// Every write completed and flush started so far, in order.
+    /// Every write completed, flush started and shutdown so far, in order.
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().clone()
     }
@@ -94,5 +95,10 @@ impl<D: BlockDev> BlockDev for Recording<D> {
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
         self.inner.write_zeroes(offset, len, flags)
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        self.events.lock().push(Event::Shutdown);
+        self.inner.shutdown()
     }
 }
