@@ -115,10 +115,14 @@ impl Shared {
     }
 
     /// Offers `export` to new connections. The first export added while there is no default
-    /// answers the empty name.
+    /// answers the empty name. Refused once the server is shutting down: the volumes it
+    /// closes are those it serves once its connections are done.
     pub fn add(&self, export: Export) -> Result<Arc<Export>, String> {
         check_name(&export.name)?;
         let mut exports = self.exports.write();
+        if self.shutting_down() {
+            return Err(format!("the server is shutting down: {:?} is not added", export.name));
+        }
         if exports.map.contains_key(&export.name) {
             return Err(format!("an export named {:?} is already served", export.name));
         }

@@ -764,7 +764,8 @@ async fn a_removal_closes_once_connections_have_let_go_of_the_device() {
 }
 
 /// A client that has disconnected (sent NBD_CMD_DISC and seen the server close) no longer
-/// counts: the export can be removed without force at once.
+/// counts: the export can be removed without force at once. (And a server shutting down
+/// takes no new export: it would not be closed with the others.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disconnected_client_no_longer_holds_its_export() {
     let mem: Arc<dyn BlockDev> = Arc::new(MemDev::new(SIZE));
@@ -780,4 +781,8 @@ async fn a_disconnected_client_no_longer_holds_its_export() {
         removed.closed().await;
         server.add(export()).unwrap();
     }
+    server.remove("d", false).unwrap();
+    server.shutdown();
+    let e = server.add(export()).err().expect("refused");
+    assert!(e.contains("shutting down"), "a server shutting down takes no new export: {e}");
 }
