@@ -1,7 +1,9 @@
 //! The qos target opened from specs: volumes in groups over slices of one device share one
 //! device and one scheduler; data through it is exactly what a reference holds under
 //! concurrent IO from several connections; settings change live through messages; bad
-//! specs and messages are refused and change nothing.
+//! specs and messages are refused and change nothing. A device several volumes share is
+//! shut down by the last of them only; the state of a cache or remote origin below qos
+//! shows through it.
 
 use std::sync::Arc;
 use strata::open::Opener;
@@ -225,4 +227,61 @@ async fn only_the_last_volume_over_a_shared_cache_shuts_it_down() {
         rb.unwrap();
         assert!(clean().await, "{specs:?}: closed together, the cache is closed cleanly");
     }
+}
+
+/// qos over a remote origin, directly and under a cache: the remote's state and counters
+/// come through qos's `below` (under the cache's `origin` there), and its `strata_remote_*`
+/// metrics with the scheduler's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_origin_under_qos_shows_its_state_and_metrics() {
+    use strata_io::mem::MemDev;
+    use strata_nbd::{Export, Limits, Server};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("r.sock");
+    let mem: Arc<dyn BlockDev> = Arc::new(MemDev::new(4 << 20));
+    let export = Export { name: "vol".into(), description: String::new(), dev: mem, read_only: false };
+    let server = Arc::new(Server::new(vec![export], Limits::default()).unwrap());
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    tokio::spawn({
+        let server = server.clone();
+        async move { server.serve_unix(listener).await }
+    });
+    let uri = format!("nbd+unix:///vol?socket={}", sock.display());
+    let cache = dir.path().join("c.img");
+    let args = ["cache", "create", "--origin", &uri, "--cache", &format!("{}?size=2MiB", cache.display())];
+    let mut create = std::process::Command::new(env!("CARGO_BIN_EXE_strata"));
+    create.args(args);
+    // It connects to the server this runtime serves, so it runs off the runtime's threads.
+    let made = tokio::task::spawn_blocking(move || create.output()).await.unwrap().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+
+    let opener = Opener::new();
+    let direct = open(&opener, &format!("qos:a@{uri}")).await.unwrap();
+    let cached = open(&opener, &format!("qos:b@cache:{}", cache.display())).await.unwrap();
+    direct.write(0, Buf::from_slice(&[3u8; 4096]), true).await.unwrap();
+    cached.write(1 << 20, Buf::from_slice(&[4u8; 4096]), false).await.unwrap();
+    cached.message("flush").await.unwrap();
+    let written = |vol: &Arc<dyn BlockDev>, origin: &dyn Fn(&serde_json::Value) -> serde_json::Value| {
+        let st = vol.status().unwrap();
+        let remote = origin(&st["below"]);
+        assert_eq!(remote["state"], "up", "{st}");
+        assert_eq!(remote["origin"], uri.as_str(), "{st}");
+        remote["written_bytes"].as_u64().unwrap()
+    };
+    assert_eq!(written(&direct, &|b| b.clone()), 4096);
+    let start = std::time::Instant::now();
+    while written(&cached, &|b| b["origin"].clone()) < 4096 {
+        assert!(start.elapsed().as_secs() < 20, "no write-back to the remote: {}", cached.status().unwrap());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for vol in [&direct, &cached] {
+        let names: Vec<&str> = vol.metrics().iter().map(|s| s.name).collect();
+        for want in ["strata_qos_requests_total", "strata_remote_up", "strata_remote_written_bytes_total"] {
+            assert!(names.contains(&want), "{want} missing from {names:?}");
+        }
+    }
+    for vol in [direct, cached] {
+        vol.shutdown().await.unwrap();
+    }
+    server.shutdown();
 }
