@@ -2,7 +2,8 @@
 //! partial write to an uncached block goes to the origin alone (no fill read); every mode
 //! stays coherent when clients write parts of the same blocks while they are promoted and
 //! invalidated; write-back goes in origin-address order, merging adjacent dirty blocks, and
-//! writes keep succeeding when every block is dirty.
+//! writes keep succeeding when every block is dirty. Block status shows cached blocks as
+//! data and the origin's holes elsewhere.
 
 mod common;
 
@@ -502,4 +503,19 @@ async fn promotions_of_large_blocks_hold_a_bounded_set_of_buffers() {
         assert_eq!(&got[..], &pattern(i, 0, 4096)[..], "block {i} again");
     }
     assert!(CacheStatus::of(&dev).unwrap().read_hits >= hits + fit as u64);
+}
+
+/// Block status (`base:allocation`): a cached block is data, the rest of the range is as the
+/// origin says, holes included, so a copy can skip the blocks never written.
+#[tokio::test]
+async fn block_status_shows_cached_blocks_as_data_and_the_origins_holes() {
+    let r = rig(Mode::Writeback, 2 << 20, "lru").await;
+    let dev = open(&r).await;
+    dev.write(5 << 20, Buf::from_slice(&[7u8; BLOCK as usize]), false).await.unwrap();
+    let got = dev.block_status(0, ORIGIN).await.unwrap();
+    let at = |off: u64| strata_io::testing::extent_at(&got, off);
+    assert!(at(0).hole && at(7 << 20).hole, "never written, on the origin as in the cache: {got:?}");
+    assert!(!at(5 << 20).hole && !at(5 << 20).zero, "{got:?}");
+    assert_eq!(got.iter().map(|e| e.len).sum::<u64>(), ORIGIN, "{got:?}");
+    assert!(dev.block_status(ORIGIN, 4096).await.is_err(), "past the end");
 }

@@ -12,6 +12,7 @@ pub mod file;
 pub mod latency;
 pub mod mem;
 pub mod metrics;
+pub mod overlay;
 pub mod powercut;
 pub mod query;
 pub mod rwlock;

@@ -2,7 +2,8 @@
 //! copies in free slots above the reserve, never in the reserve and never by evicting; later
 //! reads of the window are hits; a write to a kept block replaces it; kept copies leave no
 //! entry, so a reopen starts without them and reads the same data; an origin error outside
-//! the blocks read fails nothing; `readahead 0` keeps nothing, as dm-writecache.
+//! the blocks read fails nothing; `readahead 0` keeps nothing, as dm-writecache. Block
+//! status shows logged blocks as data and the origin's holes elsewhere.
 
 use std::sync::Arc;
 use strata_io::mem::MemDev;
@@ -120,4 +121,20 @@ async fn an_origin_error_elsewhere_in_the_window_fails_no_read() {
     let s = status(&dev);
     assert_eq!((s.reads_kept, s.free_blocks), (0, s.blocks), "{s:?}");
     dev.check_state().unwrap();
+}
+
+/// Block status (`base:allocation`): a block the log holds is data, the rest of the range is
+/// as the origin says, holes included, so a copy can skip the blocks never written.
+#[tokio::test]
+async fn block_status_shows_logged_blocks_as_data_and_the_origins_holes() {
+    const MIB: u64 = 1 << 20;
+    let (origin, cache) = (Arc::new(MemDev::new(16 * MIB)), Arc::new(MemDev::new(MIB)));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    let dev = WritecacheDev::open(cache, origin, opts()).await.unwrap();
+    dev.write(5 * MIB, Buf::from_slice(&[7u8; BLOCK]), false).await.unwrap();
+    let got = dev.block_status(0, 16 * MIB).await.unwrap();
+    let at = |off: u64| strata_io::testing::extent_at(&got, off);
+    assert!(at(0).hole && at(15 * MIB).hole, "never written, on the origin as in the log: {got:?}");
+    assert_eq!(at(5 * MIB), strata_io::Extent::data(BLOCK as u64), "{got:?}");
+    assert_eq!(got.iter().map(|e| e.len).sum::<u64>(), 16 * MIB, "{got:?}");
 }

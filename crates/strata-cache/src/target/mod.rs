@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 use strata_io::background::Background;
-use strata_io::{BlockDev, BoxFut, Buf, Error, Extent, Geometry, Result, ZeroFlags};
+use strata_io::{check_range, overlay, BlockDev, BoxFut, Buf, Error, Extent, Geometry, Result, ZeroFlags};
 use strata_policy::Policy;
 use tokio::sync::{Notify, RwLock};
 
@@ -285,17 +285,16 @@ impl BlockDev for CacheDev {
         Box::pin(self.inner.write_zeroes(offset, len, flags))
     }
 
+    /// Cached blocks are data; the others as the origin says (`strata_io::overlay`).
     fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
         Box::pin(async move {
-            let any_cached = {
-                let st = self.inner.state.lock();
-                self.inner.pieces(offset, len).iter().any(|(b, _, _)| st.map.contains_key(b))
-            };
-            if any_cached {
-                Ok(vec![Extent::data(len)])
-            } else {
-                self.inner.origin.block_status(offset, len).await
-            }
+            check_range("cache block_status", offset, len, self.size())?;
+            let i = &self.inner;
+            overlay::block_status(&*i.origin, offset, len, |pos, left| {
+                let st = i.state.lock();
+                overlay::leading_run(pos, left, i.block, |b| st.map.contains_key(&b))
+            })
+            .await
         })
     }
 

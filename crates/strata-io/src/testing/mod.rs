@@ -5,7 +5,8 @@
 //! - [`model`]: the model checker, random workloads against a device and an in-memory
 //!   reference, compared read by read;
 //! - [`mod@slice`]: a window of a device as a device, to run several checkers on one target;
-//! - [`recording`]: a device that records the IO it passes on.
+//! - [`recording`]: a device that records the IO it passes on;
+//! - [`extent_at`]: which of a block status answer's extents describes an offset.
 
 pub mod model;
 pub mod recording;
@@ -14,3 +15,16 @@ pub mod slice;
 pub use model::{check_all_blocks_at_once, check_model, pattern, random_ops, ModelOp, Reference, Workload};
 pub use recording::Recording;
 pub use slice::Slice;
+
+/// The extent of `extents` (a `block_status` answer from offset 0) that describes byte
+/// `offset`; panics where none does.
+pub fn extent_at(extents: &[crate::Extent], offset: u64) -> crate::Extent {
+    let mut end = 0;
+    *extents
+        .iter()
+        .find(|e| {
+            end += e.len;
+            offset < end
+        })
+        .unwrap_or_else(|| panic!("{offset} not described: {extents:?}"))
+}

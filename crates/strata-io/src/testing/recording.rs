@@ -4,7 +4,7 @@
 //! Writes done, flushes started and shutdowns are also kept in one order ([`Event`]), for
 //! tests of what a flush may overtake and of who shuts a device down.
 
-use crate::{BlockDev, BoxFut, Buf, Result, ZeroFlags};
+use crate::{BlockDev, BoxFut, Buf, Extent, Result, ZeroFlags};
 use parking_lot::Mutex;
 
 /// (offset, length) of each IO, in order.
@@ -95,6 +95,10 @@ impl<D: BlockDev> BlockDev for Recording<D> {
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
         self.inner.write_zeroes(offset, len, flags)
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        self.inner.block_status(offset, len)
     }
 
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {

@@ -30,7 +30,7 @@ use state::State;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use strata_io::background::Background;
-use strata_io::{BlockDev, BoxFut, Buf, Geometry, Result, ZeroFlags};
+use strata_io::{check_range, overlay, BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
 use tokio::sync::Notify;
 
 /// Block locks: an origin block hashes to one of these; writes and write-arounds of a block
@@ -251,6 +251,19 @@ impl BlockDev for WritecacheDev {
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
         Box::pin(self.inner.write_zeroes(offset, len, flags))
+    }
+
+    /// Blocks the log holds are data; the others as the origin says (`strata_io::overlay`).
+    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
+        Box::pin(async move {
+            check_range("writecache block_status", offset, len, self.inner.size)?;
+            let i = &self.inner;
+            overlay::block_status(&*i.origin, offset, len, |pos, left| {
+                let st = i.state.lock();
+                overlay::leading_run(pos, left, i.block, |b| st.log_suspect || st.logged_anywhere(b))
+            })
+            .await
+        })
     }
 
     /// The log's state, and its origin's under `origin` when it has one.
