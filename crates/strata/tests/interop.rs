@@ -268,6 +268,36 @@ fn nbdinfo_size_block_sizes_and_map() {
     qemu_io_ok(&uri, &[format!("read -P 0x5a {} {}", 4 * MIB, MIB), format!("read -P 0 {} {}", 5 * MIB, MIB)]);
 }
 
+/// `nbdinfo --map` of a cache and of a write log over sparse origins: the blocks they hold
+/// are data, the rest the origin's holes, so `nbdcopy` and `qemu-img convert` skip them.
+#[test]
+fn nbdinfo_map_of_a_cache_and_a_write_log_shows_the_origins_holes() {
+    let dir = tempdir();
+    let mut args = Vec::new();
+    for kind in ["cache", "writecache"] {
+        let (origin, fast) = (dir.path().join(format!("{kind}-o.img")), dir.path().join(format!("{kind}-c.img")));
+        run_ok(Command::new(env!("CARGO_BIN_EXE_strata")).args([
+            kind,
+            "create",
+            "--origin",
+            &format!("{}?size=16MiB", origin.display()),
+            "--cache",
+            &format!("{}?size=4MiB", fast.display()),
+        ]));
+        args.push(format!("{kind}={kind}:{}", fast.display()));
+    }
+    let srv = Server::start_opts(tempdir(), ServerOpts { args, ..Default::default() });
+    for kind in ["cache", "writecache"] {
+        let uri = srv.uri(kind);
+        qemu_io_ok(&uri, &[format!("write -P 0x5a {} {}", 4 * MIB, MIB)]);
+        let got = map(&uri);
+        assert_eq!(got.first().map(|e| (e.0, e.1, e.2)), Some((0, 4 * MIB, 3)), "{kind}: {got:?}");
+        assert_eq!(got.last().map(|e| (e.0, e.1, e.2)), Some((5 * MIB, 11 * MIB, 3)), "{kind}: {got:?}");
+        assert_eq!(got.len(), 3, "{kind}: data exactly where written: {got:?}");
+        qemu_io_ok(&uri, &[format!("read -P 0x5a {} {}", 4 * MIB, MIB), format!("read -P 0 0 {}", 4 * MIB)]);
+    }
+}
+
 /// A file whose size is not a multiple of 512 (1,000,000 bytes): the advertised minimum block
 /// divides the size, so clients that honour it reach the last bytes. `nbdcopy` and
 /// `qemu-img convert` copy it whole, and a write of its last bytes reads back, the file's
