@@ -6,14 +6,19 @@
 
 use crate::{BlockDev, Extent, Result};
 
+/// Most blocks one run looks at: it is looked at under the target's lock, which IO waits
+/// for, and a request for 4 GiB of 4 KiB blocks would hold it for a million lookups.
+const RUN_BLOCKS: u64 = 16_384;
+
 /// Whether the block holding byte `offset` is held, and the bytes from `offset` (at most
-/// `len`) over which that stays so, for blocks of `block` bytes.
+/// `len`, and at most [`RUN_BLOCKS`] blocks) over which that stays so, for blocks of `block`
+/// bytes.
 pub fn leading_run(offset: u64, len: u64, block: u64, held: impl Fn(u64) -> bool) -> (bool, u64) {
     let end = offset + len;
     let first = offset / block;
     let is_held = held(first);
     let mut b = first + 1;
-    while b * block < end && held(b) == is_held {
+    while b * block < end && b - first < RUN_BLOCKS && held(b) == is_held {
         b += 1;
     }
     (is_held, (b * block).min(end) - offset)
@@ -70,6 +75,7 @@ mod tests {
         assert_eq!(leading_run(25, 100, 10, held), (true, 25));
         assert_eq!(leading_run(25, 10, 10, held), (true, 10));
         assert_eq!(leading_run(55, 100, 10, held), (false, 100));
+        assert_eq!(leading_run(0, u64::MAX / 2, 1, |_| false), (false, RUN_BLOCKS), "a run is looked at in part");
     }
 
     #[tokio::test]
