@@ -56,20 +56,23 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Gives the lease up (once); says whether it was the last.
-    fn release(&self) -> Option<bool> {
+    /// Gives the lease up (once); says whether it was the last, and if so and `closing`,
+    /// marks the device closed in the same step, so no lease taken meanwhile is left on a
+    /// device about to be shut down.
+    fn release(&self, closing: bool) -> Option<bool> {
         if !self.held.swap(false, Ordering::AcqRel) {
             return None;
         }
         let mut users = self.shared.users.lock();
         users.open -= 1;
+        users.closed |= closing && users.open == 0;
         Some(users.open == 0)
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.release();
+        self.release(false);
     }
 }
 
@@ -122,9 +125,7 @@ impl BlockDev for Lease {
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             let _one_at_a_time = self.shared.closing.lock().await;
-            let last = self.release();
-            if last == Some(true) {
-                self.shared.users.lock().closed = true;
+            if self.release(true) == Some(true) {
                 self.inner.shutdown().await
             } else {
                 self.inner.flush().await
