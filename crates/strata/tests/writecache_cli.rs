@@ -1,6 +1,7 @@
 //! `strata writecache` end to end: create a log over a plain file and over a cache, serve it,
-//! write and read through NBD, read its status, write everything back and detach, and check
-//! and dump it offline; bad input is refused and overwrites nothing.
+//! write and read through NBD, read its status, write everything back and detach, stop (the
+//! cache below closed cleanly), and check and dump it offline; bad input is refused and
+//! overwrites nothing.
 
 mod common;
 
@@ -151,9 +152,12 @@ fn over_a_cache_create_serve_detach() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = create_log(d.path(), &format!("cache:{}", d.path().join("cache.img").display()));
     assert!(o.status.success(), "{}", stderr(&o));
-    let srv = serve(d, "writecache:{dir}/log.img");
+    let mut srv = serve(d, "writecache:{dir}/log.img");
     exercise(&srv);
-    srv.stop();
+    // The server's stop closes the stack whole: the cache below the log cleanly too.
+    srv.stop_checked();
+    let check = strata(&["cache", "check", srv.dir.path().join("cache.img").to_str().unwrap()]);
+    assert!(stdout(&check).contains("clean shutdown") && !stdout(&check).contains("not shut down"), "{check:?}");
 }
 
 #[test]

@@ -337,8 +337,13 @@ impl BlockDev for CacheDev {
         })
     }
 
+    /// Closes the cache cleanly, then its origin: a cache or write log below is closed cleanly
+    /// too, and a shared device's lease is given up.
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
-        Box::pin(self.inner.shutdown())
+        Box::pin(async move {
+            self.inner.shutdown().await?;
+            self.inner.origin.shutdown().await
+        })
     }
 }
 

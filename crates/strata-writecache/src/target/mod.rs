@@ -286,11 +286,13 @@ impl BlockDev for WritecacheDev {
         Box::pin(async move { self.inner.message(&msg).await })
     }
 
+    /// Stops write-back and makes the log durable, then closes its origin: a cache below is
+    /// closed cleanly too, and a shared device's lease is given up.
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             self.inner.background.stop(&self.inner.kick).await;
             self.inner.flush().await?;
-            Ok(())
+            self.inner.origin.shutdown().await
         })
     }
 }
