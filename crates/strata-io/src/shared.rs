@@ -33,6 +33,11 @@ impl Shared {
         &self.dev
     }
 
+    /// Whether its last volume has shut it down (it is gone once that volume is dropped).
+    pub fn closed(&self) -> bool {
+        self.users.lock().closed
+    }
+
     /// One more volume using the device, through `inner` (the device itself, or a handle
     /// onto it whose shutdown reaches it). Refused once the device has been shut down.
     pub fn lease(self: &Arc<Self>, inner: Arc<dyn BlockDev>) -> Result<Lease> {

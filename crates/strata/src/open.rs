@@ -150,10 +150,20 @@ async fn open_qos(
 
 /// The device `spec` names, opened once for every slice (and scheduler) over it in this
 /// server, under its recordable spec. Each volume over it takes a lease, so that only the
-/// last one to close shuts it down.
+/// last one to close shuts it down. One whose last volume has shut it down but is not gone
+/// yet (an `export remove` finishing) is waited out for up to 10 s and opened anew.
 async fn shared_device(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<Shared>> {
     let key = format!("device:{}", spec.recordable());
-    opener.shared(&key, || async { Ok(Shared::new(Box::pin(open_with(opener, spec, read_only)).await?)) }).await
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let make = || async { Ok(Shared::new(Box::pin(open_with(opener, spec, read_only)).await?)) };
+        let shared = opener.shared(&key, make).await?;
+        if !shared.closed() || std::time::Instant::now() >= deadline {
+            return Ok(shared);
+        }
+        drop(shared);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// Opens `spec`'s slices (`slice:..@slice:..@DEV`) over the shared device `DEV`, or over
@@ -409,5 +419,25 @@ mod tests {
         let c = opener.shared("pool:/x", make).await.unwrap();
         assert_eq!(*c, 7);
         assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 3);
+    }
+
+    /// A slice opened while the shared device's last volume is closing it waits for that
+    /// volume to go and opens the device anew, rather than failing with Busy.
+    #[tokio::test]
+    async fn a_slice_opened_as_its_device_closes_waits_and_opens_it_anew() {
+        let opener = Opener::new();
+        let open = |s: &str| {
+            let spec: Spec = s.parse().unwrap();
+            let opener = &opener;
+            async move { opener.open(&spec, false).await }
+        };
+        let a = open("slice:0+1MiB@mem:4MiB").await.unwrap();
+        a.shutdown().await.unwrap();
+        let (b, ()) = tokio::join!(open("slice:1MiB+1MiB@mem:4MiB"), async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            drop(a);
+        });
+        let b = b.expect("opened once the closing volume was gone");
+        b.write(0, strata_io::Buf::from_slice(&[1u8; 4096]), false).await.unwrap();
     }
 }
