@@ -42,7 +42,7 @@
 
 use crate::timer::sleep_until;
 use crate::units::{parse_duration, parse_size, DurationError};
-use crate::{BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use crate::{BlockDev, BoxFut, Buf, Error, ErrorKind, Result, ZeroFlags};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -495,13 +495,7 @@ impl<D: BlockDev> FaultDev<D> {
 }
 
 impl<D: BlockDev> BlockDev for FaultDev<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
+    crate::forward!(inner: size, geometry, block_status, cache, status, metrics, message, disconnect, shutdown);
 
     fn describe(&self) -> String {
         format!("fault({})", self.inner.describe())
@@ -530,36 +524,8 @@ impl<D: BlockDev> BlockDev for FaultDev<D> {
         Box::pin(self.guarded(Ops::ZERO, "write_zeroes", offset, len, run))
     }
 
-    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
-        self.inner.block_status(offset, len)
-    }
-
-    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.inner.cache(offset, len)
-    }
-
-    fn status(&self) -> Option<serde_json::Value> {
-        self.inner.status()
-    }
-
-    fn metrics(&self) -> Vec<crate::metrics::Sample> {
-        self.inner.metrics()
-    }
-
-    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
-        self.inner.message(msg)
-    }
-
     fn connect(&self) -> Option<std::sync::Arc<dyn BlockDev>> {
         let inner = self.inner.connect()?;
         Some(std::sync::Arc::new(FaultDev { inner, faults: self.faults.clone() }))
-    }
-
-    fn disconnect(&self) {
-        self.inner.disconnect()
-    }
-
-    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
-        self.inner.shutdown()
     }
 }

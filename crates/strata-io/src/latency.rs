@@ -16,7 +16,7 @@
 //! transfer.
 
 use crate::timer::sleep_until;
-use crate::{BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
+use crate::{BlockDev, BoxFut, Buf, Geometry, Result, ZeroFlags};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -171,13 +171,7 @@ impl<D: BlockDev> LatencyDev<D> {
 }
 
 impl<D: BlockDev> BlockDev for LatencyDev<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn grow(&self, bytes: u64) -> BoxFut<'_, Result<u64>> {
-        self.inner.grow(bytes)
-    }
+    crate::forward!(inner: size, grow, flush, discard, block_status, cache);
 
     fn geometry(&self) -> Geometry {
         let rotational = matches!(self.model, Model::Hdd { .. });
@@ -223,14 +217,6 @@ impl<D: BlockDev> BlockDev for LatencyDev<D> {
         })
     }
 
-    fn flush(&self) -> BoxFut<'_, Result<()>> {
-        self.inner.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.inner.discard(offset, len)
-    }
-
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             // Zeroing costs what writing the zeroes would, unless it only unmaps.
@@ -239,14 +225,6 @@ impl<D: BlockDev> BlockDev for LatencyDev<D> {
             sleep_until(done).await;
             r
         })
-    }
-
-    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
-        self.inner.block_status(offset, len)
-    }
-
-    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.inner.cache(offset, len)
     }
 }
 

@@ -199,6 +199,87 @@ pub trait BlockDev: Send + Sync + 'static {
     }
 }
 
+/// Implements the named [`BlockDev`] methods by passing each call unchanged to the device at
+/// `self.PATH`, for wrappers that change only some of them:
+/// `forward!(inner: size, geometry, status);` inside `impl BlockDev for Wrapper`.
+#[macro_export]
+macro_rules! forward {
+    ($($field:ident).+ : $($method:ident),+ $(,)?) => {
+        $crate::forward!(@each [$($field).+] $($method)+);
+    };
+    (@each $path:tt $method:ident $($rest:ident)*) => {
+        $crate::forward!(@one $path $method);
+        $crate::forward!(@each $path $($rest)*);
+    };
+    (@each $path:tt) => {};
+    (@one [$($f:ident).+] size) => {
+        fn size(&self) -> u64 { self.$($f).+.size() }
+    };
+    (@one [$($f:ident).+] geometry) => {
+        fn geometry(&self) -> $crate::Geometry { self.$($f).+.geometry() }
+    };
+    (@one [$($f:ident).+] describe) => {
+        fn describe(&self) -> String { self.$($f).+.describe() }
+    };
+    (@one [$($f:ident).+] read) => {
+        fn read(&self, offset: u64, buf: $crate::Buf) -> $crate::BoxFut<'_, $crate::Result<$crate::Buf>> {
+            self.$($f).+.read(offset, buf)
+        }
+    };
+    (@one [$($f:ident).+] write) => {
+        fn write(&self, offset: u64, buf: $crate::Buf, fua: bool) -> $crate::BoxFut<'_, $crate::Result<$crate::Buf>> {
+            self.$($f).+.write(offset, buf, fua)
+        }
+    };
+    (@one [$($f:ident).+] flush) => {
+        fn flush(&self) -> $crate::BoxFut<'_, $crate::Result<()>> { self.$($f).+.flush() }
+    };
+    (@one [$($f:ident).+] discard) => {
+        fn discard(&self, offset: u64, len: u64) -> $crate::BoxFut<'_, $crate::Result<()>> {
+            self.$($f).+.discard(offset, len)
+        }
+    };
+    (@one [$($f:ident).+] write_zeroes) => {
+        fn write_zeroes(&self, offset: u64, len: u64, flags: $crate::ZeroFlags) -> $crate::BoxFut<'_, $crate::Result<()>> {
+            self.$($f).+.write_zeroes(offset, len, flags)
+        }
+    };
+    (@one [$($f:ident).+] block_status) => {
+        fn block_status(&self, offset: u64, len: u64) -> $crate::BoxFut<'_, $crate::Result<Vec<$crate::Extent>>> {
+            self.$($f).+.block_status(offset, len)
+        }
+    };
+    (@one [$($f:ident).+] cache) => {
+        fn cache(&self, offset: u64, len: u64) -> $crate::BoxFut<'_, $crate::Result<()>> {
+            self.$($f).+.cache(offset, len)
+        }
+    };
+    (@one [$($f:ident).+] status) => {
+        fn status(&self) -> Option<$crate::__serde_json::Value> { self.$($f).+.status() }
+    };
+    (@one [$($f:ident).+] metrics) => {
+        fn metrics(&self) -> Vec<$crate::metrics::Sample> { self.$($f).+.metrics() }
+    };
+    (@one [$($f:ident).+] message) => {
+        fn message(&self, msg: &str) -> $crate::BoxFut<'_, $crate::Result<String>> { self.$($f).+.message(msg) }
+    };
+    (@one [$($f:ident).+] connect) => {
+        fn connect(&self) -> Option<std::sync::Arc<dyn $crate::BlockDev>> { self.$($f).+.connect() }
+    };
+    (@one [$($f:ident).+] disconnect) => {
+        fn disconnect(&self) { self.$($f).+.disconnect() }
+    };
+    (@one [$($f:ident).+] shutdown) => {
+        fn shutdown(&self) -> $crate::BoxFut<'_, $crate::Result<()>> { self.$($f).+.shutdown() }
+    };
+    (@one [$($f:ident).+] grow) => {
+        fn grow(&self, bytes: u64) -> $crate::BoxFut<'_, $crate::Result<u64>> { self.$($f).+.grow(bytes) }
+    };
+}
+
+#[doc(hidden)]
+pub use serde_json as __serde_json;
+
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
 pub fn check_range(what: &str, offset: u64, len: u64, size: u64) -> Result<()> {
     match offset.checked_add(len) {

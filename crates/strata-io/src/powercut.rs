@@ -51,7 +51,7 @@
 //! ```
 
 use crate::mem::MemDev;
-use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use crate::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Result, ZeroFlags};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -943,13 +943,7 @@ fn flush_fails(st: &mut State, of: u64) -> bool {
 }
 
 impl<D: BlockDev> BlockDev for PowerCut<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
+    crate::forward!(inner: size, geometry);
 
     fn describe(&self) -> String {
         format!("powercut({})", self.inner.describe())

@@ -5,7 +5,7 @@
 //! written under volumes still serving). Closings run one at a time, so the last one's
 //! shutdown starts after the others' flushes have ended.
 
-use crate::{BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use crate::{BlockDev, BoxFut, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -82,51 +82,8 @@ impl Drop for Lease {
 }
 
 impl BlockDev for Lease {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
-        self.inner.read(offset, buf)
-    }
-    fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
-        self.inner.write(offset, buf, fua)
-    }
-    fn flush(&self) -> BoxFut<'_, Result<()>> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
-        self.inner.write_zeroes(offset, len, flags)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
-        self.inner.block_status(offset, len)
-    }
-    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.inner.cache(offset, len)
-    }
-    fn status(&self) -> Option<serde_json::Value> {
-        self.inner.status()
-    }
-    fn metrics(&self) -> Vec<crate::metrics::Sample> {
-        self.inner.metrics()
-    }
-    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
-        self.inner.message(msg)
-    }
-    fn connect(&self) -> Option<Arc<dyn BlockDev>> {
-        self.inner.connect()
-    }
-    fn disconnect(&self) {
-        self.inner.disconnect()
-    }
+    crate::forward!(inner: size, geometry, describe, read, write, flush, discard, write_zeroes, block_status, cache);
+    crate::forward!(inner: status, metrics, message, connect, disconnect, grow);
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             let _one_at_a_time = self.shared.closing.lock().await;
@@ -136,9 +93,6 @@ impl BlockDev for Lease {
                 self.inner.flush().await
             }
         })
-    }
-    fn grow(&self, bytes: u64) -> BoxFut<'_, Result<u64>> {
-        self.inner.grow(bytes)
     }
 }
 

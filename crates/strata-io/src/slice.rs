@@ -3,7 +3,7 @@
 //! once on disjoint regions of one target. Requests are checked against the window and
 //! shifted by its offset; everything else passes through.
 
-use crate::{check_range, ready, BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
+use crate::{check_range, ready, BlockDev, BoxFut, Buf, Extent, Result, ZeroFlags};
 use std::sync::Arc;
 
 pub struct Slice<D> {
@@ -29,11 +29,9 @@ impl<D: BlockDev> Slice<D> {
 }
 
 impl<D: BlockDev> BlockDev for Slice<D> {
+    crate::forward!(inner: geometry, flush, status, metrics, message, disconnect, shutdown);
     fn size(&self) -> u64 {
         self.len
-    }
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
     }
     fn describe(&self) -> String {
         format!("slice {}+{} of {}", self.offset, self.len, self.inner.describe())
@@ -45,9 +43,6 @@ impl<D: BlockDev> BlockDev for Slice<D> {
     fn write(&self, offset: u64, buf: Buf, fua: bool) -> BoxFut<'_, Result<Buf>> {
         let n = buf.len() as u64;
         self.within("slice write", offset, n, |d, at| d.write(at, buf, fua))
-    }
-    fn flush(&self) -> BoxFut<'_, Result<()>> {
-        self.inner.flush()
     }
     fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
         self.within("slice discard", offset, len, |d, at| d.discard(at, len))
@@ -61,24 +56,9 @@ impl<D: BlockDev> BlockDev for Slice<D> {
     fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
         self.within("slice cache", offset, len, |d, at| d.cache(at, len))
     }
-    fn status(&self) -> Option<serde_json::Value> {
-        self.inner.status()
-    }
-    fn metrics(&self) -> Vec<crate::metrics::Sample> {
-        self.inner.metrics()
-    }
-    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
-        self.inner.message(msg)
-    }
     fn connect(&self) -> Option<Arc<dyn BlockDev>> {
         let inner = self.inner.connect()?;
         Some(Arc::new(Slice { inner, offset: self.offset, len: self.len }))
-    }
-    fn disconnect(&self) {
-        self.inner.disconnect()
-    }
-    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
-        self.inner.shutdown()
     }
 }
 

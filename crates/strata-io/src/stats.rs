@@ -2,7 +2,7 @@
 //! errors, and latency histograms. The server wraps every volume in one, so `strata status`
 //! and `/metrics` see the same numbers whatever the volume is.
 
-use crate::{BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
+use crate::{BlockDev, BoxFut, Buf, Extent, Result, ZeroFlags};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
@@ -101,15 +101,7 @@ impl<D: BlockDev> StatsDev<D> {
 }
 
 impl<D: BlockDev> BlockDev for StatsDev<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
+    crate::forward!(inner: size, geometry, describe, status, metrics, message, disconnect, shutdown, grow);
     fn read(&self, offset: u64, buf: Buf) -> BoxFut<'_, Result<Buf>> {
         let n = buf.len() as u64;
         self.timed(0, n, self.inner.read(offset, buf))
@@ -133,23 +125,8 @@ impl<D: BlockDev> BlockDev for StatsDev<D> {
     fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
         self.timed(6, len, self.inner.cache(offset, len))
     }
-    fn status(&self) -> Option<serde_json::Value> {
-        self.inner.status()
-    }
-    fn metrics(&self) -> Vec<crate::metrics::Sample> {
-        self.inner.metrics()
-    }
-    fn message(&self, msg: &str) -> BoxFut<'_, Result<String>> {
-        self.inner.message(msg)
-    }
     fn connect(&self) -> Option<Arc<dyn BlockDev>> {
         let inner = self.inner.connect()?;
         Some(Arc::new(StatsDev { inner, ops: self.ops.clone() }))
-    }
-    fn disconnect(&self) {
-        self.inner.disconnect()
-    }
-    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
-        self.inner.shutdown()
     }
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use strata_io::latency::HddParams;
-use strata_io::{BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
+use strata_io::{BlockDev, BoxFut, Buf, Error, ErrorKind, Result, ZeroFlags};
 use tokio::sync::{oneshot, Notify};
 
 /// One device and the scheduler sharing it.
@@ -309,12 +309,7 @@ fn rw(op: Op, offset: u64, len: u64) -> Request {
 }
 
 impl BlockDev for QosDev {
-    fn size(&self) -> u64 {
-        self.qos.dev.size()
-    }
-    fn geometry(&self) -> Geometry {
-        self.qos.dev.geometry()
-    }
+    strata_io::forward!(qos.dev: size, geometry, block_status, cache);
     fn describe(&self) -> String {
         let (name, weight) = self.qos.with(|s| (s.name(self.group).to_string(), s.settings(self.group).weight));
         format!("qos group {name} (weight {weight}) over {}", self.qos.dev.describe())
@@ -334,12 +329,6 @@ impl BlockDev for QosDev {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
         let op = if flags.may_unmap { rw(Op::Discard, offset, 0) } else { rw(Op::Write, offset, len) };
         self.scheduled(op, move |d| d.write_zeroes(offset, len, flags))
-    }
-    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
-        self.qos.dev.block_status(offset, len)
-    }
-    fn cache(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.qos.dev.cache(offset, len)
     }
     /// The scheduler's status, and the device's below it under `BELOW` when it has one (a
     /// cache: dirty blocks, degraded, its origin).

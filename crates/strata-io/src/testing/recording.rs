@@ -4,7 +4,7 @@
 //! Writes done, flushes started and shutdowns are also kept in one order ([`Event`]), for
 //! tests of what a flush may overtake and of who shuts a device down.
 
-use crate::{BlockDev, BoxFut, Buf, Extent, Result, ZeroFlags};
+use crate::{BlockDev, BoxFut, Buf, Result};
 use parking_lot::Mutex;
 
 /// (offset, length) of each IO, in order.
@@ -60,9 +60,7 @@ impl<D: BlockDev> Recording<D> {
 }
 
 impl<D: BlockDev> BlockDev for Recording<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
+    crate::forward!(inner: size, discard, write_zeroes, block_status);
 
     fn describe(&self) -> String {
         format!("recording {}", self.inner.describe())
@@ -87,18 +85,6 @@ impl<D: BlockDev> BlockDev for Recording<D> {
     fn flush(&self) -> BoxFut<'_, Result<()>> {
         self.events.lock().push(Event::Flush);
         self.inner.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
-        self.inner.discard(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> BoxFut<'_, Result<()>> {
-        self.inner.write_zeroes(offset, len, flags)
-    }
-
-    fn block_status(&self, offset: u64, len: u64) -> BoxFut<'_, Result<Vec<Extent>>> {
-        self.inner.block_status(offset, len)
     }
 
     fn shutdown(&self) -> BoxFut<'_, Result<()>> {
