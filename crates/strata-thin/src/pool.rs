@@ -103,6 +103,14 @@ pub(crate) struct Counters {
     pub no_space: AtomicU64,
 }
 
+/// The volumes open on a pool, and whether the last of them has shut it down: a closed
+/// pool takes no more volumes and no more commits.
+#[derive(Default)]
+struct OpenVolumes {
+    by_id: FxHashMap<DevId, usize>,
+    closed: bool,
+}
+
 pub struct Pool {
     pub(crate) md: Arc<dyn BlockDev>,
     pub(crate) data: Arc<dyn BlockDev>,
@@ -134,7 +142,9 @@ pub struct Pool {
     /// When the last commit became durable (ms since the epoch; 0: none since open).
     last_commit_ms: AtomicU64,
     /// Volumes open (served) now, by id: these cannot be deleted.
-    open_volumes: Mutex<FxHashMap<DevId, usize>>,
+    open_volumes: Mutex<OpenVolumes>,
+    /// Volumes' shutdowns, one at a time (`shutdown_volume`).
+    closing: tokio::sync::Mutex<()>,
     /// Wakes the background deleter (a deletion started, or steps resumed).
     delete_kick: Arc<tokio::sync::Notify>,
     /// Nodes a deletion step drops at most (`Metadata::delete_step`), and whether the
@@ -244,7 +254,8 @@ impl Pool {
             kick: Arc::new(tokio::sync::Notify::new()),
             below_low_water: AtomicBool::new(false),
             last_commit_ms: AtomicU64::new(0),
-            open_volumes: Mutex::new(FxHashMap::default()),
+            open_volumes: Mutex::new(OpenVolumes::default()),
+            closing: tokio::sync::Mutex::new(()),
             delete_kick: Arc::new(tokio::sync::Notify::new()),
             delete_step_nodes: AtomicU64::new(DELETE_STEP_NODES as u64),
             deletions_paused: AtomicBool::new(false),
@@ -296,19 +307,52 @@ impl Pool {
         }
     }
 
-    /// Counts volume `id` open (a served `ThinDev`) until the matching `close_volume`.
-    pub(crate) fn open_volume(&self, id: DevId) {
-        *self.open_volumes.lock().entry(id).or_default() += 1;
+    /// Counts volume `id` open (a served `ThinDev`) until the matching `close_volume`;
+    /// refused once the pool is closed.
+    pub(crate) fn open_volume(&self, id: DevId) -> Result<()> {
+        let mut open = self.open_volumes.lock();
+        if open.closed {
+            return Err(Error::new(ErrorKind::Busy, format!("{}: its last volume is closing it", self.describe)));
+        }
+        *open.by_id.entry(id).or_default() += 1;
+        Ok(())
     }
 
-    pub(crate) fn close_volume(&self, id: DevId) {
+    /// Gives up volume `id`'s place. With `closing` (a clean shutdown), the last volume to
+    /// go closes the pool in the same step, so no volume opens on a pool being shut down;
+    /// returns whether it did.
+    pub(crate) fn close_volume(&self, id: DevId, closing: bool) -> bool {
         let mut open = self.open_volumes.lock();
-        if let Some(n) = open.get_mut(&id) {
+        if let Some(n) = open.by_id.get_mut(&id) {
             *n -= 1;
             if *n == 0 {
-                open.remove(&id);
+                open.by_id.remove(&id);
             }
         }
+        let last = closing && open.by_id.is_empty() && !open.closed;
+        open.closed |= last;
+        last
+    }
+
+    /// Whether the last volume has shut the pool down (or is doing so).
+    pub fn closed(&self) -> bool {
+        self.open_volumes.lock().closed
+    }
+
+    /// Volume `id`'s clean shutdown. While other volumes are open it is a commit, and the
+    /// pool keeps running for them; the last one also shuts the data and metadata devices
+    /// down (a cache as the data device saves its hints and is marked clean), and no commit
+    /// runs after. One at a time, so the last starts after the others' commits.
+    pub(crate) async fn shutdown_volume(&self, id: DevId) -> Result<()> {
+        let _one_at_a_time = self.closing.lock().await;
+        if !self.close_volume(id, true) {
+            return self.flush().await;
+        }
+        let _no_commit_after = self.commit_lock.lock().await;
+        let committed = self.commit_now().await;
+        let md = self.md.shutdown().await;
+        let data = self.data.shutdown().await;
+        committed.and(md).and(data)
     }
 
     /// Runs `f` on the metadata, then commits it (live changes of volumes and space). `f`
@@ -363,7 +407,7 @@ impl Pool {
     /// transaction), and its space is freed in the background (`background_delete`);
     /// refused while it is open (served).
     pub async fn delete_volume(&self, id: DevId) -> Result<()> {
-        if self.open_volumes.lock().contains_key(&id) {
+        if self.open_volumes.lock().by_id.contains_key(&id) {
             return Err(Error::new(
                 ErrorKind::Busy,
                 format!("thin volume {id} is open (served): remove its export first (strata export remove)"),
@@ -644,15 +688,23 @@ impl Pool {
         self.commit_unless(|| matches!(self.uncommitted(id, vblock), Ok(false))).await
     }
 
-    /// `commit`, unless `done()` says so once the commit lock is held.
+    /// `commit`, unless `done()` says so once the commit lock is held. Refused once the
+    /// pool is closed: its last volume's shutdown made the last commit.
     async fn commit_unless(&self, done: impl Fn() -> bool) -> Result<()> {
         let _one = self.commit_lock.lock().await;
-        // A failed commit forgets uncommitted mappings after failing the pool: check after.
-        let done = done();
-        self.check_writable()?;
-        if done {
-            return Ok(());
+        if self.closed() {
+            return Err(Error::new(ErrorKind::Busy, format!("{}: the pool is shut down", self.describe)));
         }
+        // A failed commit forgets uncommitted mappings after failing the pool: check after.
+        if done() {
+            return self.check_writable();
+        }
+        self.commit_now().await
+    }
+
+    /// The commit itself, under the commit lock.
+    async fn commit_now(&self) -> Result<()> {
+        self.check_writable()?;
         let prepared: Result<Option<Commit>> = {
             let mut st = self.state.write();
             let c = st.meta.prepare_commit();
@@ -796,6 +848,9 @@ async fn periodic_commit(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
             _ = kick.notified() => continue,
         }
         let Some(p) = pool.upgrade() else { return };
+        if p.closed() {
+            return;
+        }
         if period.is_zero() || !p.dirty() || p.state.read().failed.is_some() {
             continue;
         }
@@ -815,7 +870,7 @@ async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
     loop {
         let step = {
             let Some(p) = pool.upgrade() else { return };
-            let idle = p.deletions_paused.load(Relaxed) || {
+            let idle = p.deletions_paused.load(Relaxed) || p.closed() || {
                 let st = p.state.read();
                 st.failed.is_some() || st.meta.deleting().is_empty()
             };
@@ -830,7 +885,7 @@ async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
             None | Some(Ok(None)) => {
                 // Steps left uncommitted by a pause are committed now.
                 if let Some(p) = pool.upgrade() {
-                    if p.dirty() && p.state.read().failed.is_none() {
+                    if p.dirty() && p.state.read().failed.is_none() && !p.closed() {
                         let _ = p.commit().await;
                     }
                 }
@@ -839,8 +894,9 @@ async fn background_delete(pool: Weak<Pool>, kick: Arc<tokio::sync::Notify>) {
             }
             Some(Ok(Some(_))) => tokio::task::yield_now().await,
             Some(Err(e)) => {
-                if let Some(p) = pool.upgrade() {
-                    eprintln!("strata: {}: background deletion: {}", p.describe, e.context);
+                match pool.upgrade() {
+                    Some(p) if !p.closed() => eprintln!("strata: {}: background deletion: {}", p.describe, e.context),
+                    _ => {}
                 }
                 kick.notified().await;
             }

@@ -5,7 +5,8 @@
 use crate::meta::DevId;
 use crate::pool::{Pool, PoolStatus, State};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use strata_io::metrics::{MetricKind, Sample};
 use strata_io::{check_range, BlockDev, BoxFut, Buf, Error, ErrorKind, Extent, Geometry, Result, ZeroFlags};
@@ -14,6 +15,8 @@ pub struct ThinDev {
     pool: Arc<Pool>,
     id: DevId,
     size: u64,
+    /// Counted open in the pool until shut down or dropped.
+    open: AtomicBool,
 }
 
 /// A thin volume's state for `strata status`.
@@ -72,8 +75,8 @@ impl ThinDev {
                 format!("no size is recorded for thin volume {id} (a pool made by other tools?): give size="),
             )
         })?;
-        pool.open_volume(id);
-        Ok(ThinDev { pool, id, size })
+        pool.open_volume(id)?;
+        Ok(ThinDev { pool, id, size, open: AtomicBool::new(true) })
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -310,7 +313,9 @@ impl ThinDev {
 
 impl Drop for ThinDev {
     fn drop(&mut self) {
-        self.pool.close_volume(self.id);
+        if self.open.swap(false, SeqCst) {
+            self.pool.close_volume(self.id, false);
+        }
     }
 }
 
@@ -369,6 +374,16 @@ impl BlockDev for ThinDev {
 
     fn flush(&self) -> BoxFut<'_, Result<()>> {
         Box::pin(self.pool.flush())
+    }
+
+    /// A commit; the pool's last open volume also shuts its devices down.
+    fn shutdown(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            match self.open.swap(false, SeqCst) {
+                true => self.pool.shutdown_volume(self.id).await,
+                false => self.pool.flush().await,
+            }
+        })
     }
 
     fn discard(&self, offset: u64, len: u64) -> BoxFut<'_, Result<()>> {
@@ -505,5 +520,43 @@ mod tests {
             std::mem::size_of_val(&dev.read_piece(p, Buf::zeroed(4096))),
         ];
         assert!(sizes.iter().all(|&s| s <= 1024), "futures of {sizes:?} bytes");
+    }
+
+    /// Volumes of one pool shut down one after another: the others only commit, and the
+    /// last commits and then shuts the data device down; the pool then takes no volume and
+    /// no commit, and volumes dropped without a shutdown never shut it down.
+    #[tokio::test]
+    async fn only_the_pools_last_volume_shuts_its_data_device_down() {
+        use strata_io::testing::recording::{Event, Recording};
+        let bs = 64 << 10;
+        let md = Arc::new(MemDev::new(4 << 20));
+        let data = Arc::new(Recording::new(MemDev::new(16 * bs)));
+        let mut m = Metadata::format(&*md, data.size(), bs, "mem:data", false).await.unwrap();
+        for id in 1..=3 {
+            m.create_thin(id).unwrap();
+        }
+        m.commit(&*md).await.unwrap();
+        let pool = Pool::open(md, data.clone(), "mem:data", PoolOptions::default()).await.unwrap();
+        let vols: Vec<_> = (1..=3).map(|id| ThinDev::new(pool.clone(), id, Some(16 * bs)).unwrap()).collect();
+        let dropped = ThinDev::new(pool.clone(), 3, Some(16 * bs)).unwrap();
+        let before = pool.status().commits;
+        drop(dropped);
+        let shutdowns = || data.events().iter().filter(|e| **e == Event::Shutdown).count();
+        for v in &vols[..2] {
+            v.write(0, Buf::from_slice(&[v.id as u8; 4096]), false).await.unwrap();
+            v.shutdown().await.unwrap();
+            assert_eq!(shutdowns(), 0, "the data device shut down under volume 3");
+            assert!(!pool.closed());
+        }
+        vols[2].write(0, Buf::from_slice(&[3; 4096]), false).await.unwrap();
+        vols[2].shutdown().await.unwrap();
+        assert_eq!(shutdowns(), 1);
+        assert_eq!(data.events().last(), Some(&Event::Shutdown), "a flush after the shutdown");
+        assert_eq!(pool.status().commits, before + 3, "each volume's shutdown commits its write");
+        let late = ThinDev::new(pool.clone(), 1, Some(16 * bs)).err().expect("a volume on a closed pool");
+        assert!(late.context.contains("closing it"), "{}", late.context);
+        assert!(pool.commit().await.unwrap_err().context.contains("shut down"));
+        drop(vols);
+        assert_eq!(shutdowns(), 1);
     }
 }

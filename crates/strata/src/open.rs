@@ -57,6 +57,8 @@ pub struct Opener {
 struct OpenSlice {
     range: std::ops::Range<u64>,
     overlap: bool,
+    /// A volume over the whole device, not a slice of it.
+    whole: bool,
     dev: Weak<dyn BlockDev>,
 }
 
@@ -94,6 +96,26 @@ impl Opener {
         shared.retain(|_, w| w.strong_count() > 0);
         shared.insert(key.to_string(), Arc::downgrade(&erased));
         Ok(made)
+    }
+
+    /// `shared`, for an object its last user closes (a device under slices, a thin pool):
+    /// one closed but not gone yet (an `export remove` finishing) is waited out for up to
+    /// 10 s, and then made anew.
+    async fn shared_live<T, F, Fut>(&self, key: &str, make: F, closed: impl Fn(&T) -> bool) -> Result<Arc<T>>
+    where
+        T: Any + Send + Sync,
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<Arc<T>>>,
+    {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let held = self.shared(key, &make).await?;
+            if !closed(&held) || std::time::Instant::now() >= deadline {
+                return Ok(held);
+            }
+            drop(held);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -150,67 +172,100 @@ async fn open_qos(
 
 /// The device `spec` names, opened once for every slice (and scheduler) over it in this
 /// server, under its recordable spec. Each volume over it takes a lease, so that only the
-/// last one to close shuts it down. One whose last volume has shut it down but is not gone
-/// yet (an `export remove` finishing) is waited out for up to 10 s and opened anew.
+/// last one to close shuts it down.
 async fn shared_device(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<Shared>> {
     let key = format!("device:{}", spec.recordable());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let make = || async { Ok(Shared::new(Box::pin(open_with(opener, spec, read_only)).await?)) };
-        let shared = opener.shared(&key, make).await?;
-        if !shared.closed() || std::time::Instant::now() >= deadline {
-            return Ok(shared);
-        }
-        drop(shared);
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let make = || async { Ok(Shared::new(Box::pin(open_with(opener, spec, read_only)).await?)) };
+    opener.shared_live(&key, make, |s: &Shared| s.closed()).await
 }
 
 /// Opens `spec`'s slices (`slice:..@slice:..@DEV`) over the shared device `DEV`, or over
 /// `base` in its place (an IO controller's handle onto it), checking each range against
-/// the device below it and against the other slices of that device.
+/// the device below it and against the other volumes on that device. A volume over the
+/// whole device (a `qos:` group over it) counts as a slice of all of it that says no
+/// `overlap`.
 async fn open_slices(
     opener: &Opener,
     spec: &Spec,
     read_only: bool,
     base: Option<Arc<dyn BlockDev>>,
 ) -> Result<Arc<dyn BlockDev>> {
-    let Spec::Slice { offset, len, overlap, inner } = spec else {
-        return Ok(match base {
-            Some(b) => b,
+    // The device itself: `base`, or a lease on the shared device.
+    let device = |spec, base: Option<Arc<dyn BlockDev>>| async move {
+        match base {
+            Some(b) => Ok::<_, Error>(b),
             None => {
                 let shared = shared_device(opener, spec, read_only).await?;
-                Arc::new(shared.lease(shared.dev().clone())?)
+                Ok(Arc::new(shared.lease(shared.dev().clone())?) as Arc<dyn BlockDev>)
             }
-        });
-    };
-    let below = Box::pin(open_slices(opener, inner, read_only, base)).await?;
-    let range = *offset..offset + len;
-    if range.end > below.size() {
-        return Err(Error::new(
-            ErrorKind::Invalid,
-            format!("{spec}: the slice ends at byte {}, past the end of {inner} ({} bytes)", range.end, below.size()),
-        ));
-    }
-    let key = inner.recordable().to_string();
-    let mut slices = opener.slices.lock();
-    let open = slices.entry(key).or_default();
-    open.retain(|s| s.dev.strong_count() > 0);
-    if let Some(other) = open.iter().find(|s| s.range.start < range.end && range.start < s.range.end) {
-        if !(other.overlap && *overlap) {
-            return Err(Error::new(
-                ErrorKind::Invalid,
-                format!(
-                    "{spec}: overlaps the slice {}+{} of {inner} already open (give both ?overlap to allow it)",
-                    other.range.start,
-                    other.range.end - other.range.start
-                ),
-            ));
         }
-    }
-    let dev: Arc<dyn BlockDev> = Arc::new(Slice { inner: below, offset: *offset, len: *len });
-    open.push(OpenSlice { range, overlap: *overlap, dev: Arc::downgrade(&dev) });
-    Ok(dev)
+    };
+    let Spec::Slice { offset, len, overlap, inner } = spec else {
+        let dev = device(spec, base).await?;
+        let whole = 0..dev.size();
+        return take_range(opener, spec, spec, whole, false, dev, |d| d).await;
+    };
+    let below = match **inner {
+        Spec::Slice { .. } => Box::pin(open_slices(opener, inner, read_only, base)).await?,
+        _ => device(inner, base).await?,
+    };
+    let (offset, len) = (*offset, *len);
+    take_range(opener, spec, inner, offset..offset + len, *overlap, below, |below| {
+        Arc::new(Slice { inner: below, offset, len })
+    })
+    .await
+}
+
+/// Makes the volume `spec` (`make` over `below`) once its `range` of `inner` is checked
+/// against `below`'s size and the other volumes open on `inner`, and records it there. A
+/// volume refused gives its place on the device up as a closing one does, so a device
+/// that no other volume holds is shut down, not dropped.
+async fn take_range(
+    opener: &Opener,
+    spec: &Spec,
+    inner: &Spec,
+    range: std::ops::Range<u64>,
+    overlap: bool,
+    below: Arc<dyn BlockDev>,
+    make: impl FnOnce(Arc<dyn BlockDev>) -> Arc<dyn BlockDev>,
+) -> Result<Arc<dyn BlockDev>> {
+    let whole = !matches!(spec, Spec::Slice { .. });
+    let refused = {
+        let mut slices = opener.slices.lock();
+        let open = slices.entry(inner.recordable().to_string()).or_default();
+        open.retain(|s| s.dev.strong_count() > 0);
+        let clash =
+            open.iter().find(|s| s.range.start < range.end && range.start < s.range.end && !(s.overlap && overlap));
+        let to_share = "serve slices of it instead, each with ?overlap, to let them overlap";
+        match clash {
+            _ if range.end > below.size() => {
+                format!(
+                    "{spec}: the slice ends at byte {}, past the end of {inner} ({} bytes)",
+                    range.end,
+                    below.size()
+                )
+            }
+            Some(other) if other.whole => {
+                format!("{spec}: a volume over the whole of {inner} is already open ({to_share})")
+            }
+            Some(other) => {
+                let (start, len) = (other.range.start, other.range.end - other.range.start);
+                match whole {
+                    true => format!("{spec}: the slice {start}+{len} of {inner} is already open ({to_share})"),
+                    false => format!(
+                        "{spec}: overlaps the slice {start}+{len} of {inner} already open (give both ?overlap to allow it)"
+                    ),
+                }
+            }
+            None => {
+                let dev = make(below);
+                open.push(OpenSlice { range, overlap, whole, dev: Arc::downgrade(&dev) });
+                return Ok(dev);
+            }
+        }
+    };
+    let _ = below.shutdown().await;
+    Err(Error::new(ErrorKind::Invalid, refused))
 }
 
 /// Opens and claims a file or block device with its spec's options.
@@ -334,7 +389,7 @@ async fn open_writecache(opener: &Opener, path: &Path, origin: Option<&Spec>) ->
 
 /// Opens volume `id` of the pool on `path`: one pool per metadata device for all the
 /// volumes an opener opens, its data device the one `data` names or else the one recorded
-/// in the pool's superblock.
+/// in the pool's superblock. The last of them to shut down shuts the pool's devices down.
 async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
     let Spec::Thin { pool: path, id, size, skip_zeroing, low_water, commit_period_ms, data } = spec else {
         unreachable!("open_thin of a thin: spec")
@@ -343,33 +398,32 @@ async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
     let shown = path.display();
     let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string();
     let key = format!("thin-pool:{canonical}");
-    let pool = opener
-        .shared(&key, || async {
-            let md = cache_device(path, false)?;
-            let recorded;
-            let data = match data {
-                Some(d) => d,
-                None => {
-                    let sb = strata_thin::meta::read_superblock(&*md).await?;
-                    if sb.record.data_spec.is_empty() {
-                        return Err(Error::new(
-                            ErrorKind::Invalid,
-                            format!("{shown}: the pool records no data device; give thin:{shown}?id={id}&data=SPEC"),
-                        ));
-                    }
-                    recorded = Spec::parse(&sb.record.data_spec)
-                        .map_err(|e| Error::new(e.kind, format!("the recorded data device: {}", e.context)))?;
-                    &recorded
+    let make = || async {
+        let md = cache_device(path, false)?;
+        let recorded;
+        let data = match data {
+            Some(d) => d,
+            None => {
+                let sb = strata_thin::meta::read_superblock(&*md).await?;
+                if sb.record.data_spec.is_empty() {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        format!("{shown}: the pool records no data device; give thin:{shown}?id={id}&data=SPEC"),
+                    ));
                 }
-            };
-            let dev = Box::pin(opener.open(data, false)).await;
-            let dev = dev.map_err(|e| Error::new(e.kind, format!("data device of {shown}: {}", e.context)))?;
-            let opts = PoolOptions { skip_block_zeroing: skip_zeroing, ..PoolOptions::default() };
-            let pool = Pool::open(md, dev, &data.to_string(), opts).await?;
-            pool.set_path(&canonical);
-            Ok(pool)
-        })
-        .await?;
+                recorded = Spec::parse(&sb.record.data_spec)
+                    .map_err(|e| Error::new(e.kind, format!("the recorded data device: {}", e.context)))?;
+                &recorded
+            }
+        };
+        let dev = Box::pin(opener.open(data, false)).await;
+        let dev = dev.map_err(|e| Error::new(e.kind, format!("data device of {shown}: {}", e.context)))?;
+        let opts = PoolOptions { skip_block_zeroing: skip_zeroing, ..PoolOptions::default() };
+        let pool = Pool::open(md, dev, &data.to_string(), opts).await?;
+        pool.set_path(&canonical);
+        Ok(pool)
+    };
+    let pool = opener.shared_live(&key, make, |p: &Pool| p.closed()).await?;
     if let Some(d) = data {
         if d.to_string() != pool.data_spec {
             return Err(Error::new(
@@ -439,5 +493,35 @@ mod tests {
         });
         let b = b.expect("opened once the closing volume was gone");
         b.write(0, strata_io::Buf::from_slice(&[1u8; 4096]), false).await.unwrap();
+    }
+
+    /// The same for a thin pool: a volume opened while the pool's last volume is shutting
+    /// it down waits for that volume to go, and opens the pool anew.
+    #[tokio::test]
+    async fn a_thin_volume_opened_as_its_pool_closes_waits_and_opens_it_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("pool.meta");
+        let Spec::File(file) = format!("{}?size=4MiB", meta.display()).parse().unwrap() else { unreachable!() };
+        let md = open_to_format(&file).unwrap();
+        let mut m = strata_thin::meta::Metadata::format(&md, 4 << 20, 64 << 10, "mem:4MiB", false).await.unwrap();
+        m.create_thin(1).unwrap();
+        m.create_thin(2).unwrap();
+        m.commit(&md).await.unwrap();
+        drop(md);
+        let opener = Opener::new();
+        let open = |id: u32| {
+            let spec: Spec = format!("thin:{}?id={id}&size=1MiB", meta.display()).parse().unwrap();
+            let opener = &opener;
+            async move { opener.open(&spec, false).await }
+        };
+        let a = open(1).await.unwrap();
+        a.shutdown().await.unwrap();
+        let (b, ()) = tokio::join!(open(2), async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            drop(a);
+        });
+        let b = b.expect("opened once the closing volume was gone");
+        b.write(0, strata_io::Buf::from_slice(&[1u8; 4096]), false).await.unwrap();
+        b.shutdown().await.unwrap();
     }
 }

@@ -199,7 +199,7 @@ async fn only_the_last_volume_over_a_shared_cache_shuts_it_down() {
     for specs in [
         [format!("slice:0+2MiB@cache:{c}"), format!("slice:2MiB+2MiB@cache:{c}")],
         [format!("qos:a@slice:0+2MiB@cache:{c}"), format!("qos:b@slice:2MiB+2MiB@cache:{c}")],
-        [format!("qos:a@cache:{c}"), format!("slice:0+1MiB@cache:{c}")],
+        [format!("qos:a@slice:1MiB+3MiB@cache:{c}"), format!("slice:0+1MiB@cache:{c}")],
     ] {
         let opener = Opener::new();
         let (a, b) = (open(&opener, &specs[0]).await.unwrap(), open(&opener, &specs[1]).await.unwrap());
@@ -227,6 +227,45 @@ async fn only_the_last_volume_over_a_shared_cache_shuts_it_down() {
         rb.unwrap();
         assert!(clean().await, "{specs:?}: closed together, the cache is closed cleanly");
     }
+
+    // A volume refused once the cache is open for it (a slice past its end, a qos group
+    // over the whole of it beside a slice) gives the cache up as a closing one does: held
+    // by no other volume, the cache is shut down, not dropped.
+    for refused in [format!("slice:3MiB+2MiB@cache:{c}"), format!("qos:a@slice:3MiB+2MiB@cache:{c}")] {
+        let e = open(&Opener::new(), &refused).await.err().expect("past the end");
+        assert!(e.context.contains("past the end"), "{e}");
+        assert!(clean().await, "{refused}: the cache opened for a refused volume was not closed cleanly");
+    }
+    let opener = Opener::new();
+    let slice = open(&opener, &format!("slice:0+1MiB@cache:{c}")).await.unwrap();
+    let e = open(&opener, &format!("qos:a@cache:{c}")).await.err().expect("the whole device beside a slice");
+    assert!(e.context.contains("the slice 0+1048576 of cache:"), "{e}");
+    slice.write(0, Buf::from_slice(&[7u8; 4096]), false).await.expect("the slice goes on serving");
+    slice.shutdown().await.unwrap();
+    assert!(clean().await);
+}
+
+/// A volume over the whole of a shared device (a qos group over it) overlaps every other
+/// volume on it: beside it, slices and other whole-device groups are refused, whichever
+/// opened first, and it opens again once they are gone.
+#[tokio::test]
+async fn a_volume_over_the_whole_shared_device_overlaps_every_other() {
+    let opener = Opener::new();
+    let whole = open(&opener, "qos:a@mem:4MiB").await.unwrap();
+    for other in
+        ["qos:b@mem:4MiB", "qos:a@mem:4MiB", "qos:b@slice:1MiB+1MiB?overlap@mem:4MiB", "slice:0+4KiB?overlap@mem:4MiB"]
+    {
+        let e = open(&opener, other).await.err().expect("overlapping the whole device");
+        assert!(e.context.contains("a volume over the whole of mem:4MiB is already open"), "{other}: {e}");
+    }
+    whole.write(0, Buf::from_slice(&[3u8; 4096]), false).await.expect("the whole-device volume goes on serving");
+    whole.shutdown().await.unwrap();
+    drop(whole);
+    let slice = open(&opener, "qos:b@slice:1MiB+1MiB@mem:4MiB").await.unwrap();
+    let e = open(&opener, "qos:a@mem:4MiB").await.err().expect("the whole device beside a slice");
+    assert!(e.context.contains("the slice 1048576+1048576 of mem:4MiB is already open"), "{e}");
+    drop(slice);
+    open(&opener, "qos:a@mem:4MiB").await.expect("alone again");
 }
 
 /// qos over a remote origin, directly and under a cache: the remote's state and counters

@@ -190,6 +190,35 @@ fn a_pool_made_with_relative_paths_opens_from_anywhere() {
     assert!(data.windows(4096).any(|w| w.iter().all(|&b| b == 0x5a)), "the data went to another file");
 }
 
+/// A pool whose data device is a cache: removing one of its two volumes leaves the pool and
+/// the cache serving the other, and the server's stop, closing the last volume, shuts the
+/// cache down cleanly (its hints saved, no recovery at the next open).
+#[test]
+fn a_pool_over_a_cache_shuts_the_cache_down_with_its_last_volume() {
+    if !tools(&["qemu-io"]) {
+        return;
+    }
+    let d = tempdir();
+    let (origin, cache, meta) = (d.path().join("origin.img"), d.path().join("cache.img"), d.path().join("pool.meta"));
+    let (o, c, m) = (origin.display(), cache.display(), meta.display());
+    strata_ok(&["cache", "create", "--origin", &format!("{o}?size=64MiB"), "--cache", &format!("{c}?size=16MiB")]);
+    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=8MiB"), "--data", &format!("cache:{c}")]);
+    for id in ["1", "2"] {
+        strata_ok(&["thin", "create", meta.to_str().unwrap(), id, "--size", "16MiB"]);
+    }
+    let mut srv = serve(&[format!("one=thin:{m}?id=1"), format!("two=thin:{m}?id=2")]);
+    qemu_io_ok(&srv.uri("one"), &["write -P 0x11 0 256k", "flush"]);
+    qemu_io_ok(&srv.uri("two"), &["write -P 0x22 0 256k", "flush"]);
+    strata_ok(&["export", "remove", "--admin", srv.admin.as_deref().unwrap(), "one"]);
+    qemu_io_ok(&srv.uri("two"), &["write -P 0x33 256k 256k", "flush", "read -P 0x22 0 256k", "read -P 0x33 256k 256k"]);
+    srv.stop_checked();
+    let check = strata_ok(&["cache", "check", cache.to_str().unwrap()]);
+    assert!(check.contains("clean shutdown") && !check.contains("not shut down"), "{check}");
+    let srv = serve(&[format!("one=thin:{m}?id=1"), format!("two=thin:{m}?id=2")]);
+    qemu_io_ok(&srv.uri("one"), &["read -P 0x11 0 256k"]);
+    qemu_io_ok(&srv.uri("two"), &["read -P 0x22 0 256k", "read -P 0x33 256k 256k"]);
+}
+
 /// A pool in `dir` (`pool.meta` of `md_size`, `pool.data` of `data_size`) with volume 1 of
 /// `volume_size`: the metadata's path and the data device's spec.
 fn new_pool(dir: &Path, md_size: &str, data_size: &str, volume_size: &str) -> (PathBuf, String) {
