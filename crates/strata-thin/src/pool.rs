@@ -318,15 +318,17 @@ impl Pool {
         Ok(())
     }
 
-    /// Gives up volume `id`'s place. With `closing` (a clean shutdown), the last volume to
-    /// go closes the pool in the same step, so no volume opens on a pool being shut down;
-    /// returns whether it did.
-    pub(crate) fn close_volume(&self, id: DevId, closing: bool) -> bool {
+    /// Gives up volume `id`'s place (none: only looks). With `closing` (a clean shutdown),
+    /// the last volume to go closes the pool in the same step, so no volume opens on a pool
+    /// being shut down; returns whether it did.
+    pub(crate) fn close_volume(&self, id: Option<DevId>, closing: bool) -> bool {
         let mut open = self.open_volumes.lock();
-        if let Some(n) = open.by_id.get_mut(&id) {
-            *n -= 1;
-            if *n == 0 {
-                open.by_id.remove(&id);
+        if let Some(id) = id {
+            if let Some(n) = open.by_id.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    open.by_id.remove(&id);
+                }
             }
         }
         let last = closing && open.by_id.is_empty() && !open.closed;
@@ -345,9 +347,24 @@ impl Pool {
     /// runs after. One at a time, so the last starts after the others' commits.
     pub(crate) async fn shutdown_volume(&self, id: DevId) -> Result<()> {
         let _one_at_a_time = self.closing.lock().await;
-        if !self.close_volume(id, true) {
-            return self.flush().await;
+        match self.close_volume(Some(id), true) {
+            true => self.shut_down().await,
+            false => self.flush().await,
         }
+    }
+
+    /// Shuts the pool down as its last volume would, if no volume is open on it: for an
+    /// open that made the pool and then failed (an unknown volume id).
+    pub async fn close_unused(&self) -> Result<()> {
+        let _one_at_a_time = self.closing.lock().await;
+        match self.close_volume(None, true) {
+            true => self.shut_down().await,
+            false => Ok(()),
+        }
+    }
+
+    /// The last commit, then the devices' shutdowns, with no commit after.
+    async fn shut_down(&self) -> Result<()> {
         let _no_commit_after = self.commit_lock.lock().await;
         let committed = self.commit_now().await;
         let md = self.md.shutdown().await;

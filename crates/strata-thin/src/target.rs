@@ -314,7 +314,7 @@ impl ThinDev {
 impl Drop for ThinDev {
     fn drop(&mut self) {
         if self.open.swap(false, SeqCst) {
-            self.pool.close_volume(self.id, false);
+            self.pool.close_volume(Some(self.id), false);
         }
     }
 }

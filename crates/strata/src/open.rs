@@ -391,7 +391,7 @@ async fn open_writecache(opener: &Opener, path: &Path, origin: Option<&Spec>) ->
 /// volumes an opener opens, its data device the one `data` names or else the one recorded
 /// in the pool's superblock. The last of them to shut down shuts the pool's devices down.
 async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
-    let Spec::Thin { pool: path, id, size, skip_zeroing, low_water, commit_period_ms, data } = spec else {
+    let Spec::Thin { pool: path, id, size, skip_zeroing, data, .. } = spec else {
         unreachable!("open_thin of a thin: spec")
     };
     let (id, size, skip_zeroing, data) = (*id, *size, *skip_zeroing, data.as_deref());
@@ -419,11 +419,39 @@ async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
         let dev = Box::pin(opener.open(data, false)).await;
         let dev = dev.map_err(|e| Error::new(e.kind, format!("data device of {shown}: {}", e.context)))?;
         let opts = PoolOptions { skip_block_zeroing: skip_zeroing, ..PoolOptions::default() };
-        let pool = Pool::open(md, dev, &data.to_string(), opts).await?;
-        pool.set_path(&canonical);
-        Ok(pool)
+        match Pool::open(md, dev.clone(), &data.to_string(), opts).await {
+            Ok(pool) => {
+                pool.set_path(&canonical);
+                Ok(pool)
+            }
+            Err(e) => {
+                let _ = dev.shutdown().await;
+                Err(e)
+            }
+        }
     };
-    let pool = opener.shared_live(&key, make, |p: &Pool| p.closed()).await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let pool = opener.shared_live(&key, &make, |p: &Pool| p.closed()).await?;
+        match with_settings(&pool, spec).and_then(|()| ThinDev::new(pool.clone(), id, size)) {
+            Ok(volume) => return Ok(volume),
+            // Closed meanwhile by an open that failed (below): waited out as any closed pool.
+            Err(_) if pool.closed() && std::time::Instant::now() < deadline => continue,
+            // A pool no volume holds (this open made it) is closed cleanly, not dropped.
+            Err(e) => {
+                let _ = pool.close_unused().await;
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Checks that an open pool is the one `spec` names it as, and applies the spec's settings.
+fn with_settings(pool: &Pool, spec: &Spec) -> Result<()> {
+    let Spec::Thin { pool: path, skip_zeroing, low_water, commit_period_ms, data, .. } = spec else {
+        unreachable!("with_settings of a thin: spec")
+    };
+    let shown = path.display();
     if let Some(d) = data {
         if d.to_string() != pool.data_spec {
             return Err(Error::new(
@@ -432,10 +460,10 @@ async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
             ));
         }
     }
-    if pool.options().skip_block_zeroing != skip_zeroing {
+    if pool.options().skip_block_zeroing != *skip_zeroing {
         return Err(Error::new(
             ErrorKind::Invalid,
-            format!("{shown} is already open with skip_block_zeroing {}", if skip_zeroing { "off" } else { "on" }),
+            format!("{shown} is already open with skip_block_zeroing {}", if *skip_zeroing { "off" } else { "on" }),
         ));
     }
     // The spec's settings apply to the pool as it is from now on (as `strata thin set`).
@@ -446,7 +474,7 @@ async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
             commit_period: commit_period_ms.map(std::time::Duration::from_millis).unwrap_or(t.commit_period),
         });
     }
-    ThinDev::new(pool, id, size)
+    Ok(())
 }
 
 #[cfg(test)]

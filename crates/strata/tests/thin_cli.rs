@@ -192,7 +192,8 @@ fn a_pool_made_with_relative_paths_opens_from_anywhere() {
 
 /// A pool whose data device is a cache: removing one of its two volumes leaves the pool and
 /// the cache serving the other, and the server's stop, closing the last volume, shuts the
-/// cache down cleanly (its hints saved, no recovery at the next open).
+/// cache down cleanly (its hints saved, no recovery at the next open), as does an open of a
+/// volume the pool does not have.
 #[test]
 fn a_pool_over_a_cache_shuts_the_cache_down_with_its_last_volume() {
     if !tools(&["qemu-io"]) {
@@ -214,9 +215,17 @@ fn a_pool_over_a_cache_shuts_the_cache_down_with_its_last_volume() {
     srv.stop_checked();
     let check = strata_ok(&["cache", "check", cache.to_str().unwrap()]);
     assert!(check.contains("clean shutdown") && !check.contains("not shut down"), "{check}");
-    let srv = serve(&[format!("one=thin:{m}?id=1"), format!("two=thin:{m}?id=2")]);
+    let mut srv = serve(&[format!("one=thin:{m}?id=1"), format!("two=thin:{m}?id=2")]);
     qemu_io_ok(&srv.uri("one"), &["read -P 0x11 0 256k"]);
     qemu_io_ok(&srv.uri("two"), &["read -P 0x22 0 256k", "read -P 0x33 256k 256k"]);
+    srv.stop_checked();
+    // A volume the pool does not have, added live: refused, and the pool (and cache) it
+    // opened for it closed cleanly, not dropped.
+    let srv = serve(&["other=mem:1MiB".to_string()]);
+    let refused = strata(&["export", "add", "--admin", srv.admin.as_deref().unwrap(), &format!("v=thin:{m}?id=9")]);
+    assert!(!refused.status.success(), "{refused:?}");
+    let check = strata_ok(&["cache", "check", cache.to_str().unwrap()]);
+    assert!(check.contains("clean shutdown") && !check.contains("not shut down"), "{check}");
 }
 
 /// A pool in `dir` (`pool.meta` of `md_size`, `pool.data` of `data_size`) with volume 1 of
