@@ -57,7 +57,8 @@ Volume specs:
   slice:OFFSET+SIZE@SPEC
                        SIZE bytes of SPEC from OFFSET (dm-linear), e.g. slice:0+1GiB@hdd:/d.img;
                        slices of one device share its open device and may not overlap unless
-                       each says ?overlap (slice:0+1GiB?overlap@...)
+                       each says ?overlap (slice:0+1GiB?overlap@...); a qos: volume over the
+                       whole device overlaps every other volume on it
   qos:GROUP[?opts]@SPEC
                        SPEC in the IO controller's group GROUP: the qos: volumes ending in one
                        device share its time by weight (weight=1..10000, default 100), one
