@@ -356,6 +356,10 @@ impl Pool {
     /// Shuts the pool down as its last volume would, if no volume is open on it: for an
     /// open that made the pool and then failed (an unknown volume id).
     pub async fn close_unused(&self) -> Result<()> {
+        if self.closed() {
+            // Being shut down by its last volume: nothing to wait for here.
+            return Ok(());
+        }
         let _one_at_a_time = self.closing.lock().await;
         match self.close_volume(None, true) {
             true => self.shut_down().await,

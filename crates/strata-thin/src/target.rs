@@ -502,17 +502,23 @@ mod tests {
     use crate::PoolOptions;
     use strata_io::mem::MemDev;
 
+    /// A pool of 64 KiB blocks on `md` and `data` with volumes 1 to `volumes`.
+    async fn pool_of(md: Arc<dyn BlockDev>, data: Arc<dyn BlockDev>, volumes: DevId) -> Arc<Pool> {
+        let mut m = Metadata::format(&*md, data.size(), 64 << 10, "mem:data", false).await.unwrap();
+        for id in 1..=volumes {
+            m.create_thin(id).unwrap();
+        }
+        m.commit(&*md).await.unwrap();
+        Pool::open(md, data, "mem:data", PoolOptions::default()).await.unwrap()
+    }
+
     /// Every request's future is allocated and moved: a write to a mapped block must not
     /// carry the provisioning path's or a commit's state (its 3.2 KiB cost about 14% of the
     /// rate of 4 KiB writes to a mapped volume, docs/BENCHMARKS.md).
     #[tokio::test]
     async fn a_write_to_a_mapped_block_has_a_small_future() {
         let bs = 64 << 10;
-        let (md, data) = (Arc::new(MemDev::new(4 << 20)), Arc::new(MemDev::new(16 * bs)));
-        let mut m = Metadata::format(&*md, data.size(), bs, "mem:data", false).await.unwrap();
-        m.create_thin(1).unwrap();
-        m.commit(&*md).await.unwrap();
-        let pool = Pool::open(md, data, "mem:data", PoolOptions::default()).await.unwrap();
+        let pool = pool_of(Arc::new(MemDev::new(4 << 20)), Arc::new(MemDev::new(16 * bs)), 1).await;
         let dev = ThinDev::new(pool, 1, Some(16 * bs)).unwrap();
         let p = Piece { vblock: 0, at: 0, len: 4096, pos: 0 };
         let sizes = [
@@ -529,14 +535,8 @@ mod tests {
     async fn only_the_pools_last_volume_shuts_its_data_device_down() {
         use strata_io::testing::recording::{Event, Recording};
         let bs = 64 << 10;
-        let md = Arc::new(MemDev::new(4 << 20));
         let data = Arc::new(Recording::new(MemDev::new(16 * bs)));
-        let mut m = Metadata::format(&*md, data.size(), bs, "mem:data", false).await.unwrap();
-        for id in 1..=3 {
-            m.create_thin(id).unwrap();
-        }
-        m.commit(&*md).await.unwrap();
-        let pool = Pool::open(md, data.clone(), "mem:data", PoolOptions::default()).await.unwrap();
+        let pool = pool_of(Arc::new(MemDev::new(4 << 20)), data.clone(), 3).await;
         let vols: Vec<_> = (1..=3).map(|id| ThinDev::new(pool.clone(), id, Some(16 * bs)).unwrap()).collect();
         let dropped = ThinDev::new(pool.clone(), 3, Some(16 * bs)).unwrap();
         let before = pool.status().commits;
@@ -558,5 +558,27 @@ mod tests {
         assert!(pool.commit().await.unwrap_err().context.contains("shut down"));
         drop(vols);
         assert_eq!(shutdowns(), 1);
+    }
+
+    /// An open that fails on a pool its last volume is shutting down does not wait for
+    /// that shutdown (however slow its devices) to answer.
+    #[tokio::test]
+    async fn a_failed_open_does_not_wait_for_the_pools_shutdown_under_way() {
+        use futures::FutureExt;
+        use strata_io::testing::recording::Recording;
+        let bs = 64 << 10;
+        let md = Arc::new(Recording::new(MemDev::new(4 << 20)));
+        let pool = pool_of(md.clone(), Arc::new(MemDev::new(16 * bs)), 1).await;
+        let vol = ThinDev::new(pool.clone(), 1, Some(16 * bs)).unwrap();
+        vol.write(0, Buf::from_slice(&[1; 4096]), false).await.unwrap();
+        // The last commit's metadata writes wait: the shutdown stays under way.
+        md.hold_writes(true);
+        let mut shutdown = vol.shutdown();
+        while !pool.closed() {
+            assert!((&mut shutdown).now_or_never().is_none(), "shut down with its metadata writes held");
+        }
+        assert!(pool.close_unused().now_or_never().is_some(), "waited for the shutdown under way");
+        md.hold_writes(false);
+        shutdown.await.unwrap();
     }
 }

@@ -34,6 +34,10 @@ pub struct Volume {
 /// opened, offered and taken away through here.
 pub struct Admin {
     volumes: RwLock<Vec<Arc<Volume>>>,
+    /// Held shared by each `add` and `remove` while it runs, and alone by the server's stop
+    /// (`stop_changes`), which waits for them: a volume being closed by a removal is closed
+    /// before the process ends. True once stopped: none starts after.
+    changes: tokio::sync::RwLock<bool>,
     started: Instant,
     server: Server,
     opener: Opener,
@@ -96,7 +100,8 @@ pub struct VolumeStatus {
 impl Admin {
     /// The admin side of `server`; with `token`, every request must carry it as a bearer token.
     pub fn new(server: Server, token: Option<String>) -> Admin {
-        Admin { volumes: RwLock::default(), started: Instant::now(), server, opener: Opener::new(), token }
+        let changes = tokio::sync::RwLock::new(false);
+        Admin { volumes: RwLock::default(), changes, started: Instant::now(), server, opener: Opener::new(), token }
     }
 
     /// The volumes served now, in the order they were added.
@@ -109,6 +114,7 @@ impl Admin {
     /// export. Nothing is opened
     /// (or created) for a name that cannot be served.
     pub async fn add(&self, name: &str, spec: &Spec, read_only: bool) -> anyhow::Result<Arc<Volume>> {
+        let _changing = self.change().await?;
         strata_nbd::check_name(name).map_err(anyhow::Error::msg)?;
         // As on the command line (`NAME=SPEC`), wherever the name comes from.
         if !volume_name_ok(name) {
@@ -137,6 +143,7 @@ impl Admin {
     /// it, refused unless `force`, which lets their in-flight requests finish and closes
     /// them. Then its device is flushed and closed (its files' claims released).
     pub async fn remove(&self, name: &str, force: bool) -> anyhow::Result<()> {
+        let _changing = self.change().await?;
         let removed = self.server.remove(name, force).map_err(anyhow::Error::msg)?;
         removed.closed().await;
         drop(removed);
@@ -158,6 +165,23 @@ impl Admin {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         Ok(())
+    }
+
+    /// Leave to add or remove a volume, refused once the server's stop has begun closing
+    /// its volumes.
+    async fn change(&self) -> anyhow::Result<tokio::sync::RwLockReadGuard<'_, bool>> {
+        let changing = self.changes.read().await;
+        if *changing {
+            bail!("the server is shutting down: its volumes are being closed");
+        }
+        Ok(changing)
+    }
+
+    /// For the server's stop: waits for the adds and removals under way (a volume being
+    /// removed is then closed) and refuses any after, so the volumes listed next are all
+    /// there is to close.
+    pub async fn stop_changes(&self) {
+        *self.changes.write().await = true;
     }
 
     /// Takes every export away (`remove` with `force`), each device flushed and closed.

@@ -200,13 +200,8 @@ fn a_pool_over_a_cache_shuts_the_cache_down_with_its_last_volume() {
         return;
     }
     let d = tempdir();
-    let (origin, cache, meta) = (d.path().join("origin.img"), d.path().join("cache.img"), d.path().join("pool.meta"));
-    let (o, c, m) = (origin.display(), cache.display(), meta.display());
-    strata_ok(&["cache", "create", "--origin", &format!("{o}?size=64MiB"), "--cache", &format!("{c}?size=16MiB")]);
-    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=8MiB"), "--data", &format!("cache:{c}")]);
-    for id in ["1", "2"] {
-        strata_ok(&["thin", "create", meta.to_str().unwrap(), id, "--size", "16MiB"]);
-    }
+    let (cache, meta) = pool_over_a_cache(d.path(), &["1", "2"]);
+    let m = meta.display();
     let mut srv = serve(&[format!("one=thin:{m}?id=1"), format!("two=thin:{m}?id=2")]);
     qemu_io_ok(&srv.uri("one"), &["write -P 0x11 0 256k", "flush"]);
     qemu_io_ok(&srv.uri("two"), &["write -P 0x22 0 256k", "flush"]);
@@ -226,6 +221,52 @@ fn a_pool_over_a_cache_shuts_the_cache_down_with_its_last_volume() {
     assert!(!refused.status.success(), "{refused:?}");
     let check = strata_ok(&["cache", "check", cache.to_str().unwrap()]);
     assert!(check.contains("clean shutdown") && !check.contains("not shut down"), "{check}");
+}
+
+/// The server's stop waits for a removal under way: the last volume of a pool over a cache,
+/// removed just before SIGTERM while the data device's flushes are slow, still closes the
+/// cache cleanly before the server exits.
+#[test]
+fn a_stop_during_the_removal_of_a_pools_last_volume_closes_the_cache_cleanly() {
+    if !tools(&["qemu-io"]) {
+        return;
+    }
+    let d = tempdir();
+    let (cache, meta) = pool_over_a_cache(d.path(), &["1"]);
+    let (c, m) = (cache.display(), meta.display());
+    let mut srv = serve(&[format!("v=thin:{m}?id=1&data=fault:flush:delay=2s@cache:{c}")]);
+    qemu_io_ok(&srv.uri("v"), &["write -P 0x44 0 256k"]);
+    let mut remove = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["export", "remove", "--admin", srv.admin.as_deref().unwrap(), "v"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Gone from the list: its removal is closing the pool now, its flushes taking 2 s each.
+    let start = std::time::Instant::now();
+    while srv.status()["volumes"].as_array().is_some_and(|v| !v.is_empty()) {
+        assert!(start.elapsed() < common::CMD_TIMEOUT, "the removal never began");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    srv.stop_checked();
+    let _ = remove.wait();
+    let check = strata_ok(&["cache", "check", cache.to_str().unwrap()]);
+    assert!(check.contains("clean shutdown") && !check.contains("not shut down"), "{check}");
+    let srv = serve(&[format!("v=thin:{m}?id=1")]);
+    qemu_io_ok(&srv.uri("v"), &["read -P 0x44 0 256k"]);
+}
+
+/// A cache in `dir` (`cache.img` over `origin.img`) and a pool whose data device it is
+/// (`pool.meta`), with volumes `ids` of 16 MiB: the cache's and the metadata's paths.
+fn pool_over_a_cache(dir: &Path, ids: &[&str]) -> (PathBuf, PathBuf) {
+    let (origin, cache, meta) = (dir.join("origin.img"), dir.join("cache.img"), dir.join("pool.meta"));
+    let (o, c, m) = (origin.display(), cache.display(), meta.display());
+    strata_ok(&["cache", "create", "--origin", &format!("{o}?size=64MiB"), "--cache", &format!("{c}?size=16MiB")]);
+    strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=8MiB"), "--data", &format!("cache:{c}")]);
+    for id in ids {
+        strata_ok(&["thin", "create", meta.to_str().unwrap(), id, "--size", "16MiB"]);
+    }
+    (cache, meta)
 }
 
 /// A pool in `dir` (`pool.meta` of `md_size`, `pool.data` of `data_size`) with volume 1 of

@@ -288,6 +288,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 let _ = t.await;
             }
             server.wait_idle().await;
+            admin.stop_changes().await;
             let volumes = admin.volumes();
             *open.lock() = volumes.iter().map(|v| v.name.clone()).collect();
             // All at once: a volume waiting out an absent remote origin holds up no other.
