@@ -263,6 +263,8 @@ fn pool_over_a_cache(dir: &Path, ids: &[&str]) -> (PathBuf, PathBuf) {
     let (o, c, m) = (origin.display(), cache.display(), meta.display());
     strata_ok(&["cache", "create", "--origin", &format!("{o}?size=64MiB"), "--cache", &format!("{c}?size=16MiB")]);
     strata_ok(&["thin", "pool", "create", "--metadata", &format!("{m}?size=8MiB"), "--data", &format!("cache:{c}")]);
+    let check = strata_ok(&["cache", "check", cache.to_str().unwrap()]);
+    assert!(check.contains("clean shutdown") && !check.contains("not shut down"), "after the pool's creation: {check}");
     for id in ids {
         strata_ok(&["thin", "create", meta.to_str().unwrap(), id, "--size", "16MiB"]);
     }

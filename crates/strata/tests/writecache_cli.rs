@@ -152,6 +152,8 @@ fn over_a_cache_create_serve_detach() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = create_log(d.path(), &format!("cache:{}", d.path().join("cache.img").display()));
     assert!(o.status.success(), "{}", stderr(&o));
+    let check = strata(&["cache", "check", d.path().join("cache.img").to_str().unwrap()]);
+    assert!(stdout(&check).contains("clean shutdown") && !stdout(&check).contains("not shut down"), "{check:?}");
     let mut srv = serve(d, "writecache:{dir}/log.img");
     exercise(&srv);
     // The server's stop closes the stack whole: the cache below the log cleanly too.

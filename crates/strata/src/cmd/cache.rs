@@ -322,11 +322,14 @@ async fn run_create(a: CreateArgs) -> Result<()> {
 /// recorded and its identity.
 pub async fn origin_record(origin: &Spec, bytes: u64, force: bool) -> Result<(String, String)> {
     let dev = open(origin, true).await.with_context(|| format!("cannot open the origin {origin}"))?;
-    if dev.size() != bytes {
-        bail!("{origin} has {} bytes; the origin must have the {bytes} it was made for", dev.size());
-    }
-    strata_io::signature::check_origin(&*dev, force).await?;
-    Ok((origin.recordable().to_string(), origin.identity()))
+    super::closing_after(&*dev, async {
+        if dev.size() != bytes {
+            bail!("{origin} has {} bytes; the origin must have the {bytes} it was made for", dev.size());
+        }
+        strata_io::signature::check_origin(&*dev, force).await?;
+        Ok((origin.recordable().to_string(), origin.identity()))
+    })
+    .await
 }
 
 /// Formats the file or block device `cache` as a cache of `origin`, recording the origin's
@@ -340,8 +343,11 @@ pub async fn create(origin: &Spec, cache: &Spec, mut opts: CreateOptions) -> Res
     let cache_dev = open_to_format(file).with_context(|| format!("cannot open the cache device {cache}"))?;
     opts.origin_spec = origin.recordable().to_string();
     opts.origin_id = origin.identity();
-    let sb = offline::create(&cache_dev, &*origin_dev, &opts).await;
-    let sb = sb.with_context(|| format!("cannot create a cache on {}", file.path.display()))?;
+    let sb = super::closing_after(&*origin_dev, async {
+        let sb = offline::create(&cache_dev, &*origin_dev, &opts).await;
+        sb.with_context(|| format!("cannot create a cache on {}", file.path.display()))
+    })
+    .await?;
     new.keep();
     Ok(sb)
 }

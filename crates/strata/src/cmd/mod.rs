@@ -40,6 +40,21 @@ pub async fn device_to_check(
     }
 }
 
+/// `work`'s answer, once `dev` (a device a command opened for it) is closed as a server
+/// closes a volume, whatever `work` answered: a cache or write log opened by a command
+/// is left clean, not for recovery at its next open.
+pub async fn closing_after<T>(
+    dev: &dyn strata_io::BlockDev,
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    use anyhow::Context;
+    let done = work.await;
+    let closed = dev.shutdown().await;
+    let value = done?;
+    closed.with_context(|| format!("closing {}", dev.describe()))?;
+    Ok(value)
+}
+
 /// A `--seconds` value: a finite, non-negative number of seconds, at most a year (a run that
 /// long is a typo, and `Duration` takes nothing infinite).
 pub fn seconds_arg(s: &str) -> Result<f64, String> {

@@ -105,7 +105,7 @@ async fn run_calibrate(a: CalibrateArgs) -> Result<()> {
     let depth = a.depth.unwrap_or(if dev.geometry().rotational { 1 } else { 32 }).max(1);
     let c = Calibration { phase: Duration::from_secs_f64(a.seconds), depth, writes: !a.read_only };
     eprintln!("strata: calibrating {} ({} s per figure, {depth} in flight)", dev.describe(), a.seconds);
-    let m = calibrate(&*dev, &c).await?;
+    let m = super::closing_after(&*dev, async { Ok(calibrate(&*dev, &c).await?) }).await?;
     println!("rbps={} rseqiops={} rrandiops={}", m.rbps, m.rseqiops, m.rrandiops);
     println!(
         "wbps={} wseqiops={} wrandiops={}{}",

@@ -282,15 +282,21 @@ async fn pool_create(a: PoolCreateArgs) -> Result<()> {
     };
     let new = NewFiles::to_format(&[("--metadata", &a.metadata), ("--data", &a.data)])?;
     let data = open(&a.data, true).await.with_context(|| format!("cannot open the data device {}", a.data))?;
-    if !a.force {
-        if let Some(what) = strata_io::signature::recognise(&strata_io::signature::head(&*data).await?) {
-            bail!("the data device {} holds {what}; its blocks would be written over (--force uses it anyway)", a.data);
+    let m = super::closing_after(&*data, async {
+        if !a.force {
+            if let Some(what) = strata_io::signature::recognise(&strata_io::signature::head(&*data).await?) {
+                bail!(
+                    "the data device {} holds {what}; its blocks would be written over (--force uses it anyway)",
+                    a.data
+                );
+            }
         }
-    }
-    let md = open_to_format(file).with_context(|| format!("cannot open the metadata device {}", a.metadata))?;
-    let m = Metadata::format(&md, data.size(), a.block_size.0, &a.data.recordable().to_string(), a.force)
-        .await
-        .with_context(|| format!("cannot create a pool on {}", file.path.display()))?;
+        let md = open_to_format(file).with_context(|| format!("cannot open the metadata device {}", a.metadata))?;
+        Metadata::format(&md, data.size(), a.block_size.0, &a.data.recordable().to_string(), a.force)
+            .await
+            .with_context(|| format!("cannot create a pool on {}", file.path.display()))
+    })
+    .await?;
     new.keep();
     let (blocks, bs) = (m.tm.data.nr_blocks(), m.data_block_bytes());
     println!(
@@ -397,7 +403,7 @@ async fn extend(a: ExtendArgs) -> Result<()> {
         }
         let spec = Spec::parse(spec).with_context(|| format!("{}: the recorded data device", a.pool.display()))?;
         let data = open(&spec, false).await.with_context(|| format!("cannot open the data device {spec}"))?;
-        data.grow(bytes).await?;
+        super::closing_after(&*data, async { Ok(data.grow(bytes).await?) }).await?;
         m.extend_data(bytes / m.data_block_bytes())?;
     }
     if let Some(bytes) = a.metadata {

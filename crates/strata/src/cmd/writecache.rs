@@ -146,9 +146,11 @@ async fn run_create(a: CreateArgs) -> Result<()> {
         origin_spec: a.origin.recordable().to_string(),
         origin_id: a.origin.identity(),
     };
-    let sb = offline::create(&cache, &*origin, &opts)
-        .await
-        .with_context(|| format!("cannot create a writecache on {}", file.path.display()))?;
+    let sb = super::closing_after(&*origin, async {
+        let sb = offline::create(&cache, &*origin, &opts).await;
+        sb.with_context(|| format!("cannot create a writecache on {}", file.path.display()))
+    })
+    .await?;
     new.keep();
     let path = file.path.display();
     println!(
