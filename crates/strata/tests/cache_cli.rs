@@ -723,6 +723,42 @@ fn an_interrupted_demo_leaves_its_cache_clean() {
     }
 }
 
+/// A stop asked for while a volume opens (a service restarted as it starts): the server lets
+/// the cache finish opening (its origin's flushes take 2 s here), closes it cleanly and
+/// exits 0, leaving it clean.
+#[test]
+fn a_stop_while_a_cache_opens_closes_it_cleanly() {
+    let d = common::tempdir();
+    let o = create(d.path(), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (cache, origin) = (d.path().join("cache.img"), d.path().join("origin.img"));
+    let spec = format!("vol=cache:{}?origin=fault:flush:delay=2s@{}", cache.display(), origin.display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--unix", d.path().join("s.sock").to_str().unwrap(), &spec])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The server has begun opening the cache once it holds the file open.
+    let file = cache.canonicalize().unwrap();
+    let holds = || {
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", child.id())).into_iter().flatten().flatten();
+        fds.filter_map(|fd| std::fs::read_link(fd.path()).ok()).any(|target| target == file)
+    };
+    let deadline = std::time::Instant::now() + common::START_TIMEOUT;
+    while !holds() {
+        assert!(std::time::Instant::now() < deadline, "the server never opened the cache");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    common::signal(child.id(), libc::SIGTERM);
+    let status = common::wait_timeout(&mut child, common::STOP_TIMEOUT).expect("no exit after SIGTERM");
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success() && err.contains("stopped cleanly"), "{status}: {err}");
+    let check = strata(&["cache", "check", cache.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(out.contains("clean shutdown") && !out.contains("not shut down"), "{out}{}", stderr(&check));
+}
+
 /// `cache set` and `writecache set` send their settings as one message, which the volume
 /// takes whole: every setting, or (one refused) none of them.
 #[test]

@@ -212,17 +212,36 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let admin = Arc::new(Admin::new(server.clone(), token));
         // Files made for `size=`, removed again if the server does not start.
         let new = NewFiles::of(wanted.iter().map(|(_, spec, _)| spec));
+        // Caught from before the first volume opens: a stop asked for while they open (a
+        // service restarted as it starts) closes those opened cleanly, once the one opening
+        // is open; a second signal stops at once. And before any listener exists: a client
+        // may stop the server as soon as it sees the socket.
+        let mut stop = StopSignals::new()?;
+        let mut stopping = false;
         for (name, spec, ro) in wanted {
-            if let Err(e) = admin.add(&name, &spec, ro).await {
+            let add = admin.add(&name, &spec, ro);
+            tokio::pin!(add);
+            let added = loop {
+                tokio::select! {
+                    added = &mut add => break added,
+                    _ = stop.next() => {
+                        if stopping {
+                            bail!("stopped by a second signal while volume {name} was opening");
+                        }
+                        stopping = true;
+                        eprintln!("strata: stopping once volume {name} is open (a second signal stops at once)");
+                    }
+                }
+            };
+            if added.is_err() || stopping {
                 // Close what was opened cleanly: a cache left open would be marked unclean.
                 admin.remove_all().await;
-                return Err(e);
+                added?;
+                eprintln!("strata: stopped cleanly before serving");
+                return Ok(());
             }
         }
 
-        // Caught from before any listener exists: a client may stop the server as soon as it
-        // sees the socket.
-        let mut stop = StopSignals::new()?;
         let mut tasks = Vec::new();
         // The socket this server bound (its file's device and inode), removed at the end only
         // if it is still the one at the path: a server started meanwhile on the same path
