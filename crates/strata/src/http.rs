@@ -602,4 +602,36 @@ mod tests {
             assert!(e.contains("is not a strata admin endpoint") && !e.contains("DOCTYPE"), "{e}");
         }
     }
+
+    /// The server's stop waits for a removal under way (the last volume of a thin pool,
+    /// whose data device's flushes take 300 ms), and no volume is added or removed after it.
+    #[tokio::test]
+    async fn the_stop_waits_for_a_removal_and_refuses_changes_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = crate::open::tests::pool_meta(dir.path()).await;
+        let admin = Admin::new(Server::new(Vec::new(), strata_nbd::Limits::default()).unwrap(), None);
+        let slow = format!("thin:{}?id=1&size=1MiB&data=fault:flush:delay=300ms@mem:4MiB", meta.display());
+        admin.add("slow", &slow.parse().unwrap(), false).await.unwrap();
+        admin.add("kept", &"mem:1MiB".parse().unwrap(), false).await.unwrap();
+        let removed = std::sync::atomic::AtomicBool::new(false);
+        let ((), ()) = tokio::join!(
+            async {
+                admin.remove("slow", true).await.unwrap();
+                removed.store(true, std::sync::atomic::Ordering::SeqCst);
+            },
+            async {
+                // Once "slow" has left the list, its removal is closing it.
+                while admin.volumes().len() == 2 {
+                    tokio::task::yield_now().await;
+                }
+                admin.stop_changes().await;
+                assert!(removed.load(std::sync::atomic::Ordering::SeqCst), "the stop did not wait for the removal");
+            }
+        );
+        let e = admin.add("late", &"mem:1MiB".parse().unwrap(), false).await.err().expect("added after the stop");
+        assert!(e.to_string().contains("shutting down"), "{e}");
+        let e = admin.remove("kept", true).await.unwrap_err();
+        assert!(e.to_string().contains("shutting down"), "{e}");
+        assert_eq!(admin.volumes().len(), 1, "the volume to close at the stop is still listed");
+    }
 }

@@ -478,8 +478,21 @@ fn with_settings(pool: &Pool, spec: &Spec) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A pool's metadata in `dir` (`pool.meta`), for a data device of 4 MiB, with volumes 1
+    /// and 2: its path.
+    pub(crate) async fn pool_meta(dir: &Path) -> std::path::PathBuf {
+        let meta = dir.join("pool.meta");
+        let Spec::File(file) = format!("{}?size=4MiB", meta.display()).parse().unwrap() else { unreachable!() };
+        let md = open_to_format(&file).unwrap();
+        let mut m = strata_thin::meta::Metadata::format(&md, 4 << 20, 64 << 10, "mem:4MiB", false).await.unwrap();
+        m.create_thin(1).unwrap();
+        m.create_thin(2).unwrap();
+        m.commit(&md).await.unwrap();
+        meta
+    }
 
     #[tokio::test]
     async fn a_shared_object_is_made_once_while_held_and_anew_after_the_last_drop() {
@@ -528,14 +541,7 @@ mod tests {
     #[tokio::test]
     async fn a_thin_volume_opened_as_its_pool_closes_waits_and_opens_it_anew() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = dir.path().join("pool.meta");
-        let Spec::File(file) = format!("{}?size=4MiB", meta.display()).parse().unwrap() else { unreachable!() };
-        let md = open_to_format(&file).unwrap();
-        let mut m = strata_thin::meta::Metadata::format(&md, 4 << 20, 64 << 10, "mem:4MiB", false).await.unwrap();
-        m.create_thin(1).unwrap();
-        m.create_thin(2).unwrap();
-        m.commit(&md).await.unwrap();
-        drop(md);
+        let meta = pool_meta(dir.path()).await;
         let opener = Opener::new();
         let open = |id: u32| {
             let spec: Spec = format!("thin:{}?id={id}&size=1MiB", meta.display()).parse().unwrap();
