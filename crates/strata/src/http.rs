@@ -38,6 +38,9 @@ pub struct Admin {
     /// (`stop_changes`), which waits for them: a volume being closed by a removal is closed
     /// before the process ends. True once stopped: none starts after.
     changes: tokio::sync::RwLock<bool>,
+    /// Set as the stop begins to wait for them: a change asked for after is refused at once,
+    /// not after the changes under way.
+    stopping: std::sync::atomic::AtomicBool,
     started: Instant,
     server: Server,
     opener: Opener,
@@ -101,7 +104,16 @@ impl Admin {
     /// The admin side of `server`; with `token`, every request must carry it as a bearer token.
     pub fn new(server: Server, token: Option<String>) -> Admin {
         let changes = tokio::sync::RwLock::new(false);
-        Admin { volumes: RwLock::default(), changes, started: Instant::now(), server, opener: Opener::new(), token }
+        let stopping = std::sync::atomic::AtomicBool::new(false);
+        Admin {
+            volumes: RwLock::default(),
+            changes,
+            stopping,
+            started: Instant::now(),
+            server,
+            opener: Opener::new(),
+            token,
+        }
     }
 
     /// The volumes served now, in the order they were added.
@@ -170,8 +182,12 @@ impl Admin {
     /// Leave to add or remove a volume, refused once the server's stop has begun closing
     /// its volumes.
     async fn change(&self) -> anyhow::Result<tokio::sync::RwLockReadGuard<'_, bool>> {
+        let stopping = || self.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        if stopping() {
+            bail!("the server is shutting down: its volumes are being closed");
+        }
         let changing = self.changes.read().await;
-        if *changing {
+        if *changing || stopping() {
             bail!("the server is shutting down: its volumes are being closed");
         }
         Ok(changing)
@@ -181,6 +197,7 @@ impl Admin {
     /// removed is then closed) and refuses any after, so the volumes listed next are all
     /// there is to close.
     pub async fn stop_changes(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         *self.changes.write().await = true;
     }
 
@@ -614,7 +631,7 @@ mod tests {
         admin.add("slow", &slow.parse().unwrap(), false).await.unwrap();
         admin.add("kept", &"mem:1MiB".parse().unwrap(), false).await.unwrap();
         let removed = std::sync::atomic::AtomicBool::new(false);
-        let ((), ()) = tokio::join!(
+        let ((), (), ()) = tokio::join!(
             async {
                 admin.remove("slow", true).await.unwrap();
                 removed.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -626,6 +643,15 @@ mod tests {
                 }
                 admin.stop_changes().await;
                 assert!(removed.load(std::sync::atomic::Ordering::SeqCst), "the stop did not wait for the removal");
+            },
+            async {
+                // Asked for while the stop waits: refused at once, the removal still under way.
+                while !admin.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    tokio::task::yield_now().await;
+                }
+                let e = admin.remove("kept", true).await.unwrap_err();
+                assert!(e.to_string().contains("shutting down"), "{e}");
+                assert!(!removed.load(std::sync::atomic::Ordering::SeqCst), "refused only after the removal ended");
             }
         );
         let e = admin.add("late", &"mem:1MiB".parse().unwrap(), false).await.err().expect("added after the stop");
