@@ -36,10 +36,10 @@ pub struct Admin {
     volumes: RwLock<Vec<Arc<Volume>>>,
     /// Held shared by each `add` and `remove` while it runs, and alone by the server's stop
     /// (`stop_changes`), which waits for them: a volume being closed by a removal is closed
-    /// before the process ends. True once stopped: none starts after.
-    changes: tokio::sync::RwLock<bool>,
+    /// before the process ends.
+    changes: tokio::sync::RwLock<()>,
     /// Set as the stop begins to wait for them: a change asked for after is refused at once,
-    /// not after the changes under way.
+    /// not after the changes under way, and none starts once the stop holds the lock.
     stopping: std::sync::atomic::AtomicBool,
     started: Instant,
     server: Server,
@@ -103,7 +103,7 @@ pub struct VolumeStatus {
 impl Admin {
     /// The admin side of `server`; with `token`, every request must carry it as a bearer token.
     pub fn new(server: Server, token: Option<String>) -> Admin {
-        let changes = tokio::sync::RwLock::new(false);
+        let changes = tokio::sync::RwLock::new(());
         let stopping = std::sync::atomic::AtomicBool::new(false);
         Admin {
             volumes: RwLock::default(),
@@ -181,13 +181,13 @@ impl Admin {
 
     /// Leave to add or remove a volume, refused once the server's stop has begun closing
     /// its volumes.
-    async fn change(&self) -> anyhow::Result<tokio::sync::RwLockReadGuard<'_, bool>> {
+    async fn change(&self) -> anyhow::Result<tokio::sync::RwLockReadGuard<'_, ()>> {
         let stopping = || self.stopping.load(std::sync::atomic::Ordering::SeqCst);
         if stopping() {
             bail!("the server is shutting down: its volumes are being closed");
         }
         let changing = self.changes.read().await;
-        if *changing || stopping() {
+        if stopping() {
             bail!("the server is shutting down: its volumes are being closed");
         }
         Ok(changing)
@@ -198,7 +198,7 @@ impl Admin {
     /// there is to close.
     pub async fn stop_changes(&self) {
         self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-        *self.changes.write().await = true;
+        let _all = self.changes.write().await;
     }
 
     /// Takes every export away (`remove` with `force`), each device flushed and closed.
