@@ -28,7 +28,7 @@ use strata_io::fault::{FaultDev, Rule};
 use strata_io::file::{Claim, FileDev, FileOptions};
 use strata_io::latency::LatencyDev;
 use strata_io::mem::MemDev;
-use strata_io::shared::Shared;
+use strata_io::shared::{Lease, Shared};
 use strata_io::slice::Slice;
 use strata_io::{BlockDev, Error, ErrorKind, Result};
 use strata_nbd::remote::RemoteDev;
@@ -98,20 +98,34 @@ impl Opener {
         Ok(made)
     }
 
-    /// `shared`, for an object its last user closes (a device under slices, a thin pool):
-    /// one closed but not gone yet (an `export remove` finishing) is waited out for up to
-    /// 10 s, and then made anew.
-    async fn shared_live<T, F, Fut>(&self, key: &str, make: F, closed: impl Fn(&T) -> bool) -> Result<Arc<T>>
+    /// `shared`, for an object its last user closes (a device under slices, a thin pool),
+    /// `take`n for one more user (a lease on it, a volume of it). One closed but not gone yet
+    /// (an `export remove` finishing), or closed before `take` had it (by another open,
+    /// refused meanwhile), is waited out for up to 10 s in all, and then made anew. The
+    /// object comes back with `take`'s answer, for the caller to close one no user holds.
+    async fn shared_live<T, R, F, Fut, G, GFut>(
+        &self,
+        key: &str,
+        make: F,
+        closed: impl Fn(&T) -> bool,
+        take: G,
+    ) -> Result<(Arc<T>, Result<R>)>
     where
         T: Any + Send + Sync,
         F: Fn() -> Fut,
         Fut: Future<Output = Result<Arc<T>>>,
+        G: Fn(Arc<T>) -> GFut,
+        GFut: Future<Output = Result<R>>,
     {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let held = self.shared(key, &make).await?;
-            if !closed(&held) || std::time::Instant::now() >= deadline {
-                return Ok(held);
+            let late = std::time::Instant::now() >= deadline;
+            if late || !closed(&held) {
+                let taken = take(held.clone()).await;
+                if late || taken.is_ok() || !closed(&held) {
+                    return Ok((held, taken));
+                }
             }
             drop(held);
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -159,24 +173,34 @@ async fn open_qos(
     while let Spec::Slice { inner, .. } = base {
         base = inner;
     }
-    let shared = shared_device(opener, base, read_only).await?;
     let hdd = match base {
         Spec::Hdd { params, .. } => Some(*params),
         _ => None,
     };
-    let key = format!("qos:{}", base.recordable());
-    let qos = opener.shared(&key, || async { Ok(Qos::new(shared.dev().clone(), &options.device, hdd)) }).await?;
-    let handle = shared.lease(Arc::new(qos.join(group, options)?))?;
+    let key = &format!("qos:{}", base.recordable());
+    let join = |shared: Arc<Shared>| async move {
+        let qos = opener.shared(key, || async { Ok(Qos::new(shared.dev().clone(), &options.device, hdd)) }).await?;
+        shared.lease(Arc::new(qos.join(group, options)?))
+    };
+    let handle = shared_device(opener, base, read_only, join).await?;
     open_slices(opener, inner, read_only, Some(Arc::new(handle))).await
 }
 
-/// The device `spec` names, opened once for every slice (and scheduler) over it in this
-/// server, under its recordable spec. Each volume over it takes a lease, so that only the
-/// last one to close shuts it down.
-async fn shared_device(opener: &Opener, spec: &Spec, read_only: bool) -> Result<Arc<Shared>> {
+/// A lease, taken by `lease`, on the device `spec` names, opened once for every slice (and
+/// scheduler) over it in this server, under its recordable spec. Only the last volume to
+/// close shuts the device down.
+async fn shared_device<Fut>(
+    opener: &Opener,
+    spec: &Spec,
+    read_only: bool,
+    lease: impl Fn(Arc<Shared>) -> Fut,
+) -> Result<Lease>
+where
+    Fut: Future<Output = Result<Lease>>,
+{
     let key = format!("device:{}", spec.recordable());
     let make = || async { Ok(Shared::new(Box::pin(open_with(opener, spec, read_only)).await?)) };
-    opener.shared_live(&key, make, |s: &Shared| s.closed()).await
+    opener.shared_live(&key, make, |s: &Shared| s.closed(), lease).await?.1
 }
 
 /// Opens `spec`'s slices (`slice:..@slice:..@DEV`) over the shared device `DEV`, or over
@@ -195,8 +219,8 @@ async fn open_slices(
         match base {
             Some(b) => Ok::<_, Error>(b),
             None => {
-                let shared = shared_device(opener, spec, read_only).await?;
-                Ok(Arc::new(shared.lease(shared.dev().clone())?) as Arc<dyn BlockDev>)
+                let lease = |shared: Arc<Shared>| async move { shared.lease(shared.dev().clone()) };
+                Ok(Arc::new(shared_device(opener, spec, read_only, lease).await?) as Arc<dyn BlockDev>)
             }
         }
     };
@@ -430,20 +454,14 @@ async fn open_thin(opener: &Opener, spec: &Spec) -> Result<ThinDev> {
             }
         }
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let pool = opener.shared_live(&key, &make, |p: &Pool| p.closed()).await?;
-        match with_settings(&pool, spec).and_then(|()| ThinDev::new(pool.clone(), id, size)) {
-            Ok(volume) => return Ok(volume),
-            // Closed meanwhile by an open that failed (below): waited out as any closed pool.
-            Err(_) if pool.closed() && std::time::Instant::now() < deadline => continue,
-            // A pool no volume holds (this open made it) is closed cleanly, not dropped.
-            Err(e) => {
-                let _ = pool.close_unused().await;
-                return Err(e);
-            }
-        }
+    let volume =
+        |pool: Arc<Pool>| async move { with_settings(&pool, spec).and_then(|()| ThinDev::new(pool, id, size)) };
+    let (pool, volume) = opener.shared_live(&key, make, |p: &Pool| p.closed(), volume).await?;
+    if volume.is_err() {
+        // A pool no volume holds (this open made it) is closed cleanly, not dropped.
+        let _ = pool.close_unused().await;
     }
+    volume
 }
 
 /// Checks that an open pool is the one `spec` names it as, and applies the spec's settings.
