@@ -984,12 +984,18 @@ impl Commit {
             i = j;
         }
         dev.flush().await?;
-        for sb in &self.superblocks {
-            dev.write(0, Buf::from_slice(sb), true).await?;
-            dev.flush().await?;
-        }
-        Ok(())
+        write_superblocks(dev, &self.superblocks).await
     }
+}
+
+/// Writes the superblock images `Superblock::writes` gave, in order, each durable before the
+/// next.
+async fn write_superblocks(dev: &dyn BlockDev, images: &[Vec<u8>]) -> Result<()> {
+    for sb in images {
+        dev.write(0, Buf::from_slice(sb), true).await?;
+        dev.flush().await?;
+    }
+    Ok(())
 }
 
 pub(crate) fn unknown(id: DevId) -> Error {
@@ -1469,10 +1475,7 @@ pub async fn clear_needs_check(dev: &dyn BlockDev) -> Result<bool> {
         return Ok(false);
     }
     sb.flags &= !NEEDS_CHECK;
-    for w in sb.writes(&image) {
-        dev.write(0, Buf::from_slice(&w), true).await?;
-        dev.flush().await?;
-    }
+    write_superblocks(dev, &sb.writes(&image)).await?;
     Ok(true)
 }
 
