@@ -88,10 +88,11 @@ async fn check_dev(dev: &dyn BlockDev) -> Result<Report> {
     // has not outgrown here). One from later passes for made after every snapshot, so a
     // write to it goes in place though a snapshot shares it, in dm-thin as here (thin_check
     // does not look).
-    if maps.sb.time < 1 << 24 && c.latest > maps.sb.time {
+    let latest = c.latest.last_key_value().map_or(0, |(&t, _)| t);
+    if maps.sb.time < 1 << 24 && latest > maps.sb.time {
         r.warnings.push(format!(
-            "a mapping was made at time {}, after the pool's time {}: the times do not tell which blocks snapshots share",
-            c.latest, maps.sb.time
+            "a mapping was made at time {latest}, after the pool's time {}: the times do not tell which blocks snapshots share",
+            maps.sb.time
         ));
     }
     if maps.sb.flags & NEEDS_CHECK != 0 {
@@ -169,8 +170,9 @@ struct Counter {
     waiting: Vec<(u64, bool, Option<u64>)>,
     /// Each device's tree root, from the top-level tree's leaves.
     roots: BTreeMap<u64, u64>,
-    /// The latest time of a mapping read.
-    latest: u32,
+    /// The leaves read, by the latest time of a mapping in each (a leaf found leaked is
+    /// taken out again: its times say nothing of the pool's).
+    latest: BTreeMap<u32, u64>,
 }
 
 impl Counter {
@@ -186,7 +188,7 @@ impl Counter {
             todo: Vec::new(),
             waiting: Vec::new(),
             roots: BTreeMap::new(),
-            latest: 0,
+            latest: BTreeMap::new(),
         };
         if let Some(sb) = c.md.get_mut(SUPERBLOCK as usize) {
             *sb = Info { refs: 1, state: OTHER | REACHED, ..Info::default() };
@@ -267,10 +269,12 @@ impl Counter {
         i.third = (h.max_entries / 3) as u8;
         i.state = reached | if leaf { LEAF } else { INTERNAL };
         if leaf {
+            let mut latest = 0;
             for (d, t) in mapped(bytes, &h) {
                 self.data.inc(d);
-                self.latest = self.latest.max(t);
+                latest = latest.max(t);
             }
+            *self.latest.entry(latest).or_default() += 1;
         }
         !leaf
     }
@@ -310,8 +314,16 @@ impl Counter {
 
     /// Uncounts the mappings of a leaf no walk reached (`bytes`, as `take` had them).
     fn untake(&mut self, bytes: &[u8]) {
-        for (d, _) in mapped(bytes, &NodeHeader::decode(bytes)) {
+        let mut latest = 0;
+        for (d, t) in mapped(bytes, &NodeHeader::decode(bytes)) {
             self.data.dec(d);
+            latest = latest.max(t);
+        }
+        if let std::collections::btree_map::Entry::Occupied(mut leaves) = self.latest.entry(latest) {
+            *leaves.get_mut() -= 1;
+            if *leaves.get() == 0 {
+                leaves.remove();
+            }
         }
     }
 
