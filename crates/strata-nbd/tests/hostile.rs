@@ -440,6 +440,123 @@ async fn random_streams_never_hurt_the_server() {
     assert_no_panics();
 }
 
+/// What a well-behaved client sends after the greeting: its flags, a few options, GO on
+/// `fuzz` or on the read-only `ro` (now and then EXPORT_NAME or ABORT instead), then
+/// requests of every kind within the export, write payloads as declared.
+fn valid_session(rng: &mut Rng) -> Vec<u8> {
+    let mut b = (CLIENT_FIXED_NEWSTYLE | if rng.chance(50) { CLIENT_NO_ZEROES } else { 0 }).to_be_bytes().to_vec();
+    let export = if rng.chance(25) { "ro" } else { "fuzz" };
+    let go = go_data(export, &[INFO_BLOCK_SIZE]);
+    let meta = meta_data(export, &[BASE_ALLOCATION]);
+    for _ in 0..rng.below(4) {
+        b.extend(match rng.below(5) {
+            0 => opt(OPT_LIST, &[]),
+            1 => opt(OPT_INFO, &go),
+            2 => opt(OPT_STRUCTURED_REPLY, &[]),
+            3 => opt(OPT_LIST_META_CONTEXT, &meta),
+            _ => opt(OPT_STARTTLS, &[]),
+        });
+    }
+    if rng.chance(50) {
+        b.extend(opt(OPT_STRUCTURED_REPLY, &[]));
+        b.extend(opt(OPT_SET_META_CONTEXT, &meta));
+    }
+    b.extend(match rng.below(8) {
+        0 => opt(OPT_EXPORT_NAME, export.as_bytes()),
+        1 => opt(OPT_ABORT, &[]),
+        _ => opt(OPT_GO, &go),
+    });
+    let kinds = [CMD_READ, CMD_WRITE, CMD_DISC, CMD_FLUSH, CMD_TRIM, CMD_CACHE, CMD_WRITE_ZEROES, CMD_BLOCK_STATUS];
+    let all_flags = [0, CMD_FLAG_FUA, CMD_FLAG_NO_HOLE, CMD_FLAG_DF, CMD_FLAG_REQ_ONE, CMD_FLAG_FAST_ZERO];
+    for cookie in 0..rng.below(12) {
+        let kind = kinds[rng.below(kinds.len() as u64) as usize];
+        let length = if matches!(kind, CMD_FLUSH | CMD_DISC) { 0 } else { (1 + rng.below(16) as u32) * 512 };
+        let offset = rng.below((SIZE - length as u64) / 512 + 1) * 512;
+        b.extend(request(kind, all_flags[rng.below(all_flags.len() as u64) as usize], cookie, offset, length));
+        if kind == CMD_WRITE {
+            b.extend(rng.bytes(length as usize));
+        }
+        if kind == CMD_DISC {
+            break;
+        }
+    }
+    b
+}
+
+/// `b` with one to four mutations: a bit flipped, a byte replaced, a 2-, 4- or 8-byte field
+/// set to a boundary value, the stream cut, a piece of it repeated elsewhere or taken out.
+fn mutated(rng: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
+    const BOUNDS: [u64; 9] = [0, 1, 511, 4096, SIZE - 1, SIZE, 0x7fff_ffff, u32::MAX as u64, u64::MAX];
+    for _ in 0..1 + rng.below(4) {
+        if b.is_empty() {
+            break;
+        }
+        let at = rng.below(b.len() as u64) as usize;
+        let piece = at..(at + 1 + rng.below(63) as usize).min(b.len());
+        match rng.below(6) {
+            0 => b[at] ^= 1 << rng.below(8),
+            1 => b[at] = rng.next() as u8,
+            2 => {
+                let value = BOUNDS[rng.below(BOUNDS.len() as u64) as usize].to_be_bytes();
+                let width = [2, 4, 8][rng.below(3) as usize];
+                for (byte, v) in b[at..].iter_mut().zip(&value[8 - width..]) {
+                    *byte = *v;
+                }
+            }
+            3 => b.truncate(at),
+            4 => {
+                let copy = b[piece].to_vec();
+                let to = rng.below(b.len() as u64 + 1) as usize;
+                b.splice(to..to, copy);
+            }
+            _ => {
+                b.drain(piece);
+            }
+        }
+    }
+    b
+}
+
+/// Valid sessions mutated (so that they go deeper into the handshake and the requests than
+/// noise does) on exports beside the good client's: each connection must close once its
+/// client stops sending, and none may write to the read-only export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_sessions_close_and_leave_the_read_only_export_unwritten() {
+    watch_panics();
+    let ro = Arc::new(MemDev::new(SIZE));
+    let exports = vec![
+        Export { name: "mem".into(), description: String::new(), dev: Arc::new(MemDev::new(SIZE)), read_only: false },
+        Export { name: "fuzz".into(), description: String::new(), dev: Arc::new(MemDev::new(SIZE)), read_only: false },
+        Export { name: "ro".into(), description: String::new(), dev: ro.clone(), read_only: true },
+    ];
+    let s = Server::new(exports, Limits::default()).unwrap();
+    let mut good = negotiated(&s, "mem", false).await;
+    for round in 0..40 {
+        let mut set = JoinSet::new();
+        for i in 0..200 {
+            let seed = round * 1_000 + i;
+            let s = s.clone();
+            set.spawn(async move {
+                let mut rng = Rng(seed);
+                let valid = valid_session(&mut rng);
+                let bytes = mutated(&mut rng, valid);
+                let mut c = connect(&s);
+                let mut g = [0u8; 18];
+                within("greeting", c.read_exact(&mut g)).await.unwrap();
+                session(c, bytes).await.unwrap_or_else(|e| panic!("mutated session {seed}: {e}"));
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r.unwrap();
+        }
+        good_client_round(&mut good, round + 1).await;
+    }
+    wait_live(&s, 1).await;
+    let written = ro.read(0, Buf::zeroed(SIZE as usize)).await.unwrap();
+    assert!(written.iter().all(|&x| x == 0), "the read-only export was written");
+    assert_no_panics();
+}
+
 /// Frames of a valid session: (client bytes, description).
 fn session_frames(structured: bool) -> Vec<(Vec<u8>, &'static str)> {
     let payload: Vec<u8> = (0..1024u32).map(|i| (i * 7 % 251) as u8).collect();
