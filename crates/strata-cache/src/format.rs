@@ -28,6 +28,10 @@ pub const ENTRIES_PER_PAGE: usize = (PAGE - PAGE_HEADER) / ENTRY;
 const PAGE_HEADER: usize = 32;
 const ENTRY: usize = 16;
 const ORIGIN_MASK: u64 = (1 << 48) - 1;
+/// Superblock and commit sequences and entry generations count up by one per write or
+/// change from 0: one at or past this bound was never written by a cache (it would take
+/// centuries), and counting on from it would overflow. Metadata holding one is damaged.
+pub const MAX_SEQUENCE: u64 = 1 << 63;
 const FLAG_VALID: u64 = 1 << 48;
 const FLAG_DIRTY: u64 = 1 << 49;
 pub const MAX_ORIGIN_SPEC: usize = 2048;
@@ -239,11 +243,14 @@ impl Superblock {
     }
 
     fn validate(&self) -> Result<(), FormatError> {
+        if self.seq >= MAX_SEQUENCE {
+            return Err(FormatError::Field("seq"));
+        }
         let bs = self.block_bytes;
         if !bs.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&bs) {
             return Err(FormatError::Field("block_size"));
         }
-        let layout = Layout::new(self.slots, bs);
+        let layout = Layout::checked(self.slots, bs).ok_or(FormatError::Field("slots"))?;
         if self.table_offset != layout.table_offset
             || self.table_pages != layout.table_pages
             || self.hints_offset != layout.hints_offset
@@ -257,6 +264,13 @@ impl Superblock {
         }
         if self.origin_bytes == 0 {
             return Err(FormatError::Field("origin_size"));
+        }
+        // The settings' own limits (`cache create` and `cache set` keep to them).
+        if self.writeback_percent > crate::options::MAX_WRITEBACK_PERCENT {
+            return Err(FormatError::Field("writeback_percent"));
+        }
+        if self.readahead_bytes as u64 > crate::options::MAX_READAHEAD_BYTES {
+            return Err(FormatError::Field("readahead"));
         }
         Ok(())
     }
@@ -290,20 +304,21 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(slots: u64, block_bytes: u32) -> Layout {
+        Layout::checked(slots, block_bytes).expect("a cache's layout ends within 2^64 bytes")
+    }
+
+    /// The layout, unless it would end past 2^64 bytes (a superblock's `slots` is checked
+    /// with this before anything is sized by it).
+    pub fn checked(slots: u64, block_bytes: u32) -> Option<Layout> {
         let table_offset = (SB_COPIES * PAGE) as u64;
         let table_pages = slots.div_ceil(ENTRIES_PER_PAGE as u64).max(1);
-        let hints_offset = table_offset + table_pages * (PAGE_COPIES * PAGE) as u64;
+        let hints_offset = table_offset.checked_add(table_pages.checked_mul((PAGE_COPIES * PAGE) as u64)?)?;
         // Hints cost a few bytes per cached block in every policy; 32 is generous.
-        let hints_capacity = page_round_up(slots * 32 + 64 * 1024);
-        let data_offset = (hints_offset + hints_capacity).div_ceil(1 << 20) << 20;
-        Layout {
-            table_offset,
-            table_pages,
-            hints_offset,
-            hints_capacity,
-            data_offset,
-            end: data_offset + slots * block_bytes as u64,
-        }
+        let hints = slots.checked_mul(32)?.checked_add(64 * 1024)?;
+        let hints_capacity = hints.div_ceil(PAGE as u64).checked_mul(PAGE as u64)?;
+        let data_offset = hints_offset.checked_add(hints_capacity)?.div_ceil(1 << 20).checked_mul(1 << 20)?;
+        let end = data_offset.checked_add(slots.checked_mul(block_bytes as u64)?)?;
+        Some(Layout { table_offset, table_pages, hints_offset, hints_capacity, data_offset, end })
     }
 
     /// The most slots that fit a device of `device_bytes`.
@@ -376,6 +391,8 @@ pub enum PageProblem {
     Checksum,
     WrongIndex(u32),
     UnknownFlags,
+    /// A commit sequence or generation at or past [`MAX_SEQUENCE`].
+    Sequence,
 }
 
 /// Decodes a table page copy: its commit sequence and entries.
@@ -393,6 +410,9 @@ pub fn decode_page(index: u64, b: &[u8]) -> Result<(u64, Vec<Entry>), PageProble
         return Err(PageProblem::WrongIndex(get_u32(b, 8)));
     }
     let seq = get_u64(b, 16);
+    if seq >= MAX_SEQUENCE {
+        return Err(PageProblem::Sequence);
+    }
     let mut entries = Vec::with_capacity(ENTRIES_PER_PAGE);
     for i in 0..ENTRIES_PER_PAGE {
         let at = PAGE_HEADER + i * ENTRY;
@@ -400,11 +420,15 @@ pub fn decode_page(index: u64, b: &[u8]) -> Result<(u64, Vec<Entry>), PageProble
         if w0 & !(ORIGIN_MASK | FLAG_VALID | FLAG_DIRTY) != 0 {
             return Err(PageProblem::UnknownFlags);
         }
+        let generation = get_u64(b, at + 8);
+        if generation >= MAX_SEQUENCE {
+            return Err(PageProblem::Sequence);
+        }
         entries.push(Entry {
             origin_block: w0 & ORIGIN_MASK,
             valid: w0 & FLAG_VALID != 0,
             dirty: w0 & FLAG_DIRTY != 0,
-            generation: get_u64(b, at + 8),
+            generation,
         });
     }
     Ok((seq, entries))
