@@ -6,7 +6,8 @@
 //! ```
 //!
 //! An entry names the origin block its slot holds, the sequence number of the write that put
-//! it there (newest wins at recovery), the commit that first wrote the entry, and the CRC32C
+//! it there (newest wins at recovery), the commit that first wrote the entry (48 bits: the
+//! low 32 in a field of their own, the rest in the flags word's top half), and the CRC32C
 //! of the slot's data. Entries are written only by commits, each of which ends with one flush
 //! of the fast device; an entry of the last commit seen may have reached the media without
 //! its data, so recovery checks the data of those (and only those) against the CRC. An entry
@@ -29,6 +30,14 @@ pub const BLOCK_BYTES_MAX: u32 = 64 << 10;
 pub const BLOCK_BYTES_DEFAULT: u32 = 4096;
 /// Entry flag: the slot holds zeroes (no data was written; the data CRC is not checked).
 pub const FLAG_ZERO: u32 = 1;
+/// The flags word's top 16 bits hold the commit number's bits above its 32nd (zero in logs
+/// written before commits went past 2^32, which read the same).
+const COMMIT_HIGH_SHIFT: u32 = 16;
+/// Commit numbers stay below this (2^48): at a hundred thousand commits a second, 89 years.
+pub const COMMIT_MAX: u64 = 1 << 48;
+/// Write sequences at or past this (2^63) were never handed out: counting on from one
+/// would overflow, so an entry holding one is damaged.
+pub const SEQ_MAX: u64 = 1 << 63;
 
 /// What the superblock records. It is written by `create`, and again only when a tunable is
 /// set live (`settings`, alone in the last 512-byte sector, so a torn rewrite leaves every
@@ -219,8 +228,9 @@ pub struct Entry {
     pub block: u64,
     /// Write order; never zero in a valid entry.
     pub seq: u64,
-    /// The commit that wrote the entry.
-    pub commit: u32,
+    /// The commit that wrote the entry (below [`COMMIT_MAX`]).
+    pub commit: u64,
+    /// [`FLAG_ZERO`], or none (16 bits).
     pub flags: u32,
     pub data_crc: u32,
 }
@@ -229,8 +239,10 @@ impl Entry {
     pub fn encode(&self, out: &mut [u8]) {
         out[0..8].copy_from_slice(&self.block.to_le_bytes());
         out[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        out[16..20].copy_from_slice(&self.commit.to_le_bytes());
-        out[20..24].copy_from_slice(&self.flags.to_le_bytes());
+        debug_assert!(self.commit < COMMIT_MAX && self.flags >> COMMIT_HIGH_SHIFT == 0);
+        out[16..20].copy_from_slice(&(self.commit as u32).to_le_bytes());
+        let flags = self.flags | ((self.commit >> 32) as u32) << COMMIT_HIGH_SHIFT;
+        out[20..24].copy_from_slice(&flags.to_le_bytes());
         out[24..28].copy_from_slice(&self.data_crc.to_le_bytes());
         let crc = crc32c::crc32c(&out[0..28]);
         out[28..32].copy_from_slice(&crc.to_le_bytes());
@@ -251,14 +263,16 @@ impl Entry {
         if crc != crc32c::crc32c(&b[0..28]) {
             return Err(TornEntry);
         }
+        let flags = u32::from_le_bytes(b[20..24].try_into().expect("4 bytes"));
+        let commit_low = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
         let e = Entry {
             block: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
             seq: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
-            commit: u32::from_le_bytes(b[16..20].try_into().expect("4 bytes")),
-            flags: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
+            commit: ((flags >> COMMIT_HIGH_SHIFT) as u64) << 32 | commit_low as u64,
+            flags: flags & ((1 << COMMIT_HIGH_SHIFT) - 1),
             data_crc: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")),
         };
-        if e.seq == 0 {
+        if e.seq == 0 || e.seq >= SEQ_MAX {
             return Err(TornEntry);
         }
         Ok(Some(e))
@@ -321,6 +335,15 @@ mod tests {
         b[3] ^= 1;
         assert_eq!(Entry::decode(&b), Err(TornEntry));
         assert_eq!(Entry::decode(&[0u8; 32]), Ok(None));
+        // A commit past 2^32 keeps its high bits in the flags word's top half; an entry
+        // written with those bits zero (every log before) reads as it always did.
+        let e = Entry { block: 7, seq: 9, commit: (1 << 40) + 3, flags: FLAG_ZERO, data_crc: 0 };
+        e.encode(&mut b);
+        assert_eq!(u32::from_le_bytes(b[16..20].try_into().unwrap()), 3);
+        assert_eq!(Entry::decode(&b), Ok(Some(e)));
+        // A sequence no log hands out (counting on from it would overflow) is damage.
+        Entry { seq: SEQ_MAX, ..e }.encode(&mut b);
+        assert_eq!(Entry::decode(&b), Err(TornEntry));
     }
 
     #[test]

@@ -114,7 +114,7 @@ pub struct Scan {
     /// unknown, and recovery refuses to guess (`clear_damaged` after `check --repair`).
     pub damaged: Vec<(u32, String)>,
     pub max_seq: u64,
-    pub max_commit: u32,
+    pub max_commit: u64,
     /// Human-readable findings about garbage entries (what `check` prints).
     pub findings: Vec<String>,
 }

@@ -6,9 +6,9 @@
 
 use super::state::SlotState;
 use super::{relaxed, Inner};
-use crate::format::{Entry, ENTRIES_PER_PAGE, ENTRY_BYTES, ENTRY_PAGE_BYTES};
+use crate::format::{Entry, COMMIT_MAX, ENTRIES_PER_PAGE, ENTRY_BYTES, ENTRY_PAGE_BYTES};
 use std::sync::atomic::Ordering::Relaxed;
-use strata_io::{Buf, ErrorKind, Result};
+use strata_io::{Buf, Error, ErrorKind, Result};
 
 impl Inner {
     /// Returns once every change up to generation `generation` is durable.
@@ -35,6 +35,10 @@ impl Inner {
         self.state.lock().check_running()?;
         let (pages, clearing, garbage, live, generation) = {
             let mut st = self.state.lock();
+            if st.commit + 1 >= COMMIT_MAX {
+                let why = format!("commit numbers are used up ({COMMIT_MAX}): detach the log and create it anew");
+                return Err(Error::new(ErrorKind::NoSpace, why));
+            }
             st.commit += 1;
             let n = st.commit;
             let clearing = st.clearable();

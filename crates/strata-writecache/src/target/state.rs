@@ -45,7 +45,7 @@ pub struct Slot {
     pub block: u64,
     /// Write order; never zero in a live entry.
     pub seq: u64,
-    /// The commit that wrote the entry.
+    /// The low 32 bits of the commit that wrote the entry (see [`State::entry`]).
     pub commit: u32,
     pub data_crc: u32,
     prev: u32,
@@ -117,7 +117,7 @@ pub struct State {
     /// Last sequence number handed out.
     pub seq: u64,
     /// Last commit number handed out.
-    pub commit: u32,
+    pub commit: u64,
     /// Bumped by every change a flush must make durable.
     pub write_gen: u64,
     /// Every change up to this generation is durable.
@@ -182,11 +182,17 @@ impl State {
         *b = (*b & !STATE_MASK) | state;
     }
 
-    /// The entry as a commit writes it.
+    /// The entry as a commit writes it. A slot keeps its commit's low 32 bits (8 bytes more
+    /// a slot for the rest would be a quarter of its memory): the entry takes the latest
+    /// commit number up to the last handed out that has them. That is its own unless it is
+    /// 2^32 commits old, and never later than the last commit, whose entries recovery must
+    /// tell apart (an older entry's data is durable, whatever number it carries).
     pub fn entry(&self, s: u32) -> Entry {
         let sl = &self.slots[s as usize];
         let flags = if self.zero(s) { FLAG_ZERO } else { 0 };
-        Entry { block: sl.block, seq: sl.seq, commit: sl.commit, flags, data_crc: sl.data_crc }
+        let same_low = (self.commit & !(u32::MAX as u64)) | sl.commit as u64;
+        let commit = if same_low <= self.commit { same_low } else { same_low.saturating_sub(1 << 32) };
+        Entry { block: sl.block, seq: sl.seq, commit, flags, data_crc: sl.data_crc }
     }
 
     /// The block is zeroes (no data in the slot).
@@ -199,8 +205,8 @@ impl State {
     }
 
     /// A commit numbered `commit` writes slot `s`'s entry.
-    pub fn written_by(&mut self, s: u32, commit: u32) {
-        self.slots[s as usize].commit = commit;
+    pub fn written_by(&mut self, s: u32, commit: u64) {
+        self.slots[s as usize].commit = commit as u32;
         self.set_flag(s, ON_DISK, true);
     }
 
@@ -349,7 +355,7 @@ impl State {
         self.unlink(Which::Free, s);
         let zero = if e.flags & FLAG_ZERO != 0 { ZERO } else { 0 };
         self.slots[s as usize] =
-            Slot { block: e.block, seq: e.seq, commit: e.commit, data_crc: e.data_crc, prev: NONE, next: NONE };
+            Slot { block: e.block, seq: e.seq, commit: e.commit as u32, data_crc: e.data_crc, prev: NONE, next: NONE };
         self.bits[s as usize] = state | ON_DISK | COMMITTED | zero;
     }
 

@@ -228,7 +228,7 @@ async fn run_dump(a: PathArgs) -> Result<()> {
     let scan = offline::scan(&*dev, &sb).await.with_context(|| a.path.clone())?;
     let mut newest: Vec<_> = scan.newest.iter().map(|(b, (s, e))| (*b, *s, e.seq, e.commit, e.flags)).collect();
     newest.sort_unstable();
-    let entry = |(b, s, seq, commit, flags): (u64, u32, u64, u32, u32)| serde_json::json!({"block": b, "slot": s, "seq": seq, "commit": commit, "zero": flags & 1 != 0});
+    let entry = |(b, s, seq, commit, flags): (u64, u32, u64, u64, u32)| serde_json::json!({"block": b, "slot": s, "seq": seq, "commit": commit, "zero": flags & 1 != 0});
     let out = serde_json::json!({
         "block_bytes": sb.block_bytes,
         "slots": sb.slots,
