@@ -405,7 +405,7 @@ impl Metadata {
         let sub = self.tm.empty_tree(8)?;
         self.set_subtree(id, sub)?;
         let t = self.sb.time;
-        self.sb.transaction_id += 1;
+        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
         let d = DeviceDetails {
             mapped_blocks: 0,
             transaction_id: self.sb.transaction_id,
@@ -433,7 +433,7 @@ impl Metadata {
         self.tm.md.inc(sub);
         self.set_subtree(id, sub)?;
         self.sb.time += 1;
-        self.sb.transaction_id += 1;
+        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
         let t = self.sb.time;
         self.touch(origin, DeviceDetails { snapshotted_time: t, ..o });
         let d = DeviceDetails {
@@ -492,7 +492,7 @@ impl Metadata {
             return Err(invalid(format!("no room left in the superblock to record that device {id} is being deleted")));
         }
         self.sb.record = r;
-        self.sb.transaction_id += 1;
+        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
         self.dirty = true;
         Ok(())
     }
@@ -588,7 +588,7 @@ impl Metadata {
         self.changed.remove(&id);
         self.sb.record.sizes.remove(&id);
         self.sb.record.deleting.remove(&id);
-        self.sb.transaction_id += 1;
+        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
         self.dirty = true;
         Ok(())
     }

@@ -123,3 +123,22 @@ async fn snapshots_on_nearly_full_metadata_are_refused_and_the_pool_stays_writab
     p.commit().await.unwrap();
     checked(&md, "after the metadata filled").await;
 }
+
+/// dm-thin's transaction id is opaque: LVM sets it, and `thin_restore` takes any 64-bit
+/// value. A pool at the largest one counts on from it, wrapping, as with any other.
+#[tokio::test]
+async fn a_pool_at_the_last_transaction_id_counts_on_past_it() {
+    let md = Arc::new(MemDev::new(4 << 20));
+    let data = Arc::new(MemDev::new(64 << 20));
+    let mut m = Metadata::format(&*md, data.size(), BS, "", false).await.unwrap();
+    m.sb.transaction_id = u64::MAX;
+    m.create_volume(1, 8 * BS).unwrap();
+    assert_eq!(m.sb.transaction_id, 0);
+    m.commit(&*md).await.unwrap();
+    drop(m);
+    let p = open(&md, &data).await;
+    p.snapshot(1, 2).await.unwrap();
+    p.delete_volume(2).await.unwrap();
+    p.commit().await.unwrap();
+    checked(&md, "after wrapping the transaction id").await;
+}
