@@ -225,3 +225,40 @@ async fn sealed_table_entries_past_the_origin_are_answered_not_crashed_on() {
     write_both(e, seq + 1).await;
     try_everything(&cache, &origin).await;
 }
+
+/// Hints saved at a clean shutdown that name a block the table no longer maps (a repair
+/// unmapped it, or the table was edited): the policy drops it at open, and what the policy
+/// holds agrees with the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hints_naming_a_block_the_table_no_longer_maps_are_reconciled() {
+    let (origin, cache) = made().await;
+    let (meta, _) = Meta::load(&*cache).await.unwrap();
+    assert!(meta.sb.clean_shutdown && meta.sb.hints_len > 0, "the rig saves hints");
+    let at = meta.layout.page_offset(0, 0);
+    let (seq, mut entries) = decode_page(0, &cache.read(at, Buf::zeroed(PAGE)).await.unwrap()).unwrap();
+    let gone = entries.iter().position(|e| e.valid).expect("a block is cached");
+    let block = entries[gone].origin_block;
+    entries[gone].valid = false;
+    entries[gone].dirty = false;
+    for copy in 0..2 {
+        let page = encode_page(0, seq + 1, &entries);
+        cache.write(meta.layout.page_offset(0, copy), Buf::from_slice(&page), true).await.unwrap();
+    }
+    let (meta, findings) = Meta::load(&*cache).await.unwrap();
+    assert!(findings.errors.is_empty(), "{findings:?}");
+    let dev = CacheDev::open(cache.clone(), origin.clone(), meta, OpenOptions::default()).await.unwrap();
+    dev.check_invariants().unwrap();
+    // The block reads as the origin holds it (its dirty copy was unmapped with the entry).
+    let got = dev.read(block * BLOCK as u64, Buf::zeroed(BLOCK as usize)).await.unwrap();
+    assert!(got.iter().all(|&x| x == 0), "block {block}");
+    // Every other block through the cache, more than it holds: it fills every slot the
+    // policy manages (a block the policy held without a slot would keep one more free).
+    for b in (0..ORIGIN / BLOCK as u64).filter(|&b| b != block) {
+        dev.write(b * BLOCK as u64, Buf::from_slice(&vec![7; BLOCK as usize]), false).await.unwrap();
+        dev.check_invariants().unwrap();
+    }
+    let s = dev.status().unwrap();
+    let n = |k: &str| s[k].as_u64().unwrap();
+    let reserve = strata_cache::target::slot_reserve(n("cache_blocks") as usize) as u64;
+    assert_eq!(n("free_blocks"), reserve, "{s}");
+}
