@@ -202,8 +202,7 @@ pub struct Superblock {
     pub uuid: [u8; 16],
     pub version: u32,
     pub time: u32,
-    /// Opaque to dm-thin (LVM sets it; `thin_restore` takes any value): strata counts it
-    /// up by one per change, wrapping past the largest.
+    /// Opaque to dm-thin; strata counts it up per change (`Metadata::next_transaction`).
     pub transaction_id: u64,
     /// A held metadata snapshot's root (thin_dump --metadata-snap); 0 for none.
     pub held_root: u64,

@@ -398,6 +398,12 @@ impl Metadata {
         self.dirty = true;
     }
 
+    /// Counts a change in the superblock's transaction id, which dm-thin leaves opaque (LVM
+    /// sets it; `thin_restore` takes any value): up by one, wrapping past the largest.
+    fn next_transaction(&mut self) {
+        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
+    }
+
     /// A new empty thin device.
     pub fn create_thin(&mut self, id: DevId) -> Result<()> {
         self.check_new_id(id)?;
@@ -405,7 +411,7 @@ impl Metadata {
         let sub = self.tm.empty_tree(8)?;
         self.set_subtree(id, sub)?;
         let t = self.sb.time;
-        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
+        self.next_transaction();
         let d = DeviceDetails {
             mapped_blocks: 0,
             transaction_id: self.sb.transaction_id,
@@ -433,7 +439,7 @@ impl Metadata {
         self.tm.md.inc(sub);
         self.set_subtree(id, sub)?;
         self.sb.time += 1;
-        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
+        self.next_transaction();
         let t = self.sb.time;
         self.touch(origin, DeviceDetails { snapshotted_time: t, ..o });
         let d = DeviceDetails {
@@ -492,7 +498,7 @@ impl Metadata {
             return Err(invalid(format!("no room left in the superblock to record that device {id} is being deleted")));
         }
         self.sb.record = r;
-        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
+        self.next_transaction();
         self.dirty = true;
         Ok(())
     }
@@ -588,7 +594,7 @@ impl Metadata {
         self.changed.remove(&id);
         self.sb.record.sizes.remove(&id);
         self.sb.record.deleting.remove(&id);
-        self.sb.transaction_id = self.sb.transaction_id.wrapping_add(1);
+        self.next_transaction();
         self.dirty = true;
         Ok(())
     }
