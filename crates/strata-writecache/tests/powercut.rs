@@ -52,6 +52,15 @@ fn stamp(tag: u64) -> Buf {
     b
 }
 
+/// Gives a new log on `cache` one entry (block 0, zeroes) of commit `commit`, as if that
+/// many commits had been made.
+async fn as_if_committed(cache: &dyn BlockDev, commit: u64) {
+    let sb = strata_writecache::offline::superblock(cache, None).await.unwrap();
+    let mut page = vec![0u8; ENTRY_PAGE_BYTES as usize];
+    Entry { block: 0, seq: 1, commit, flags: FLAG_ZERO, data_crc: 0 }.encode(&mut page);
+    cache.write(sb.entries_offset(), Buf::from_slice(&page), true).await.unwrap();
+}
+
 /// Runs `ops` random requests on a new log. With `last_commit`, the log starts as if that
 /// many commits had been made: it holds one entry (block 0, zeroes) of commit `last_commit`.
 async fn run(seed: u64, ops: usize, cache_bytes: u64, t: Tunables, last_commit: Option<u64>) -> Run {
@@ -63,10 +72,7 @@ async fn run(seed: u64, ops: usize, cache_bytes: u64, t: Tunables, last_commit: 
         .await
         .unwrap();
     if let Some(commit) = last_commit {
-        let sb = strata_writecache::offline::superblock(&*cache, None).await.unwrap();
-        let mut page = vec![0u8; ENTRY_PAGE_BYTES as usize];
-        Entry { block: 0, seq: 1, commit, flags: FLAG_ZERO, data_crc: 0 }.encode(&mut page);
-        cache.write(sb.entries_offset(), Buf::from_slice(&page), true).await.unwrap();
+        as_if_committed(&*cache, commit).await;
     }
     let dev =
         WritecacheDev::open(cache.clone(), origin.clone(), OpenOptions { tunables: Some(t), no_background: false })
@@ -220,4 +226,20 @@ async fn power_cuts_lose_nothing_as_commit_numbers_pass_2_to_the_32() {
         n += cuts_from(seed, 96 << 10, Tunables::default(), 150, Some(u32::MAX as u64 - 5)).await;
     }
     assert_eq!(n, 450);
+}
+
+/// The last commit number a log can take (2^48 - 1) is taken; the next commit is refused
+/// with the reason, not wrapped.
+#[tokio::test]
+async fn a_log_at_the_last_commit_number_refuses_the_next_commit() {
+    use strata_writecache::format::COMMIT_MAX;
+    let (origin, cache) = (Arc::new(MemDev::new(BLOCKS * BLOCK)), Arc::new(MemDev::new(96 << 10)));
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    as_if_committed(&*cache, COMMIT_MAX - 2).await;
+    let o = OpenOptions { no_background: true, ..OpenOptions::default() };
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), o).await.unwrap();
+    dev.write(BLOCK, stamp(1), true).await.unwrap();
+    let e = dev.write(2 * BLOCK, stamp(2), true).await.unwrap_err();
+    assert_eq!(e.kind, strata_io::ErrorKind::NoSpace, "{e}");
+    assert!(e.context.contains("commit numbers are used up"), "{e}");
 }
