@@ -291,6 +291,10 @@ pub fn page_round_up(bytes: u64) -> u64 {
     bytes.div_ceil(PAGE as u64) * PAGE as u64
 }
 
+/// The most slots a cache has: they are numbered in 32 bits. At the smallest block, 32 KiB,
+/// that is 128 TiB of cache; a larger device keeps the rest unused.
+pub const SLOTS_MAX: u64 = u32::MAX as u64;
+
 /// Where everything lives for a cache of `slots` blocks of `block_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
@@ -307,9 +311,12 @@ impl Layout {
         Layout::checked(slots, block_bytes).expect("a cache's layout ends within 2^64 bytes")
     }
 
-    /// The layout, unless it would end past 2^64 bytes (a superblock's `slots` is checked
-    /// with this before anything is sized by it).
+    /// The layout, unless it would end past 2^64 bytes or has more than [`SLOTS_MAX`] slots
+    /// (a superblock's `slots` is checked with this before anything is sized by it).
     pub fn checked(slots: u64, block_bytes: u32) -> Option<Layout> {
+        if slots > SLOTS_MAX {
+            return None;
+        }
         let table_offset = (SB_COPIES * PAGE) as u64;
         let table_pages = slots.div_ceil(ENTRIES_PER_PAGE as u64).max(1);
         let hints_offset = table_offset.checked_add(table_pages.checked_mul((PAGE_COPIES * PAGE) as u64)?)?;
@@ -325,7 +332,7 @@ impl Layout {
     pub fn fit(device_bytes: u64, block_bytes: u32) -> u64 {
         // `end` grows with the slots: bisect between a count that fits (or none) and one
         // whose data alone does not.
-        let (mut fits, mut too_many) = (0, device_bytes / block_bytes as u64 + 1);
+        let (mut fits, mut too_many) = (0, (device_bytes / block_bytes as u64 + 1).min(SLOTS_MAX + 1));
         while too_many - fits > 1 {
             let mid = fits + (too_many - fits) / 2;
             if Layout::new(mid, block_bytes).end <= device_bytes {
@@ -504,6 +511,14 @@ mod tests {
         }
         assert_eq!(Layout::fit(Layout::new(16 << 20, 4096).end, 4096), 16 << 20, "a device sized for n slots holds n");
         assert_eq!(Layout::fit(1 << 20, 64 << 10), 0);
+    }
+
+    #[test]
+    fn slots_stay_within_32_bit_numbers_on_a_device_that_would_hold_more() {
+        for dev in [Layout::new(SLOTS_MAX, MIN_BLOCK_BYTES).end + (1 << 40), u64::MAX] {
+            assert_eq!(Layout::fit(dev, MIN_BLOCK_BYTES), SLOTS_MAX, "{dev} bytes");
+        }
+        assert!(Layout::checked(SLOTS_MAX + 1, MIN_BLOCK_BYTES).is_none());
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub const COMMIT_MAX: u64 = 1 << 48;
 /// Write sequences at or past this (2^63) were never handed out: counting on from one
 /// would overflow, so an entry holding one is damaged.
 pub const SEQ_MAX: u64 = 1 << 63;
+/// The most slots a log has: they are numbered in 32 bits, and `u32::MAX` marks none. At
+/// the default 4 KiB blocks that is 16 TiB of log; a larger fast device keeps the rest unused.
+pub const SLOTS_MAX: u64 = u32::MAX as u64;
 
 /// What the superblock records. It is written by `create`, and again only when a tunable is
 /// set live (`settings`, alone in the last 512-byte sector, so a torn rewrite leaves every
@@ -75,7 +78,8 @@ impl Superblock {
         }
         let b = block_bytes as u64;
         // Largest n with layout(n) inside the device.
-        let mut n = cache_bytes.saturating_sub(SUPERBLOCK_BYTES + ENTRY_PAGE_BYTES) / (b + ENTRY_BYTES);
+        let mut n =
+            (cache_bytes.saturating_sub(SUPERBLOCK_BYTES + ENTRY_PAGE_BYTES) / (b + ENTRY_BYTES)).min(SLOTS_MAX);
         let mut sb = Superblock {
             block_bytes,
             slots: n,
@@ -85,7 +89,7 @@ impl Superblock {
             settings: String::new(),
         };
         // The estimate counts a whole entry page beyond the entries: more may fit.
-        while (Superblock { slots: n + 1, ..sb.clone() }).end() <= cache_bytes {
+        while n < SLOTS_MAX && (Superblock { slots: n + 1, ..sb.clone() }).end() <= cache_bytes {
             n += 1;
             sb.slots = n;
         }
@@ -211,6 +215,9 @@ impl Superblock {
         if !sb.block_bytes.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&sb.block_bytes) {
             return Err(bad(format!("block size {} out of range", sb.block_bytes)));
         }
+        if sb.slots > SLOTS_MAX {
+            return Err(bad(format!("{} slots, more than the {SLOTS_MAX} a write log numbers", sb.slots)));
+        }
         if sb.slots == 0 || sb.slots > cache_bytes / sb.block_bytes as u64 || sb.end() > cache_bytes {
             return Err(bad(format!("{} slots do not fit a device of {cache_bytes} bytes", sb.slots)));
         }
@@ -297,6 +304,21 @@ mod tests {
         }
         assert!(Superblock::plan(1 << 20, 3000, 1 << 30).is_err());
         assert!(Superblock::plan(8192, 4096, 1 << 30).is_err());
+    }
+
+    #[test]
+    fn slots_stay_within_32_bit_numbers_on_a_device_that_would_hold_more() {
+        for (bs, cache) in [(BLOCK_BYTES_MIN, 4u64 << 40), (4096, 20 << 40), (4096, u64::MAX)] {
+            let sb = Superblock::plan(cache, bs, 1 << 30).unwrap();
+            assert_eq!(sb.slots, SLOTS_MAX, "{bs}-byte blocks on {cache} bytes");
+            assert!(sb.end() <= cache);
+            assert_eq!(Superblock::decode(&sb.encode(), cache).unwrap(), sb);
+            // A superblock sealed with one slot more is refused, though the device holds it.
+            let more = Superblock { slots: SLOTS_MAX + 1, ..sb };
+            assert!(more.end() <= cache);
+            let e = Superblock::decode(&more.encode(), cache).unwrap_err();
+            assert!(e.context.contains("more than the"), "{}", e.context);
+        }
     }
 
     #[test]

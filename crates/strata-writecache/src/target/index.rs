@@ -3,7 +3,7 @@
 //! keys are read from the slots themselves. A quarter larger than the most blocks it can
 //! hold, so probes stay short and it never fills.
 
-use super::state::{Slot, NONE};
+use super::state::{filled, Slot, NONE};
 
 #[derive(Default)]
 pub struct SlotIndex {
@@ -12,9 +12,9 @@ pub struct SlotIndex {
 }
 
 impl SlotIndex {
-    /// An index for at most `slots` blocks.
-    pub fn with_capacity(slots: usize) -> SlotIndex {
-        SlotIndex { cells: vec![NONE; (slots + slots / 4).max(8)], len: 0 }
+    /// An index for at most `slots` blocks; `None` where its memory cannot be had.
+    pub fn with_capacity(slots: usize) -> Option<SlotIndex> {
+        Some(SlotIndex { cells: filled(slots.saturating_add(slots / 4).max(8), NONE)?, len: 0 })
     }
 
     pub fn len(&self) -> u64 {
@@ -108,7 +108,7 @@ mod tests {
             let n = rng.gen_range(1..300usize);
             let mut slots = vec![Slot::default(); n];
             let mut free: Vec<u32> = (0..n as u32).collect();
-            let mut index = SlotIndex::with_capacity(n);
+            let mut index = SlotIndex::with_capacity(n).unwrap();
             let mut model: HashMap<u64, u32> = HashMap::new();
             // Few distinct blocks, so probe runs collide and wrap.
             let blocks = rng.gen_range(1..4 * n as u64);

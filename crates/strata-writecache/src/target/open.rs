@@ -35,7 +35,7 @@ impl WritecacheDev {
         let tunables = o.tunables.unwrap_or_else(|| Tunables::decode(&sb.settings));
         let found = scan(&*cache, &sb).await?;
         found.refuse_damage(&*cache)?;
-        let mut st = State::new(sb.slots);
+        let mut st = State::new(sb.slots)?;
         let mut newest: Vec<(u32, Entry)> = found.newest.values().copied().collect();
         newest.sort_unstable_by_key(|(_, e)| e.seq);
         for (s, e) in newest {

@@ -57,6 +57,14 @@ const _: () = assert!(std::mem::size_of::<Slot>() == 32);
 /// No slot (list ends, empty index cells).
 pub const NONE: u32 = u32::MAX;
 
+/// `n` copies of `v`, or `None` where that memory cannot be had.
+pub(super) fn filled<T: Clone>(n: usize, v: T) -> Option<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).ok()?;
+    out.resize(n, v);
+    Some(out)
+}
+
 // A slot's byte: its state in the low two bits, then flags.
 const STATE_MASK: u8 = 0b11;
 const FREE: u8 = 0;
@@ -133,19 +141,25 @@ pub struct State {
 }
 
 impl State {
-    /// `slots` free slots.
-    pub fn new(slots: u64) -> State {
-        let n = slots as usize;
-        let mut st = State {
-            slots: vec![Slot::default(); n],
-            bits: vec![FREE; n],
-            index: SlotIndex::with_capacity(n),
-            ..State::default()
+    /// `slots` free slots, or an error (not an abort) where their books need more memory
+    /// than can be had.
+    pub fn new(slots: u64) -> strata_io::Result<State> {
+        let n = usize::try_from(slots).unwrap_or(usize::MAX);
+        let books = || Some((filled(n, Slot::default())?, filled(n, FREE)?, SlotIndex::with_capacity(n)?));
+        let Some((books, bits, index)) = books() else {
+            let bytes = slots.saturating_mul(std::mem::size_of::<Slot>() as u64 + 6);
+            let why = format!(
+                "the write log's {slots} slots need about {} of memory, more than can be had (a larger block \
+                 size needs fewer slots)",
+                strata_io::units::format_size(bytes)
+            );
+            return Err(strata_io::Error::new(strata_io::ErrorKind::NoMemory, why));
         };
-        for s in 0..n as u32 {
-            st.push(Which::Free, s);
+        let mut st = State { slots: books, bits, index, ..State::default() };
+        for s in 0..slots {
+            st.push(Which::Free, s as u32);
         }
-        st
+        Ok(st)
     }
 
     /// Heap bytes the books take (per-slot arrays and the index; the transient sets and maps
@@ -620,7 +634,7 @@ mod tests {
     #[test]
     fn the_books_take_at_most_40_bytes_a_slot() {
         for slots in [1u64 << 10, 1 << 20] {
-            let st = State::new(slots);
+            let st = State::new(slots).unwrap();
             let per_slot = st.heap_bytes() as f64 / slots as f64;
             assert!(per_slot <= 40.0, "{slots} slots: {per_slot} bytes each");
             st.check().unwrap();
@@ -628,8 +642,15 @@ mod tests {
     }
 
     #[test]
+    fn books_that_cannot_be_had_are_an_error_not_an_abort() {
+        let e = State::new(u64::MAX).err().expect("no machine holds these books");
+        assert_eq!(e.kind, strata_io::ErrorKind::NoMemory);
+        assert!(e.context.contains("a larger block size"), "{}", e.context);
+    }
+
+    #[test]
     fn lists_and_index_follow_installs_overwrites_cleaning_and_retiring() {
-        let mut st = State::new(8);
+        let mut st = State::new(8).unwrap();
         let a = st.alloc().unwrap();
         st.install(100, a, 1, false);
         let b = st.alloc().unwrap();
