@@ -134,7 +134,7 @@ impl Node {
 }
 
 /// Node `b`, whose block holds `bytes`, in place (its counts checked to lie within the block).
-fn view_of(b: u64, bytes: &[u8]) -> Result<View<'_>> {
+pub(crate) fn view_of(b: u64, bytes: &[u8]) -> Result<View<'_>> {
     let h = NodeHeader::decode(bytes);
     let (n, max, vs) = (h.nr_entries as usize, h.max_entries as usize, h.value_size as usize);
     if (h.flags != LEAF_NODE && h.flags != INTERNAL_NODE) || n > max || NODE_HEADER + max * (8 + vs) > BLOCK {

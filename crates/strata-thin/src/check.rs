@@ -156,6 +156,9 @@ const OTHER: u8 = 4;
 const KIND: u8 = 7;
 const REACHED: u8 = 8;
 
+/// What `Counter::entries` remembers of a node whose entries it is counting.
+const WALKING: u64 = u64::MAX;
+
 /// References counted per block, by a walk over nodes checked as they come.
 struct Counter {
     data_blocks: u64,
@@ -327,15 +330,18 @@ impl Counter {
         }
     }
 
-    /// The mapped blocks under node `b` (a shared node's counted once, then remembered).
+    /// The mapped blocks under node `b` (a shared node's counted once, then remembered;
+    /// [`WALKING`] while its own are counted, so a node found again below itself is damage).
     fn entries(&self, tm: &Tm, b: u64, memo: &mut FxHashMap<u64, u64>) -> Result<u64> {
         let i = self.md[b as usize];
         if i.state & KIND == LEAF {
             return Ok(i.len as u64);
         }
-        if let Some(&n) = memo.get(&b) {
-            return Ok(n);
-        }
+        match memo.get(&b) {
+            Some(&WALKING) => return Err(corrupt(format!("block {b}: the tree loops back to it"))),
+            Some(&n) => return Ok(n),
+            None => memo.insert(b, WALKING),
+        };
         let node = tm.view(b)?;
         let mut n = 0;
         for k in 0..node.len {

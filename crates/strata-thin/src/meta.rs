@@ -8,7 +8,7 @@
 //! not reused until the commit that frees them is durable, so a crash at any point leaves
 //! the previous commit whole.
 
-use crate::btree::{build_shape, build_tree, corrupt, not_loaded, Blocks, Descent, Refs, Tm};
+use crate::btree::{build_shape, build_tree, corrupt, not_loaded, view_of, Blocks, Descent, Refs, Tm};
 use crate::format::*;
 use crate::sm::{nr_bitmaps, SpaceMap};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -569,7 +569,7 @@ impl Metadata {
                 }
                 let mut nodes = Vec::new();
                 for (b, lo) in missing {
-                    nodes.push((b, fetch(dev, b, Some(lo), self.limits()).await?));
+                    nodes.push((b, fetch_leaf(dev, b, Some(lo), self.limits()).await?));
                 }
                 self.load(nodes);
             }
@@ -1216,7 +1216,80 @@ pub async fn load_nodes(
         }
         frontier = next;
     }
+    let mut heights = FxHashMap::default();
+    for &(root, level) in roots {
+        check_shape(&out, root, &mut heights)?;
+        if follow && level == Level::Top {
+            // The devices' trees, whose roots the top-level tree's leaves hold.
+            let mut todo = vec![root];
+            while let Some(b) = todo.pop() {
+                let n = view_of(b, &out[&b])?;
+                todo.extend((0..n.len).map(|i| n.val64(i)).filter(|_| !n.leaf));
+                for i in (0..n.len).filter(|_| n.leaf) {
+                    check_shape(&out, n.val64(i), &mut heights)?;
+                }
+            }
+        }
+    }
     Ok(out)
+}
+
+/// The most levels a tree may have. Nodes below a tree's root hold at least a third of
+/// the entries they have room for (thin_check's rule), so 2^64 keys need no more than 13
+/// levels; a deeper tree is damage, or loops, and a walk over it would go as deep.
+const MAX_LEVELS: u32 = 64;
+
+fn too_deep(root: u64) -> Error {
+    corrupt(format!("block {root}: a tree of more than {MAX_LEVELS} levels, or one that loops back"))
+}
+
+fn uneven(b: u64) -> Error {
+    corrupt(format!("block {b}: the tree's leaves are not all at one depth, or it loops back"))
+}
+
+/// Queues node `b` at `height` (levels below it) unless it was queued before, at the same
+/// height (a node that snapshots' trees share); at another it is damage.
+fn queue(queued: &mut FxHashMap<u64, u32>, b: u64, height: u32) -> Result<bool> {
+    match queued.entry(b) {
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(height);
+            Ok(true)
+        }
+        std::collections::hash_map::Entry::Occupied(e) if *e.get() == height => Ok(false),
+        std::collections::hash_map::Entry::Occupied(_) => Err(uneven(b)),
+    }
+}
+
+/// Checks that the tree at `root` in `blocks` is one: its height found along its leftmost
+/// path, every node at one height whichever parent reaches it (`heights`, kept across the
+/// trees that share nodes) and every leaf at the bottom, so no node is its own descendant
+/// and every walk over it ends.
+fn check_shape(blocks: &FxHashMap<u64, Box<[u8]>>, root: u64, heights: &mut FxHashMap<u64, u32>) -> Result<()> {
+    let view = |b: u64| blocks.get(&b).ok_or_else(|| out_of_range(b)).and_then(|bytes| view_of(b, bytes));
+    let (mut b, mut height) = (root, 0);
+    loop {
+        let n = view(b)?;
+        if n.leaf || n.len == 0 {
+            break;
+        }
+        height += 1;
+        if height >= MAX_LEVELS {
+            return Err(too_deep(root));
+        }
+        b = n.val64(0);
+    }
+    let mut todo = vec![(root, height)];
+    while let Some((b, h)) = todo.pop() {
+        if !queue(heights, b, h)? {
+            continue;
+        }
+        let n = view(b)?;
+        if n.leaf != (h == 0) {
+            return Err(uneven(b));
+        }
+        todo.extend((0..n.len).filter(|_| !n.leaf).map(|i| (n.val64(i), h - 1)));
+    }
+    Ok(())
 }
 
 pub(crate) fn out_of_range(b: u64) -> Error {
@@ -1259,7 +1332,7 @@ pub(crate) fn check_bottom(bytes: &[u8], b: u64, root: bool, lo: Option<u64>, da
 }
 
 /// Reads node `b` of a device's mapping tree and checks it (`check_bottom`).
-pub async fn fetch(dev: &dyn BlockDev, b: u64, lo: Option<u64>, limits: (u64, u64)) -> Result<Box<[u8]>> {
+async fn fetch(dev: &dyn BlockDev, b: u64, lo: Option<u64>, limits: (u64, u64)) -> Result<Box<[u8]>> {
     let (md_blocks, data_blocks) = limits;
     if b == SUPERBLOCK || b >= md_blocks {
         return Err(out_of_range(b));
@@ -1267,6 +1340,16 @@ pub async fn fetch(dev: &dyn BlockDev, b: u64, lo: Option<u64>, limits: (u64, u6
     let bytes: Box<[u8]> = Box::from(&read_block(dev, b).await?[..]);
     check_bottom(&bytes, b, lo.is_none(), lo, data_blocks)?;
     Ok(bytes)
+}
+
+/// Reads node `b`, which a walk down a lazily opened pool's tree found missing, and checks
+/// it (`fetch`): a leaf, since every node above the leaves was read at open (`load_upper`).
+pub async fn fetch_leaf(dev: &dyn BlockDev, b: u64, lo: Option<u64>, limits: (u64, u64)) -> Result<Box<[u8]>> {
+    let bytes = fetch(dev, b, lo, limits).await?;
+    match NodeHeader::decode(&bytes).flags {
+        LEAF_NODE => Ok(bytes),
+        _ => Err(uneven(b)),
+    }
 }
 
 /// Reads the devices' trees rooted at `roots` down to the nodes above their leaves: each
@@ -1280,7 +1363,7 @@ async fn load_upper(
 ) -> Result<()> {
     // (block, lowest key allowed, levels above the leaves)
     let mut frontier: Vec<(u64, Option<u64>, u32)> = Vec::new();
-    let mut queued = FxHashSet::default();
+    let mut queued = FxHashMap::default();
     for &root in roots {
         let (mut b, mut lo, mut depth) = (root, None, 0u32);
         loop {
@@ -1295,8 +1378,11 @@ async fn load_upper(
             lo = Some(le64(bytes, NODE_HEADER));
             b = le64(bytes, NODE_HEADER + 8 * h.max_entries as usize);
             depth += 1;
+            if depth >= MAX_LEVELS {
+                return Err(too_deep(root));
+            }
         }
-        if queued.insert(root) {
+        if queue(&mut queued, root, depth)? {
             frontier.push((root, None, depth));
         }
     }
@@ -1324,7 +1410,7 @@ async fn load_upper(
                     let v0 = NODE_HEADER + 8 * h.max_entries as usize;
                     for i in 0..h.nr_entries as usize {
                         let child = le64(&bytes, v0 + 8 * i);
-                        if queued.insert(child) {
+                        if queue(&mut queued, child, height - 1)? {
                             next.push((child, Some(le64(&bytes, NODE_HEADER + 8 * i)), height - 1));
                         }
                     }
@@ -1333,6 +1419,13 @@ async fn load_upper(
             }
         }
         frontier = next;
+    }
+    // The leaves are read when first needed: none may be a node read here, above them.
+    for (&b, _) in queued.iter().filter(|&(_, &height)| height == 1) {
+        let n = view_of(b, &out[&b])?;
+        if let Some(c) = (0..n.len).map(|i| n.val64(i)).find(|c| queued.contains_key(c)) {
+            return Err(uneven(c));
+        }
     }
     Ok(())
 }

@@ -624,9 +624,9 @@ impl Pool {
     }
 
     /// Reads the nodes `missing` names (block, lowest key its parent allows) from the
-    /// metadata device, checked (`meta::fetch`), into memory; `limits`: `Metadata::limits`.
+    /// metadata device, checked (`meta::fetch_leaf`), into memory; `limits`: `Metadata::limits`.
     pub(crate) async fn fetch_nodes(&self, missing: Vec<(u64, u64)>, limits: (u64, u64)) -> Result<()> {
-        let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch(&*self.md, b, Some(lo), limits));
+        let reads = missing.iter().map(|&(b, lo)| crate::meta::fetch_leaf(&*self.md, b, Some(lo), limits));
         let got = match futures::future::try_join_all(reads).await {
             Ok(got) => got,
             Err(e) => {

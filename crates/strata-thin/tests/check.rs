@@ -250,3 +250,50 @@ async fn a_pool_flagged_for_a_check_or_using_unknown_features_is_not_written() {
         drop(strata_thin::Pool::open(md, data, "", strata_thin::PoolOptions::default()).await.unwrap());
     }
 }
+
+/// `md` with child `child` of node `at` pointed at block `to`, the node sealed again (a
+/// B-tree with a cycle that every checksum passes).
+fn point_child(md: &MemDev, at: u64, child: usize, to: u64) {
+    use strata_thin::format::{seal, BTREE_XOR, NODE_HEADER};
+    let mut node = vec![0u8; 4096];
+    md.read_into(at * 4096, &mut node).unwrap();
+    let max_entries = u32::from_le_bytes(node[20..24].try_into().unwrap()) as usize;
+    let v = NODE_HEADER + 8 * max_entries + 8 * child;
+    node[v..v + 8].copy_from_slice(&to.to_le_bytes());
+    seal(&mut node, BTREE_XOR);
+    md.write_from(at * 4096, &node).unwrap();
+}
+
+#[tokio::test]
+async fn a_mapping_tree_that_loops_back_is_refused_not_followed_forever() {
+    let (md, m) = pool(40_000, 0).await;
+    let image = {
+        let mut bytes = vec![0u8; md.size() as usize];
+        md.read_into(0, &mut bytes).unwrap();
+        bytes
+    };
+    let root = m.subtree(1).unwrap();
+    let below = m.tm.view(root).unwrap().val64(0);
+    assert!(!m.tm.view(below).unwrap().leaf, "three levels");
+    // The root's first child is the root itself, then an internal node's first child is its
+    // parent, then its last child is: each is found damaged by the checker and by either way
+    // of opening the pool, and none is followed round and round.
+    let last = m.tm.view(below).unwrap().len - 1;
+    for (at, child, to) in [(root, 0, root), (below, 0, root), (below, last, root)] {
+        let md = MemDev::new(image.len() as u64);
+        md.write_from(0, &image).unwrap();
+        point_child(&md, at, child, to);
+        let within = std::time::Duration::from_secs(20);
+        let r = tokio::time::timeout(within, check(&md)).await.expect("the check ends");
+        assert!(!r.clean(), "{at} -> {to}: {r:?}");
+        let lazy = tokio::time::timeout(within, Metadata::open_lazy(&md)).await.expect("a lazy open ends");
+        let whole = tokio::time::timeout(within, Metadata::open(&md)).await.expect("an open ends");
+        for (how, opened) in [("lazily", lazy), ("whole", whole)] {
+            let e = opened.err().unwrap_or_else(|| panic!("{at} -> {to}: opened {how}"));
+            assert!(e.context.contains("loops back"), "{at} -> {to}, {how}: {}", e.context);
+        }
+        if let Some((ok, text)) = thin_check(&md) {
+            assert!(!ok, "thin_check passed a looping tree: {text}");
+        }
+    }
+}
