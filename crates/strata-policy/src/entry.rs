@@ -21,6 +21,8 @@ pub(crate) struct Entry<Q> {
 
 const BLOCK_BITS: u32 = 60;
 const BLOCK_MASK: u64 = (1 << BLOCK_BITS) - 1;
+/// The largest block number an entry holds (an origin of 2^60 blocks is past 2^64 bytes).
+pub(crate) const MAX_BLOCK: u64 = BLOCK_MASK;
 /// The largest frequency an entry holds.
 pub(crate) const MAX_FREQ: u8 = 3;
 

@@ -22,6 +22,8 @@ pub enum HintError {
     WrongPolicy { expected: String, found: String },
     #[error("hints can only be loaded into an empty policy")]
     NotEmpty,
+    #[error("hint blob names block {0}, past the most a policy numbers")]
+    BlockOutOfRange(u64),
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -75,7 +77,12 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<Vec<(u64, u8)>, HintErr
     if count > MAX_ENTRIES || rest.len() as u64 != count * 9 {
         return Err(HintError::BadLength);
     }
-    Ok(rest.chunks_exact(9).map(|c| (u64::from_le_bytes(c[..8].try_into().expect("8 bytes")), c[8])).collect())
+    let entries: Vec<(u64, u8)> =
+        rest.chunks_exact(9).map(|c| (u64::from_le_bytes(c[..8].try_into().expect("8 bytes")), c[8])).collect();
+    match entries.iter().find(|e| e.0 > crate::entry::MAX_BLOCK) {
+        Some(&(block, _)) => Err(HintError::BlockOutOfRange(block)),
+        None => Ok(entries),
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Invariants every policy must keep under random access, dirty marking, removal and hint
 //! round trips; determinism for a seed.
 
-use strata_policy::{build, Access, Op, Outcome, Params, POLICIES, POLICY_NAMES};
+use strata_policy::{build, Access, Op, Outcome, Params, Policy, POLICIES, POLICY_NAMES};
 
 /// A small deterministic generator so failures reproduce.
 struct Rng(u64);
@@ -19,8 +19,29 @@ impl Rng {
 
 fn check_policy(name: &str, cap: usize, seed: u64) {
     let mut p = build(name, cap, &Params { seed, ..Params::default() }).unwrap();
+    let cached = exercise(&mut *p, name, cap, seed, std::collections::HashSet::new());
+    // Hints restore the same set of blocks into an empty policy.
+    let blob = p.save_hints();
+    let mut q = build(name, cap, &Params { seed, ..Params::default() }).unwrap();
+    q.load_hints(&blob).unwrap();
+    assert_eq!(q.len(), cached.len(), "{name}: hint round trip");
+    for &b in &cached {
+        assert!(q.contains(b), "{name}: hints lost {b}");
+    }
+    assert!(q.load_hints(&blob).is_err(), "{name}: loading into a non-empty policy");
+    assert!(p.bytes_per_entry() > 0.0);
+}
+
+/// Random accesses, dirty marking, write-back and removal on `p`, which holds `cached` (all
+/// clean), each outcome checked against a model; returns what `p` holds at the end.
+fn exercise(
+    p: &mut (dyn Policy + Send),
+    name: &str,
+    cap: usize,
+    seed: u64,
+    mut cached: std::collections::HashSet<u64>,
+) -> std::collections::HashSet<u64> {
     let mut rng = Rng(seed | 1);
-    let mut cached = std::collections::HashSet::new();
     let mut dirty = std::collections::HashSet::new();
     for step in 0..20_000u64 {
         let now = step * 50_000_000; // 20 accesses per second, so smq's periods go by
@@ -67,16 +88,55 @@ fn check_policy(name: &str, cap: usize, seed: u64) {
         assert!(p.contains(b), "{name}: lost {b}");
         assert_eq!(p.is_dirty(b), dirty.contains(&b));
     }
-    // Hints restore the same set of blocks into an empty policy.
-    let blob = p.save_hints();
-    let mut q = build(name, cap, &Params { seed, ..Params::default() }).unwrap();
-    q.load_hints(&blob).unwrap();
-    assert_eq!(q.len(), cached.len(), "{name}: hint round trip");
-    for &b in &cached {
-        assert!(q.contains(b), "{name}: hints lost {b}");
+    cached
+}
+
+/// A hint blob as `save_hints` writes one (the layout `hints.rs` documents), of any entries.
+fn blob(policy: &str, entries: &[(u64, u8)]) -> Vec<u8> {
+    let mut out = b"STRATAH1".to_vec();
+    out.push(policy.len() as u8);
+    out.extend_from_slice(policy.as_bytes());
+    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for &(block, tag) in entries {
+        out.extend_from_slice(&block.to_le_bytes());
+        out.push(tag);
     }
-    assert!(q.load_hints(&blob).is_err(), "{name}: loading into a non-empty policy");
-    assert!(p.bytes_per_entry() > 0.0);
+    let sum = out.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3));
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Hints no policy saves, sealed with a good checksum: a block named again and again, more
+/// blocks than the cache holds, every tag, the largest block numbers. Each is refused, or
+/// loaded into a policy that then keeps every invariant.
+#[test]
+fn sealed_hints_no_policy_saves_are_refused_or_leave_a_sound_policy() {
+    let cap = 8;
+    let shapes: Vec<(&str, Vec<(u64, u8)>)> = vec![
+        ("one block again and again", (0..=255u8).map(|t| (5, t)).collect()),
+        ("more blocks than the cache holds", (0..100).map(|b| (b, 0)).collect()),
+        ("every tag", (0..=255u8).map(|t| (t as u64 % 12, t)).collect()),
+        ("every tag, one block each", (0..=255u8).map(|t| (1000 + t as u64, t)).collect()),
+        ("the largest block numbers", vec![(u64::MAX, 0), (u64::MAX - 1, 1), (0, 2), (u64::MAX, 3)]),
+    ];
+    for name in POLICY_NAMES {
+        for (what, entries) in &shapes {
+            for few in [cap / 2, entries.len()] {
+                let entries = &entries[..few.min(entries.len())];
+                let mut p = build(name, cap, &Params::default()).unwrap();
+                let saved_as = p.name();
+                if p.load_hints(&blob(saved_as, entries)).is_err() {
+                    assert_eq!(p.len(), 0, "{name}, {what}: refused hints left blocks");
+                    continue;
+                }
+                let held: std::collections::HashSet<u64> =
+                    entries.iter().map(|e| e.0).filter(|&b| p.contains(b)).collect();
+                assert_eq!(p.len(), held.len(), "{name}, {what}: {} blocks held", p.len());
+                assert!(p.len() <= cap, "{name}, {what}: {} blocks in a cache of {cap}", p.len());
+                exercise(&mut *p, name, cap, 7, held);
+            }
+        }
+    }
 }
 
 #[test]
