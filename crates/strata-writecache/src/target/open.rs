@@ -49,6 +49,10 @@ impl WritecacheDev {
         }
         st.seq = found.max_seq;
         st.commit = found.max_commit;
+        if st.sequences_used_up() {
+            let why = "its write sequences are used up: writes go around it; detach it and create it anew";
+            eprintln!("strata: write log {}: {why}", cache.describe());
+        }
         let untrusted = !found.garbage.is_empty();
         drop(found);
         let inner = Arc::new(Inner {

@@ -21,7 +21,7 @@
 //! live in a small map of the slots pinned now.
 
 use super::index::SlotIndex;
-use crate::format::{Entry, ENTRIES_PER_PAGE, FLAG_ZERO};
+use crate::format::{Entry, ENTRIES_PER_PAGE, FLAG_ZERO, SEQ_MAX, SLOTS_MAX};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeSet, HashSet};
 
@@ -286,10 +286,22 @@ impl State {
 
     /// A free slot nobody is reading, if any (taken off the free list).
     pub fn alloc(&mut self) -> Option<u32> {
+        if self.sequences_used_up() {
+            return None;
+        }
         let s = self.walk(self.free.head).find(|s| !self.pins.contains_key(s))?;
         self.unlink(Which::Free, s);
         debug_assert_eq!(self.state(s), SlotState::Free);
         Some(s)
+    }
+
+    /// Whether the write sequences left could run out: a slot handed out takes one when a
+    /// copy is installed in it, and at most every slot is handed out at once, so none is
+    /// once fewer than [`SLOTS_MAX`] are left below [`SEQ_MAX`]. Only a log whose entries
+    /// were made to say so gets there (2^63 writes take millennia); it then takes no more
+    /// copies, and writes go around it as when it is full.
+    pub fn sequences_used_up(&self) -> bool {
+        self.seq >= SEQ_MAX - SLOTS_MAX - 1
     }
 
     /// `n` slots, or none if fewer are free.
