@@ -1,7 +1,8 @@
 //! The remote device against strata's own server: model tests (random IO compared with an
 //! in-memory reference, aligned and not, split to a small maximum), and network faults: a
 //! server that goes away and comes back, one that loses unflushed writes when it restarts,
-//! one that stops answering, and one that never comes back.
+//! one that stops answering, one that never comes back, and one whose replies are mutated
+//! on the way.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -360,5 +361,123 @@ async fn an_unknown_export_is_a_refusal_not_an_unreachable_server() {
     let wrong = RemoteSpec { export: "wrong".into(), ..spec(&sock, Tuning::default()) };
     let e = RemoteDev::open(wrong).await.err().expect("an unknown export");
     assert!(e.context.contains("unknown export") && !e.context.contains("cannot reach"), "{e}");
+    stop(server).await;
+}
+
+/// Panics on the runtime's worker threads (where the client's reader and writer run).
+static PANICS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// A proxy on `front` to the server on `back` that, while `mutate` holds, changes what the
+/// server says: in one in `every` of its reads, a byte flipped, the read cut short and the
+/// connection closed, or stray bytes put in (what a broken server or network could send).
+fn mutating_proxy(front: &Path, back: PathBuf, mutate: Arc<std::sync::atomic::AtomicBool>, every: u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = std::fs::remove_file(front);
+    let listener = tokio::net::UnixListener::bind(front).unwrap();
+    tokio::spawn(async move {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::UnixStream::connect(&back).await else { continue };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
+            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let (mutate, mut rng) = (mutate.clone(), seed);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                loop {
+                    let n = sr.read(&mut buf).await?;
+                    if n == 0 {
+                        return Ok::<(), std::io::Error>(());
+                    }
+                    let out = &mut buf[..n];
+                    if mutate.load(Relaxed) && next() % every == 0 {
+                        // Often in the first bytes of a read, where a reply's header most
+                        // often lies.
+                        let span = if next() % 2 == 0 { n.min(32) } else { n };
+                        let at = (next() % span as u64) as usize;
+                        match next() % 3 {
+                            0 => out[at] ^= 1 << (next() % 8),
+                            1 => {
+                                cw.write_all(&out[..at]).await?;
+                                return cw.shutdown().await;
+                            }
+                            _ => cw.write_all(&next().to_be_bytes()[..1 + at % 8]).await?,
+                        }
+                    }
+                    cw.write_all(out).await?;
+                }
+            });
+        }
+    });
+}
+
+/// A server whose replies are mutated on the way (bit flips, replies cut short, stray
+/// bytes): the client neither panics nor hangs past its outage limit, and once the replies
+/// are whole again it serves exactly what is written from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_replies_fail_requests_and_never_hurt_the_client() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if std::thread::current().name().unwrap_or("").starts_with("tokio-") {
+                PANICS.lock().unwrap().push(format!("{info}"));
+            }
+            default(info);
+        }));
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let back = dir.path().join("server.sock");
+    let front = dir.path().join("proxy.sock");
+    let server = serve(Arc::new(MemDev::new(SIZE)), &back, Limits::default());
+    let mutate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    mutating_proxy(&front, back, mutate.clone(), 3);
+    let tuning = Tuning { timeout: Duration::from_millis(200), outage: Duration::from_secs(1), ..Tuning::default() };
+    let dev = RemoteDev::open(spec(&front, tuning)).await.unwrap();
+    mutate.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for i in 0..120u64 {
+        let at = (i * 7919 % (SIZE / 4096 - 4)) * 4096;
+        let len = 4096 * (1 + i % 4);
+        let io = async {
+            match i % 3 {
+                0 => dev.write(at, pattern(i, at, len as usize), i % 2 == 0).await.map(drop),
+                1 => dev.read(at, Buf::zeroed(len as usize)).await.map(drop),
+                _ => dev.flush().await,
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(20), io).await.expect("a request ends") {
+            Ok(()) => ok += 1,
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(failed > 0 && ok > 0, "{ok} requests answered, {failed} failed: the replies were mutated");
+    mutate.store(false, std::sync::atomic::Ordering::Relaxed);
+    // Whole replies again: what is written now reads back, block for block.
+    let mut served = false;
+    for _ in 0..50 {
+        if dev.write(0, pattern(1000, 0, 4096), true).await.is_ok() {
+            served = true;
+            break;
+        }
+    }
+    assert!(served, "the client serves again once the replies are whole");
+    for b in 0..64u64 {
+        dev.write(b * 4096, pattern(2000 + b, b * 4096, 4096), b % 2 == 0).await.unwrap();
+    }
+    dev.flush().await.unwrap();
+    for b in 0..64u64 {
+        let got = dev.read(b * 4096, Buf::zeroed(4096)).await.unwrap();
+        assert!(got[..] == pattern(2000 + b, b * 4096, 4096)[..], "block {b} after the mutations");
+    }
+    assert!(PANICS.lock().unwrap().is_empty(), "the client panicked: {:#?}", PANICS.lock().unwrap());
     stop(server).await;
 }
