@@ -1420,10 +1420,11 @@ async fn load_upper(
         }
         frontier = next;
     }
-    // The leaves are read when first needed: none may be a node read here, above them.
+    // The leaves are read when first needed: none may be a node read here above them (a
+    // leaf that is a tree's root, as a snapshot of a one-leaf volume has, is read as one).
     for (&b, _) in queued.iter().filter(|&(_, &height)| height == 1) {
         let n = view_of(b, &out[&b])?;
-        if let Some(c) = (0..n.len).map(|i| n.val64(i)).find(|c| queued.contains_key(c)) {
+        if let Some(c) = (0..n.len).map(|i| n.val64(i)).find(|c| queued.get(c).is_some_and(|&h| h != 0)) {
             return Err(uneven(c));
         }
     }
