@@ -297,3 +297,28 @@ async fn a_mapping_tree_that_loops_back_is_refused_not_followed_forever() {
         }
     }
 }
+
+/// A tree may share a node with another at the same height wherever it sits: here volume 2's
+/// tree is made one of volume 1's leaves (its root a leaf that is also a child), which
+/// either way of opening takes, each lookup through it answered from that leaf.
+#[tokio::test]
+async fn a_leaf_that_roots_one_tree_and_sits_in_another_is_taken() {
+    let (md, m) = pool(40_000, 0).await;
+    let leaf = nodes(&m, m.subtree(1).unwrap()).into_iter().filter(|&(_, leaf)| leaf).nth(3).unwrap().0;
+    let (top, _) = m.roots();
+    let at = (0..m.tm.view(top).unwrap().len).find(|&i| m.tm.view(top).unwrap().key(i) == 2).unwrap();
+    point_child(&md, top, at, leaf);
+    let keys: Vec<u64> = {
+        let n = m.tm.view(leaf).unwrap();
+        (0..n.len).map(|i| n.key(i)).collect()
+    };
+    for lazy in [true, false] {
+        let opened = if lazy { Metadata::open_lazy(&md).await } else { Metadata::open(&md).await };
+        let m2 = opened.unwrap_or_else(|e| panic!("lazy {lazy}: {e}"));
+        // A tree's root is read at open, a leaf or not.
+        assert!(m2.missing(2, keys[0], false).unwrap().is_empty());
+        for &k in &keys {
+            assert_eq!(m2.lookup(2, k).unwrap(), m.lookup(1, k).unwrap(), "lazy {lazy}: key {k}");
+        }
+    }
+}
