@@ -1,5 +1,5 @@
 //! Invariants every policy must keep under random access, dirty marking, removal and hint
-//! round trips; determinism for a seed.
+//! round trips, and after loading hints no policy saves; determinism for a seed.
 
 use strata_policy::{build, Access, Op, Outcome, Params, Policy, POLICIES, POLICY_NAMES};
 
