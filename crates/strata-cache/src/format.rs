@@ -32,6 +32,11 @@ const ORIGIN_MASK: u64 = (1 << 48) - 1;
 /// change from 0: one at or past this bound was never written by a cache (it would take
 /// centuries), and counting on from it would overflow. Metadata holding one is damaged.
 pub const MAX_SEQUENCE: u64 = 1 << 63;
+/// A cache opens only while those counters are below this (2^62). No cache counts 2^62
+/// times (146 years at a billion a second), so one that opened never writes a value at or
+/// past [`MAX_SEQUENCE`], which its own reading would refuse: metadata whose counters have
+/// got this far was crafted or damaged, and is an error.
+pub const OPEN_SEQUENCE_LIMIT: u64 = 1 << 62;
 const FLAG_VALID: u64 = 1 << 48;
 const FLAG_DIRTY: u64 = 1 << 49;
 pub const MAX_ORIGIN_SPEC: usize = 2048;

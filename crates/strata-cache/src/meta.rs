@@ -5,7 +5,8 @@
 //! records it free, so a crash can never leave an old mapping pointing at new data).
 
 use crate::format::{
-    self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, PAGE, SB_COPIES,
+    self, decode_page, encode_page, Entry, Layout, PageProblem, Superblock, ENTRIES_PER_PAGE, OPEN_SEQUENCE_LIMIT,
+    PAGE, SB_COPIES,
 };
 use strata_io::{signature, BlockDev, Buf, Error, ErrorKind, Result};
 
@@ -244,6 +245,17 @@ impl Meta {
             meta.dirty_list.push(page);
         }
         meta.validate_and_resolve(&mut findings);
+        let counters = [
+            ("the superblock's sequence", meta.sb.seq),
+            ("the table's commit sequence", meta.commit_seq),
+            ("an entry's generation", meta.next_generation - 1),
+        ];
+        for (what, v) in counters.into_iter().filter(|c| c.1 >= OPEN_SEQUENCE_LIMIT) {
+            findings.errors.push(format!(
+                "{what} is {v}, past the 2^62 no cache counts to (the metadata was crafted or damaged; \
+                 a repair does not mend it)"
+            ));
+        }
         Ok((meta, findings))
     }
 
