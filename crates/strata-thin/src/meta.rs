@@ -1043,6 +1043,12 @@ async fn load_bitmaps(dev: &dyn BlockDev, sm: &mut SpaceMap, md_blocks: u64, wha
     Ok(())
 }
 
+/// The most references a space map counts for one block: each is a node's entry, and 2^31
+/// entries fill 8 TiB of nodes, past any metadata device (dm-thin's is at most 16 GiB). A
+/// higher count was crafted or damaged, and counting on from it could wrap to zero, freeing
+/// a block still in use.
+const MAX_REFS: u32 = 1 << 31;
+
 fn apply_overflow(sm: &mut SpaceMap, over: &[(u64, Vec<u8>)], what: &str) -> Result<()> {
     for (b, v) in over {
         if *b >= sm.nr_blocks() || sm.count(*b) != 3 {
@@ -1050,7 +1056,13 @@ fn apply_overflow(sm: &mut SpaceMap, over: &[(u64, Vec<u8>)], what: &str) -> Res
                 "{what} space map: an overflow count for block {b}, whose bitmap entry is not 3"
             )));
         }
-        sm.load(*b, le32(v, 0));
+        let count = le32(v, 0);
+        if count >= MAX_REFS {
+            return Err(corrupt(format!(
+                "{what} space map: block {b} counted {count} times, more than any pool holds"
+            )));
+        }
+        sm.load(*b, count);
     }
     Ok(())
 }

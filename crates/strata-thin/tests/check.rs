@@ -322,3 +322,31 @@ async fn a_leaf_that_roots_one_tree_and_sits_in_another_is_taken() {
         }
     }
 }
+
+/// A space map's overflow count sealed at u32::MAX (counting on from it would wrap to zero
+/// and free a block in use) is refused by either way of opening and by the checker.
+#[tokio::test]
+async fn a_reference_count_no_pool_holds_is_refused() {
+    use strata_thin::format::{seal, BTREE_XOR, NODE_HEADER};
+    let (md, mut m) = pool(5000, 0).await;
+    for id in 3..6 {
+        m.create_snapshot(id, 1).unwrap();
+    }
+    m.commit(&md).await.unwrap();
+    let over = m.sb.metadata_sm.ref_count_root;
+    let mut node = vec![0u8; 4096];
+    md.read_into(over * 4096, &mut node).unwrap();
+    let word = |at: usize| u32::from_le_bytes(node[at..at + 4].try_into().unwrap());
+    assert!(word(4) == strata_thin::format::LEAF_NODE && word(16) > 0, "a leaf holding a count of 3 or more");
+    let max_entries = u32::from_le_bytes(node[20..24].try_into().unwrap()) as usize;
+    let v = NODE_HEADER + 8 * max_entries;
+    node[v..v + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    seal(&mut node, BTREE_XOR);
+    md.write_from(over * 4096, &node).unwrap();
+    for lazy in [true, false] {
+        let opened = if lazy { Metadata::open_lazy(&md).await } else { Metadata::open(&md).await };
+        let e = opened.err().unwrap_or_else(|| panic!("lazy {lazy}: opened"));
+        assert!(e.context.contains("more than any pool holds"), "lazy {lazy}: {}", e.context);
+    }
+    assert!(!check(&md).await.clean());
+}
