@@ -765,7 +765,7 @@ impl Metadata {
             Some(o) => {
                 self.tm.data.dec(unpack_mapping(le64(&o, 0)).0).map_err(corrupt)?;
             }
-            None => d.mapped_blocks += 1,
+            None => d.mapped_blocks = d.mapped_blocks.saturating_add(1),
         }
         self.touch(id, d);
         Ok(())

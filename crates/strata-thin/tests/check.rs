@@ -350,3 +350,25 @@ async fn a_reference_count_no_pool_holds_is_refused() {
     }
     assert!(!check(&md).await.clean());
 }
+
+/// A volume whose details, sealed, say it maps u64::MAX blocks takes new mappings (the
+/// count stays where it is rather than wrapping; the checker warns of the mismatch).
+#[tokio::test]
+async fn a_mapped_count_at_its_end_is_left_there() {
+    use strata_thin::format::{seal, BTREE_XOR, NODE_HEADER};
+    let (md, m) = pool(10, 0).await;
+    let (_, details) = m.roots();
+    let mut node = vec![0u8; 4096];
+    md.read_into(details * 4096, &mut node).unwrap();
+    let max_entries = u32::from_le_bytes(node[20..24].try_into().unwrap()) as usize;
+    let v = NODE_HEADER + 8 * max_entries; // volume 1's details come first
+    node[v..v + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    seal(&mut node, BTREE_XOR);
+    md.write_from(details * 4096, &node).unwrap();
+    let mut m = Metadata::open(&md).await.unwrap();
+    let b = m.alloc_data().unwrap();
+    m.insert(1, 1000, b).unwrap();
+    m.commit(&md).await.unwrap();
+    assert_eq!(m.devices()[&1].mapped_blocks, u64::MAX);
+    assert!(check(&md).await.warnings.iter().any(|w| w.contains("device 1: details say")));
+}
