@@ -119,8 +119,13 @@ impl Tunables {
         Ok(())
     }
 
+    /// The bounds `set` keeps to that `assign` does not check alone: the watermarks' order,
+    /// and (for a text read from a superblock) each value's own range.
     fn valid(&self) -> bool {
-        self.high_watermark <= 100 && self.low_watermark <= self.high_watermark
+        self.high_watermark <= 100
+            && self.low_watermark <= self.high_watermark
+            && self.autocommit_blocks >= 1
+            && self.readahead_bytes <= strata_policy::MAX_READAHEAD_BYTES
     }
 
     /// The tunables as the superblock keeps them.
@@ -316,5 +321,21 @@ mod tests {
         assert_eq!(t, before);
         t.set("readahead", "64KiB").unwrap();
         assert_eq!(t.readahead_bytes, 64 << 10);
+    }
+
+    /// A superblock's settings text, sealed, holding what `set` refuses: the defaults are
+    /// taken (a readahead past the bound made a window as large as the origin).
+    #[test]
+    fn settings_set_would_refuse_read_back_as_the_defaults() {
+        let good = Tunables { readahead_bytes: 64 << 10, ..Tunables::default() };
+        assert_eq!(Tunables::decode(&good.encode()), good);
+        for bad in [
+            Tunables { readahead_bytes: u64::MAX, ..good },
+            Tunables { readahead_bytes: strata_policy::MAX_READAHEAD_BYTES + 1, ..good },
+            Tunables { autocommit_blocks: 0, ..good },
+            Tunables { high_watermark: 101, ..good },
+        ] {
+            assert_eq!(Tunables::decode(&bad.encode()), Tunables::default(), "{bad:?}");
+        }
     }
 }
