@@ -1043,10 +1043,10 @@ async fn load_bitmaps(dev: &dyn BlockDev, sm: &mut SpaceMap, md_blocks: u64, wha
     Ok(())
 }
 
-/// The most references a space map counts for one block: each is a node's entry, and 2^31
-/// entries fill 8 TiB of nodes, past any metadata device (dm-thin's is at most 16 GiB). A
-/// higher count was crafted or damaged, and counting on from it could wrap to zero, freeing
-/// a block still in use.
+/// The most references a space map counts for one block. A block is referenced from at
+/// most one place in each volume's tree, and a pool numbers 2^24 volumes: a count of 2^31
+/// was crafted or damaged, and counting on from one near u32::MAX could wrap to zero,
+/// freeing a block still in use.
 const MAX_REFS: u32 = 1 << 31;
 
 fn apply_overflow(sm: &mut SpaceMap, over: &[(u64, Vec<u8>)], what: &str) -> Result<()> {
