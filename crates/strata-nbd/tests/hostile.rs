@@ -10,10 +10,13 @@
 //! connection task silently. The record of panics is shared by the whole file, so one
 //! panic fails every test that checks after it: the first report names the culprit.
 
+mod common;
+
+use common::{assert_no_panics, watch_panics};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::Arc;
 use std::time::Duration;
 use strata_io::mem::MemDev;
 use strata_io::{BlockDev, BoxFut, Buf, Result as IoResult, ZeroFlags};
@@ -28,30 +31,6 @@ const SIZE: u64 = 1 << 20;
 const INFLIGHT_MAX: usize = 8;
 /// How long the server gets to close a connection whose client stopped sending.
 const CLOSE_WITHIN: Duration = Duration::from_secs(10);
-
-static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-/// Records panics on tokio worker threads (where the server's tasks run), keeping the
-/// default report too.
-fn watch_panics() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let thread = std::thread::current().name().unwrap_or("").to_string();
-            // Worker threads are "tokio-runtime-worker" or "tokio-rt-worker" by version.
-            if thread.starts_with("tokio-") {
-                PANICS.lock().unwrap().push(format!("{info}"));
-            }
-            default(info);
-        }));
-    });
-}
-
-fn assert_no_panics() {
-    let panics = PANICS.lock().unwrap();
-    assert!(panics.is_empty(), "the server panicked: {panics:#?}");
-}
 
 /// splitmix64: enough randomness for seeded streams without another dependency.
 struct Rng(u64);
@@ -437,7 +416,7 @@ async fn random_streams_never_hurt_the_server() {
     wait_live(&s, 1).await;
     drop(good);
     wait_live(&s, 0).await;
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 /// What a well-behaved client sends after the greeting: its flags, a few options, GO on
@@ -554,7 +533,7 @@ async fn mutated_sessions_close_and_leave_the_read_only_export_unwritten() {
     wait_live(&s, 1).await;
     let written = ro.read(0, Buf::zeroed(SIZE as usize)).await.unwrap();
     assert!(written.iter().all(|&x| x == 0), "the read-only export was written");
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 /// Frames of a valid session: (client bytes, description).
@@ -625,7 +604,7 @@ async fn a_session_cut_at_every_byte_answers_exactly_its_whole_frames() {
         good_client_round(&mut good, structured as u64).await;
     }
     wait_live(&s, 1).await;
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 /// Samples a byte counter until it has not moved for a second (long enough that a busy
@@ -704,7 +683,7 @@ async fn a_write_flood_on_a_stuck_device_stops_at_the_inflight_limit() {
     drop(neighbour);
     wait_live(&s, 1).await;
     good_client_round(&mut good, 2).await;
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -726,7 +705,7 @@ async fn a_client_that_never_reads_replies_stalls_only_itself() {
     wait_live(&s, 1).await;
     drop(good);
     wait_live(&s, 0).await;
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 /// Reads of `len` bytes at 0, `count` of them, sent and never answered by reading: the
@@ -759,7 +738,7 @@ async fn a_client_that_reads_no_replies_holds_only_its_share_of_the_buffers() {
         good_client_round(&mut good, round).await;
     }
     drop(hog);
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -780,7 +759,7 @@ async fn stalled_clients_are_closed_and_free_what_they_held() {
     within("the write's connection closing", write.read_to_end(&mut rest)).await.unwrap();
     assert!(rest.is_empty(), "the half-sent write was answered: {} bytes", rest.len());
     within("the reader's connection closing", reads.read_to_end(&mut rest)).await.unwrap();
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -792,7 +771,7 @@ async fn shutdown_closes_a_client_that_reads_no_replies_after_a_grace() {
     s.shutdown();
     within("shutdown", s.wait_idle()).await;
     drop(hog);
-    assert_no_panics();
+    assert_no_panics("the server");
 }
 
 /// How far a connection gets before its client vanishes.
@@ -891,5 +870,5 @@ async fn thousands_of_connections_dropped_at_every_stage_all_close() {
     wait_live(&s, 0).await;
     let mut good = negotiated(&s, "mem", false).await;
     good_client_round(&mut good, 0).await;
-    assert_no_panics();
+    assert_no_panics("the server");
 }

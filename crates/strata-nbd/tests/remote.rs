@@ -4,6 +4,8 @@
 //! one that stops answering, one that never comes back, and one whose replies are mutated
 //! on the way.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -364,9 +366,6 @@ async fn an_unknown_export_is_a_refusal_not_an_unreachable_server() {
     stop(server).await;
 }
 
-/// Panics on the runtime's worker threads (where the client's reader and writer run).
-static PANICS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
 /// A proxy on `front` to the server on `back` that, while `mutate` holds, changes what the
 /// server says: in one in `every` of its reads, a byte flipped, the read cut short and the
 /// connection closed, or stray bytes put in (what a broken server or network could send).
@@ -424,16 +423,7 @@ fn mutating_proxy(front: &Path, back: PathBuf, mutate: Arc<std::sync::atomic::At
 /// are whole again it serves exactly what is written from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutated_replies_fail_requests_and_never_hurt_the_client() {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if std::thread::current().name().unwrap_or("").starts_with("tokio-") {
-                PANICS.lock().unwrap().push(format!("{info}"));
-            }
-            default(info);
-        }));
-    });
+    common::watch_panics();
     let dir = tempfile::tempdir().unwrap();
     let back = dir.path().join("server.sock");
     let front = dir.path().join("proxy.sock");
@@ -478,6 +468,6 @@ async fn mutated_replies_fail_requests_and_never_hurt_the_client() {
         let got = dev.read(b * 4096, Buf::zeroed(4096)).await.unwrap();
         assert!(got[..] == pattern(2000 + b, b * 4096, 4096)[..], "block {b} after the mutations");
     }
-    assert!(PANICS.lock().unwrap().is_empty(), "the client panicked: {:#?}", PANICS.lock().unwrap());
+    common::assert_no_panics("the client");
     stop(server).await;
 }
