@@ -251,17 +251,24 @@ async fn a_pool_flagged_for_a_check_or_using_unknown_features_is_not_written() {
     }
 }
 
-/// `md` with child `child` of node `at` pointed at block `to`, the node sealed again (a
-/// B-tree with a cycle that every checksum passes).
-fn point_child(md: &MemDev, at: u64, child: usize, to: u64) {
+/// `md` with the start of value `i` of node `at` (whose values are `bytes.len()` long, or
+/// begin with it) set to `bytes`, the node sealed again: what no pool writes, past its
+/// checksums.
+fn seal_value(md: &MemDev, at: u64, i: usize, bytes: &[u8]) {
     use strata_thin::format::{seal, BTREE_XOR, NODE_HEADER};
     let mut node = vec![0u8; 4096];
     md.read_into(at * 4096, &mut node).unwrap();
     let max_entries = u32::from_le_bytes(node[20..24].try_into().unwrap()) as usize;
-    let v = NODE_HEADER + 8 * max_entries + 8 * child;
-    node[v..v + 8].copy_from_slice(&to.to_le_bytes());
+    let v = NODE_HEADER + 8 * max_entries + i * bytes.len();
+    node[v..v + bytes.len()].copy_from_slice(bytes);
     seal(&mut node, BTREE_XOR);
     md.write_from(at * 4096, &node).unwrap();
+}
+
+/// `md` with child `child` of node `at` pointed at block `to` (a B-tree with a cycle that
+/// every checksum passes).
+fn point_child(md: &MemDev, at: u64, child: usize, to: u64) {
+    seal_value(md, at, child, &to.to_le_bytes());
 }
 
 #[tokio::test]
@@ -327,7 +334,6 @@ async fn a_leaf_that_roots_one_tree_and_sits_in_another_is_taken() {
 /// and free a block in use) is refused by either way of opening and by the checker.
 #[tokio::test]
 async fn a_reference_count_no_pool_holds_is_refused() {
-    use strata_thin::format::{seal, BTREE_XOR, NODE_HEADER};
     let (md, mut m) = pool(5000, 0).await;
     for id in 3..6 {
         m.create_snapshot(id, 1).unwrap();
@@ -338,11 +344,7 @@ async fn a_reference_count_no_pool_holds_is_refused() {
     md.read_into(over * 4096, &mut node).unwrap();
     let word = |at: usize| u32::from_le_bytes(node[at..at + 4].try_into().unwrap());
     assert!(word(4) == strata_thin::format::LEAF_NODE && word(16) > 0, "a leaf holding a count of 3 or more");
-    let max_entries = u32::from_le_bytes(node[20..24].try_into().unwrap()) as usize;
-    let v = NODE_HEADER + 8 * max_entries;
-    node[v..v + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-    seal(&mut node, BTREE_XOR);
-    md.write_from(over * 4096, &node).unwrap();
+    seal_value(&md, over, 0, &u32::MAX.to_le_bytes());
     for lazy in [true, false] {
         let opened = if lazy { Metadata::open_lazy(&md).await } else { Metadata::open(&md).await };
         let e = opened.err().unwrap_or_else(|| panic!("lazy {lazy}: opened"));
@@ -355,16 +357,9 @@ async fn a_reference_count_no_pool_holds_is_refused() {
 /// count stays where it is rather than wrapping; the checker warns of the mismatch).
 #[tokio::test]
 async fn a_mapped_count_at_its_end_is_left_there() {
-    use strata_thin::format::{seal, BTREE_XOR, NODE_HEADER};
     let (md, m) = pool(10, 0).await;
     let (_, details) = m.roots();
-    let mut node = vec![0u8; 4096];
-    md.read_into(details * 4096, &mut node).unwrap();
-    let max_entries = u32::from_le_bytes(node[20..24].try_into().unwrap()) as usize;
-    let v = NODE_HEADER + 8 * max_entries; // volume 1's details come first
-    node[v..v + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-    seal(&mut node, BTREE_XOR);
-    md.write_from(details * 4096, &node).unwrap();
+    seal_value(&md, details, 0, &u64::MAX.to_le_bytes()); // volume 1's details come first
     let mut m = Metadata::open(&md).await.unwrap();
     let b = m.alloc_data().unwrap();
     m.insert(1, 1000, b).unwrap();
