@@ -331,30 +331,50 @@ fn number(v: f64) -> String {
     }
 }
 
+/// Most admin connections served at once. Each holds a file for up to [`READ_TIMEOUT`]
+/// while its request comes in; past this many a new one is answered 503 and closed, so a
+/// client opening connections without end cannot take the files the NBD connections need.
+pub const MAX_ADMIN_CONNECTIONS: usize = 64;
+
+/// How long a request may take to arrive whole.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves the admin endpoint until the process exits.
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Without waiting: the answer fits the socket's buffer, or is not given.
+            let why = format!("more than {MAX_ADMIN_CONNECTIONS} admin connections at once; try again\n");
+            let _ = stream.try_write(response("503 Service Unavailable", "text/plain", &why).as_bytes());
+            continue;
+        };
         let admin = admin.clone();
         tokio::spawn(async move {
-            let read = tokio::time::timeout(std::time::Duration::from_secs(5), read_request(&mut stream)).await;
+            let _slot = slot;
+            let read = tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await;
             let (code, ctype, body) = match read {
                 // Too slow, or gone: nobody to answer.
                 Err(_) | Ok(Err(_)) => return,
                 Ok(Ok(Err((code, why)))) => (code, "text/plain", format!("{why}\n")),
                 Ok(Ok(Ok(request))) => answer(&admin, request).await,
             };
-            let resp = format!(
-                "HTTP/1.1 {code}\r\nServer: {SERVER}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(resp.as_bytes()).await;
+            let _ = stream.write_all(response(code, ctype, &body).as_bytes()).await;
             let _ = stream.shutdown().await;
         });
     }
+}
+
+/// A whole answer: status line, head and body.
+fn response(code: &str, ctype: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {code}\r\nServer: {SERVER}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 /// One request, read whole.

@@ -392,3 +392,61 @@ fn requests_past_the_admin_endpoints_bounds_are_answered_with_why() {
     assert!(post("10", "b=mem:1MiB").starts_with("HTTP/1.1 200"));
     assert_eq!(names(&srv), ["a", "b"]);
 }
+
+/// The soft limit on open files the server runs under, and the hard one.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let mut fields = line.split_whitespace().skip(3);
+    (fields.next().unwrap().to_string(), fields.next().unwrap().to_string())
+}
+
+/// A client that opens admin connections without end gets a 503 past the endpoint's bound,
+/// and the NBD side, which needs a file per connection, is served all the while. The server
+/// runs with its soft limit on open files lowered to 256 (as systemd's 1,024, smaller), which
+/// it raises to the hard one: the flood alone would take more than 256 files.
+#[test]
+fn a_flood_of_admin_connections_is_turned_away_and_the_nbd_side_stays_served() {
+    let srv = Server::start_opts(
+        common::tempdir(),
+        ServerOpts { admin: true, args: vec!["a=mem:1MiB".into()], open_files: Some(256), ..Default::default() },
+    );
+    let (soft, hard) = open_files_limits(srv.pid());
+    assert_eq!(soft, hard, "the soft limit on open files is raised to the hard one");
+
+    let admin = srv.admin.clone().unwrap();
+    const FLOOD: usize = 300;
+    let held: Vec<std::net::TcpStream> = (0..FLOOD).map(|_| std::net::TcpStream::connect(&admin).unwrap()).collect();
+    // Each connection read to its end, on its own thread: the endpoint's own answer, or
+    // nothing once it gives up waiting for a request.
+    let readers: Vec<_> = held
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                use std::io::Read;
+                s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+                let mut answer = String::new();
+                let _ = s.read_to_string(&mut answer);
+                answer
+            })
+        })
+        .collect();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = Client::connect_unix(srv.sock.as_ref().unwrap(), "a").await.unwrap();
+        c.write(4096, &[7; 4096], true).await.unwrap();
+        assert_eq!(c.read(4096, 4096).await.unwrap(), vec![7; 4096]);
+        c.disconnect().await.unwrap();
+    });
+
+    let answers: Vec<String> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let turned_away = answers.iter().filter(|a| a.starts_with("HTTP/1.1 503")).count();
+    let bound = strata::http::MAX_ADMIN_CONNECTIONS;
+    assert!(turned_away >= FLOOD - bound, "{turned_away} of {FLOOD} turned away, at most {bound} served");
+    for a in &answers {
+        assert!(a.is_empty() || a.contains(&format!("more than {bound} admin connections")), "{a}");
+    }
+    // Once they are gone, the endpoint answers again.
+    assert_eq!(names(&srv), ["a"]);
+}

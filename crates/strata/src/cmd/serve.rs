@@ -131,6 +131,25 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Raises this process's soft limit on open files to its hard one, as a server that holds a
+/// file descriptor per connection should (systemd keeps the soft limit at 1,024 for programs
+/// that still use `select`, which this one does not), and returns the limit now in force
+/// (`None` when it cannot be read or is unlimited).
+fn raise_open_files_limit() -> Option<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
 /// Parses `NAME=SPEC`.
 pub fn parse_named(arg: &str) -> Result<(String, Spec), String> {
     match arg.split_once('=') {
@@ -195,6 +214,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     };
 
+    let open_files = raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata").build()?;
     runtime.block_on(async move {
         strata_io::engine::reap_on_current_runtime();
@@ -204,6 +224,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         if let Some(n) = args.max_inflight.or(cfg.max_inflight) {
             limits.max_inflight_per_connection = n;
+        }
+        // A connection takes a file; the volumes, the admin endpoint's connections and the
+        // runtime take a few hundred at most.
+        if let Some(n) = open_files.filter(|&n| n < limits.max_connections as u64 + 512) {
+            eprintln!(
+                "strata: warning: {n} open files allowed, too few for {} connections and the volumes: \
+                 raise the hard limit (LimitNOFILE=, ulimit -Hn) or lower --max-connections",
+                limits.max_connections
+            );
         }
         let mut server = Server::new(Vec::new(), limits).map_err(anyhow::Error::msg)?;
         if let Some(tls) = tls {

@@ -227,11 +227,13 @@ pub struct ServerOpts {
     pub args: Vec<String>,
     /// What to wait for when `unix` is false (e.g. the TCP address from a config file).
     pub wait_for: Option<Listen>,
+    /// The soft limit on open files to start the server with (the hard one is left).
+    pub open_files: Option<u64>,
 }
 
 impl Default for ServerOpts {
     fn default() -> Self {
-        ServerOpts { unix: true, admin: false, args: Vec::new(), wait_for: None }
+        ServerOpts { unix: true, admin: false, args: Vec::new(), wait_for: None, open_files: None }
     }
 }
 
@@ -288,14 +290,26 @@ impl Server {
         let stderr_path = d.join("server.stderr");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
         let stdout = stderr.try_clone().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(&argv)
-            .current_dir(&d)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .expect("starting the strata binary");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_strata"));
+        command.args(&argv).current_dir(&d).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+        if let Some(soft) = opts.open_files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only getrlimit and setrlimit run, both async-signal-safe.
+            unsafe {
+                command.pre_exec(move || {
+                    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                    if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    lim.rlim_cur = soft.min(lim.rlim_max);
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command.spawn().expect("starting the strata binary");
         let mut srv = Server { dir, sock: sock.clone(), admin: admin.clone(), child: Some(child), stderr_path, argv };
         let mut waits: Vec<Listen> = Vec::new();
         if let Some(s) = sock {
