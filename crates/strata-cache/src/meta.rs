@@ -45,6 +45,35 @@ pub struct Findings {
     pub repaired: Vec<String>,
 }
 
+/// Memory a loaded table keeps: each slot's entry and change count.
+pub(crate) fn held_bytes(slots: u64) -> u64 {
+    slots * (std::mem::size_of::<Entry>() + std::mem::size_of::<u64>()) as u64
+}
+
+/// Memory loading a table takes: the table as read, and what it keeps.
+pub(crate) fn load_bytes(layout: &Layout, slots: u64) -> u64 {
+    layout.table_bytes() + held_bytes(slots)
+}
+
+/// Asks for `bytes` in one piece, and gives them back at once: a cache whose books need
+/// more memory than the system will give (more than memory and swap, or past the process's
+/// address-space limit) is refused with why, where allocating them piece by piece would
+/// abort the process. `what` names the books, `slots` the cache's size.
+pub(crate) fn memory_for(bytes: u64, what: &str, slots: u64) -> Result<()> {
+    let mut probe: Vec<u8> = Vec::new();
+    match usize::try_from(bytes).ok().map(|n| probe.try_reserve_exact(n)) {
+        Some(Ok(())) => Ok(()),
+        _ => Err(Error::new(
+            ErrorKind::NoMemory,
+            format!(
+                "a cache of {slots} blocks needs {} MiB of memory for {what}, more than this system gives \
+                 (memory and swap, or the address-space limit): use a larger cache block size",
+                bytes.div_ceil(1 << 20)
+            ),
+        )),
+    }
+}
+
 impl Meta {
     /// A fresh, empty table for a newly formatted cache.
     pub fn fresh(sb: Superblock) -> Meta {
@@ -165,6 +194,7 @@ impl Meta {
             ));
         }
         let table_bytes = layout.table_bytes() as usize;
+        memory_for(load_bytes(&layout, sb.slots), "its table", sb.slots)?;
         let mut table = Vec::with_capacity(table_bytes);
         let mut pos = 0;
         while pos < table_bytes {

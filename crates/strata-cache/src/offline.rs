@@ -4,8 +4,9 @@
 //! through `Meta::load` and `CacheDev::open`.
 
 use crate::format::{Layout, Superblock, PAGE};
-use crate::meta::{Findings, Meta};
+use crate::meta::{held_bytes, load_bytes, memory_for, Findings, Meta};
 use crate::options::CreateOptions;
+use crate::target::OPEN_BYTES_PER_SLOT;
 use strata_io::{signature, BlockDev, Buf, Error, ErrorKind, Result};
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -36,6 +37,9 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
     }
     signature::check_origin(origin, o.force).await?;
     let layout = Layout::new(slots, bs);
+    // A cache this system could not open is refused now, while its block size can change.
+    let open = held_bytes(slots) + slots * OPEN_BYTES_PER_SLOT;
+    memory_for(load_bytes(&layout, slots).max(open), "its books", slots)?;
     let mut uuid = [0u8; 16];
     uuid.iter_mut().for_each(|b| *b = rand::random());
     let sb = Superblock {

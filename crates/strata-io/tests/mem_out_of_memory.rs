@@ -9,16 +9,7 @@ use strata_io::ErrorKind;
 fn a_write_the_kernel_has_no_memory_for_fails_with_enospc() {
     let dev = MemDev::new(64 << 30);
     dev.write_from(0, &[7u8; 4096]).expect("first chunk");
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let vm_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmSize in /proc/self/status");
-    let cap = (vm_kib << 10) + (256 << 20);
-    let limit = libc::rlimit { rlim_cur: cap, rlim_max: libc::RLIM_INFINITY };
-    // SAFETY: plain syscall with a valid struct.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+    strata_io::testing::cap_address_space(Some(256 << 20));
     let mut refused = None;
     for chunk in 1..1024u64 {
         if let Err(e) = dev.write_from(chunk << 21, &[1u8; 4096]) {

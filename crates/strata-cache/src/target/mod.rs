@@ -21,6 +21,7 @@ mod write;
 mod writeback;
 
 pub use open::OpenOptions;
+pub(crate) use open::OPEN_BYTES_PER_SLOT;
 
 use crate::meta::Meta;
 use crate::meter::{Budget, Counters, Kind, OriginMeter, Windows};

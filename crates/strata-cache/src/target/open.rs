@@ -4,7 +4,7 @@
 use super::writeback::background;
 use super::{policy_capacity, CacheDev, Inner, State, SHARDS};
 use crate::format::{page_round_up, Mode, Superblock};
-use crate::meta::Meta;
+use crate::meta::{memory_for, Meta};
 use crate::meter::{Budget, Counters, OriginMeter, Windows};
 use crate::streams::Streams;
 use parking_lot::Mutex;
@@ -16,6 +16,11 @@ use strata_io::background::Background;
 use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 use strata_policy::Params;
 use tokio::sync::{Notify, RwLock};
+
+/// Memory an open cache takes per slot beside its table's ([`Meta`]): the block → slot map
+/// (a hash table's entry and control byte, at most 7/8 full), the write generation, and the
+/// default policy's state (its tests hold it to 40 bytes a cached block).
+pub(crate) const OPEN_BYTES_PER_SLOT: u64 = 20 + 4 + 40;
 
 /// The settings a cache is opened with beyond its superblock.
 pub struct OpenOptions {
@@ -52,6 +57,7 @@ impl CacheDev {
             ));
         }
         let slots = sb.slots as usize;
+        memory_for(sb.slots * OPEN_BYTES_PER_SLOT, "its map and policy", sb.slots)?;
         let params = Params { seed: opts.seed, origin_blocks: Some(sb.origin_blocks()), ..Params::default() };
         let mut policy = strata_policy::build(&sb.policy, policy_capacity(slots), &params)
             .map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;

@@ -28,3 +28,19 @@ pub fn extent_at(extents: &[crate::Extent], offset: u64) -> crate::Extent {
         })
         .unwrap_or_else(|| panic!("{offset} not described: {extents:?}"))
 }
+
+/// Caps this process's address space at what it holds now and `headroom` bytes more, or
+/// (`None`) lifts the cap again: for tests of what is done when memory is refused, each in
+/// a test binary of its own since the cap is the whole process's.
+pub fn cap_address_space(headroom: Option<u64>) {
+    let status = std::fs::read_to_string("/proc/self/status").expect("reading /proc/self/status");
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmSize in /proc/self/status");
+    let cur = headroom.map_or(libc::RLIM_INFINITY, |h| (vm_kib << 10) + h);
+    let limit = libc::rlimit { rlim_cur: cur, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: plain syscall with a valid struct.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0, "setting RLIMIT_AS");
+}
