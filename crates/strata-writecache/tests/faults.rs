@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use strata_io::fault::{FaultDev, Faults, Ops, Rule};
 use strata_io::mem::MemDev;
+use strata_io::stats::StatsDev;
 use strata_io::{BlockDev, Buf, ErrorKind};
 use strata_writecache::offline::{create, CreateOptions};
 use strata_writecache::{OpenOptions, WritecacheDev, WritecacheStatus};
@@ -292,4 +293,43 @@ async fn a_hit_that_meets_a_failed_flush_never_reads_what_the_flush_lost() {
     if let Ok(got) = reader.await.unwrap() {
         assert!(got[..] == [7; BLOCK as usize], "the hit read what the failed flush lost");
     }
+}
+
+/// A log whose device refuses the copies of a read's window (a full file system, a failing
+/// device) keeps no window until a write to the log succeeds: each read miss meanwhile reads
+/// its own block from the origin, not the whole window, and every read has its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_refuses_a_reads_window_reads_no_window_until_a_write_to_it_succeeds() {
+    const WINDOW: u64 = 16;
+    let origin = Arc::new(StatsDev::new(MemDev::new(ORIGIN)));
+    for b in 0..ORIGIN / BLOCK {
+        origin.write(b * BLOCK, Buf::from_slice(&[b as u8 + 1; BLOCK as usize]), false).await.unwrap();
+    }
+    let (cache, faults) = FaultDev::new(MemDev::new(CACHE));
+    let cache = Arc::new(cache);
+    create(&*cache, &*origin, &CreateOptions { block_bytes: BLOCK as u32, ..CreateOptions::default() }).await.unwrap();
+    let dev = WritecacheDev::open(cache.clone(), origin.clone(), opts()).await.unwrap();
+    dev.message(&format!("readahead {}", WINDOW * BLOCK)).await.unwrap();
+    let origin_read = || origin.op("read").bytes.load(std::sync::atomic::Ordering::Relaxed);
+
+    let full = faults.add(Rule::write_error(0..CACHE).no_space().always());
+    let before = origin_read();
+    for w in 0..12 {
+        let b = w * WINDOW + 3;
+        assert_eq!(read(&dev, b * BLOCK).await, vec![b as u8 + 1; BLOCK as usize], "block {b}");
+    }
+    // The first miss read its window and could not keep it; the rest read their own block.
+    assert_eq!(origin_read() - before, WINDOW * BLOCK + 11 * BLOCK);
+    let s = status(&dev);
+    assert_eq!(s.reads_kept, 0);
+    assert!(s.log_write_errors >= 1 && s.last_error.as_deref().unwrap_or("").contains("window not kept"), "{s:?}");
+
+    // Once the log takes a write again, a miss keeps its window again.
+    faults.remove(full);
+    dev.write(0, Buf::from_slice(&[0xaa; BLOCK as usize]), false).await.unwrap();
+    let before = origin_read();
+    assert_eq!(read(&dev, (12 * WINDOW + 3) * BLOCK).await, vec![(12 * WINDOW + 4) as u8; BLOCK as usize]);
+    assert_eq!(origin_read() - before, WINDOW * BLOCK);
+    assert_eq!(status(&dev).reads_kept, WINDOW);
+    dev.check_state().unwrap();
 }

@@ -90,7 +90,7 @@ impl Inner {
         let (first, last) = (offset / self.block, (offset + out.len() as u64 - 1) / self.block);
         let window = strata_policy::readahead_range(first, per, self.size.div_ceil(self.block));
         let room = || self.state.lock().counts().0.saturating_sub(self.reserve(&t));
-        if per == 0 || last >= window.end || room() == 0 {
+        if per == 0 || last >= window.end || self.keeping_refused.load(Relaxed) || room() == 0 {
             return self.read_origin(offset, out).await;
         }
         let (w0, w1) = (window.start, window.end - 1);
@@ -148,6 +148,10 @@ impl Inner {
             self.cache.write(self.slot_offset(r[0].1), Buf::from_slice(bytes(from, to)), false)
         });
         let results = futures::future::join_all(writes).await;
+        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+            self.log_write_failed(e, "a read's window not kept; none is until a write to the log succeeds");
+            self.keeping_refused.store(true, Relaxed);
+        }
         let mut st = self.state.lock();
         let mut kept = 0;
         for (run, r) in runs.iter().zip(results) {
@@ -324,10 +328,11 @@ impl Inner {
             }
             drop(guards);
             // The log could not take them (full file system, failing device): around it.
-            self.log_write_failed(&e);
+            self.log_write_failed(&e, "written around it");
             self.write_around(b0 * self.block, Buf::from_slice(data), fua).await?;
             return Ok(0);
         }
+        self.log_write_succeeded();
         let mut st = self.state.lock();
         let mut generation = 0;
         for (i, (&s, &crc)) in slots.iter().zip(&crcs).enumerate() {
@@ -337,14 +342,21 @@ impl Inner {
         Ok(generation)
     }
 
-    /// A write the log's device failed goes around the log; the failure shows in status, and
-    /// the first one on stderr too.
-    fn log_write_failed(&self, e: &strata_io::Error) {
-        let what = format!("a write to the log failed, written around it: {e}");
+    /// A write the log's device failed (`then`: what was done instead); the failure shows in
+    /// status, and the first one on stderr too.
+    fn log_write_failed(&self, e: &strata_io::Error, then: &str) {
+        let what = format!("a write to the log failed, {then}: {e}");
         if self.counters.log_write_errors.fetch_add(1, Relaxed) == 0 {
             eprintln!("strata: write log of {}: {what} (later ones are counted in the status)", self.describe_origin);
         }
         *self.last_error.lock() = Some(what);
+    }
+
+    /// The log's device took a write: read misses may keep their windows again.
+    fn log_write_succeeded(&self) {
+        if self.keeping_refused.load(Relaxed) {
+            self.keeping_refused.store(false, Relaxed);
+        }
     }
 
     /// Counts a write to a block the log holds (`hit`) or not.
@@ -407,11 +419,12 @@ impl Inner {
             if let Err(e) = self.cache.write(self.slot_offset(s), block_data, false).await {
                 self.state.lock().unalloc(s);
                 drop(_lock);
-                self.log_write_failed(&e);
+                self.log_write_failed(&e, "written around it");
                 let piece = data.map_or_else(|| Buf::zeroed(p.len as usize), Buf::from_slice);
                 self.write_around(b * self.block + p.within, piece, fua).await?;
                 return Ok(None);
             }
+            self.log_write_succeeded();
         }
         let generation = {
             let mut st = self.state.lock();

@@ -27,7 +27,7 @@ use crate::format::Superblock;
 use crate::status::Tunables;
 use parking_lot::Mutex;
 use state::State;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use strata_io::background::Background;
 use strata_io::{check_range, overlay, BlockDev, BoxFut, Buf, Extent, Geometry, Result, ZeroFlags};
@@ -96,6 +96,10 @@ pub(crate) struct Inner {
     epoch: std::time::Instant,
     /// The last fault (write-back or commit), for status.
     pub(crate) last_error: Mutex<Option<String>>,
+    /// The log's device refused the copies of a read's window: read misses keep nothing
+    /// (and read no window) until a write to the log succeeds again. Without it a full or
+    /// failing device would cost every read miss a whole window from the origin, for ever.
+    keeping_refused: AtomicBool,
 }
 
 /// The lock stripe of 1 MiB range `r` (see `Inner::stripe`).

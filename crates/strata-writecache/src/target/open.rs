@@ -76,6 +76,7 @@ impl WritecacheDev {
             last_stream: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             last_error: Mutex::new(None),
+            keeping_refused: Default::default(),
             sb,
         });
         if untrusted {
