@@ -6,7 +6,7 @@
 use crate::format::{Layout, Superblock, PAGE};
 use crate::meta::{held_bytes, load_bytes, memory_for, Findings, Meta};
 use crate::options::CreateOptions;
-use crate::target::OPEN_BYTES_PER_SLOT;
+use crate::target::open_bytes_per_slot;
 use strata_io::{signature, BlockDev, Buf, Error, ErrorKind, Result};
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -38,7 +38,7 @@ pub async fn create(cache: &dyn BlockDev, origin: &dyn BlockDev, o: &CreateOptio
     signature::check_origin(origin, o.force).await?;
     let layout = Layout::new(slots, bs);
     // A cache this system could not open is refused now, while its block size can change.
-    let open = held_bytes(slots) + slots * OPEN_BYTES_PER_SLOT;
+    let open = held_bytes(slots) + slots * open_bytes_per_slot(&o.policy);
     memory_for(load_bytes(&layout, slots).max(open), "its books", slots)?;
     let mut uuid = [0u8; 16];
     uuid.iter_mut().for_each(|b| *b = rand::random());

@@ -1,5 +1,6 @@
 //! Invariants every policy must keep under random access, dirty marking, removal and hint
-//! round trips, and after loading hints no policy saves; determinism for a seed.
+//! round trips, and after loading hints no policy saves; determinism for a seed; the memory
+//! each states it takes.
 
 use strata_policy::{build, Access, Op, Outcome, Params, Policy, POLICIES, POLICY_NAMES};
 
@@ -261,4 +262,30 @@ fn strata_promotes_less_than_lru() {
     let (sh, sp) = run("strata");
     assert!(sh > lh, "strata {sh} hits vs lru {lh}");
     assert!(sp * 4 < lp, "strata {sp} promotions vs lru {lp}");
+}
+
+/// Each policy's state, in caches of a million blocks and more (at powers of two and just
+/// past them, where tables sized by powers of two are at their emptiest), takes no more per
+/// cached block than its row of the table says: the figure the cache target asks the system
+/// for before building one. At a million blocks it is filled first, ghosts and all.
+#[test]
+fn every_policy_keeps_to_the_bytes_per_block_it_states() {
+    for info in POLICIES.iter().filter(|i| i.new.is_some()) {
+        for cap in [1usize << 20, (1 << 20) + 1, 3 << 20, (1 << 21) + 1] {
+            let mut p = build(info.name, cap, &Params::default()).unwrap();
+            if cap == 1 << 20 {
+                // Three capacities of new blocks, then the middle one again.
+                for b in (0..3 * cap as u64).chain(cap as u64..2 * cap as u64) {
+                    p.access(Access::read(b, 0));
+                }
+            }
+            let took = p.bytes_per_entry();
+            assert!(
+                took <= info.bytes_per_block as f64,
+                "{} at {cap} blocks: {took:.2} B a block, states {}",
+                info.name,
+                info.bytes_per_block
+            );
+        }
+    }
 }

@@ -20,8 +20,8 @@ mod status;
 mod write;
 mod writeback;
 
+pub(crate) use open::open_bytes_per_slot;
 pub use open::OpenOptions;
-pub(crate) use open::OPEN_BYTES_PER_SLOT;
 
 use crate::meta::Meta;
 use crate::meter::{Budget, Counters, Kind, OriginMeter, Windows};

@@ -17,10 +17,13 @@ use strata_io::{BlockDev, Buf, Error, ErrorKind, Result};
 use strata_policy::Params;
 use tokio::sync::{Notify, RwLock};
 
-/// Memory an open cache takes per slot beside its table's ([`Meta`]): the block → slot map
-/// (a hash table's entry and control byte, at most 7/8 full), the write generation, and the
-/// default policy's state (its tests hold it to 40 bytes a cached block).
-pub(crate) const OPEN_BYTES_PER_SLOT: u64 = 20 + 4 + 40;
+/// Memory an open cache running `policy` takes per slot beside its table's ([`Meta`]): the
+/// block → slot map (a hash table's entry and control byte, at most 7/8 full), the write
+/// generation, and the policy's state as its row of the policy table states it.
+pub(crate) fn open_bytes_per_slot(policy: &str) -> u64 {
+    let state = strata_policy::find(strata_policy::resolve(policy)).map_or(0, |p| p.bytes_per_block);
+    20 + 4 + state as u64
+}
 
 /// The settings a cache is opened with beyond its superblock.
 pub struct OpenOptions {
@@ -57,7 +60,7 @@ impl CacheDev {
             ));
         }
         let slots = sb.slots as usize;
-        memory_for(sb.slots * OPEN_BYTES_PER_SLOT, "its map and policy", sb.slots)?;
+        memory_for(sb.slots * open_bytes_per_slot(&sb.policy), "its map and policy", sb.slots)?;
         let params = Params { seed: opts.seed, origin_blocks: Some(sb.origin_blocks()), ..Params::default() };
         let mut policy = strata_policy::build(&sb.policy, policy_capacity(slots), &params)
             .map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
