@@ -174,7 +174,8 @@ pub struct WritecacheStatus {
     /// that went around the full log less than `pause_writeback` ago.
     pub writeback_held: Option<String>,
     pub writeback_errors: u64,
-    /// Writes the log's device failed, written around the log instead.
+    /// Writes the log's device failed: a write's, written around the log instead, or a read
+    /// window's copies, not kept.
     pub log_write_errors: u64,
     pub evictions: u64,
     /// Blocks read from the origin kept in the log as clean copies (`readahead`).
@@ -257,7 +258,7 @@ impl WritecacheStatus {
             (
                 "strata_writecache_log_write_errors_total",
                 Counter,
-                "Writes the log's device failed, written around the log instead.",
+                "Writes the log's device failed (a write then goes around the log; a read's window is not kept).",
                 self.log_write_errors as f64,
             ),
             (
