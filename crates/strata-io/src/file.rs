@@ -347,7 +347,13 @@ impl FileDev {
         self.writable("write")?;
         let r = self.write_checked(offset, buf, fua).await;
         if fua {
-            return r.map_err(|e| self.durability_failed(e));
+            // A write with O_DIRECT the file system refused for want of space (it allocates
+            // before it writes) left no page of the file's cache behind it, so a later flush
+            // claims nothing it lost: a full disk fails that write and latches nothing. A
+            // buffered file's FUA write can report another page's failed write-back (the
+            // file's error sequence, ENOSPC included), and latches.
+            return r
+                .map_err(|e| if self.direct && e.kind == ErrorKind::NoSpace { e } else { self.durability_failed(e) });
         }
         r
     }
