@@ -301,9 +301,10 @@ async fn a_hit_that_meets_a_failed_flush_never_reads_what_the_flush_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_refuses_a_reads_window_reads_no_window_until_a_write_to_it_succeeds() {
     const WINDOW: u64 = 16;
+    let fill = |b: u64| vec![(b % 251 + 1) as u8; BLOCK as usize];
     let origin = Arc::new(StatsDev::new(MemDev::new(ORIGIN)));
     for b in 0..ORIGIN / BLOCK {
-        origin.write(b * BLOCK, Buf::from_slice(&[b as u8 + 1; BLOCK as usize]), false).await.unwrap();
+        origin.write(b * BLOCK, Buf::from_slice(&fill(b)), false).await.unwrap();
     }
     let (cache, faults) = FaultDev::new(MemDev::new(CACHE));
     let cache = Arc::new(cache);
@@ -316,7 +317,7 @@ async fn a_log_that_refuses_a_reads_window_reads_no_window_until_a_write_to_it_s
     let before = origin_read();
     for w in 0..12 {
         let b = w * WINDOW + 3;
-        assert_eq!(read(&dev, b * BLOCK).await, vec![b as u8 + 1; BLOCK as usize], "block {b}");
+        assert_eq!(read(&dev, b * BLOCK).await, fill(b), "block {b}");
     }
     // The first miss read its window and could not keep it; the rest read their own block.
     assert_eq!(origin_read() - before, WINDOW * BLOCK + 11 * BLOCK);
@@ -328,7 +329,7 @@ async fn a_log_that_refuses_a_reads_window_reads_no_window_until_a_write_to_it_s
     faults.remove(full);
     dev.write(0, Buf::from_slice(&[0xaa; BLOCK as usize]), false).await.unwrap();
     let before = origin_read();
-    assert_eq!(read(&dev, (12 * WINDOW + 3) * BLOCK).await, vec![(12 * WINDOW + 4) as u8; BLOCK as usize]);
+    assert_eq!(read(&dev, (12 * WINDOW + 3) * BLOCK).await, fill(12 * WINDOW + 3));
     assert_eq!(origin_read() - before, WINDOW * BLOCK);
     assert_eq!(status(&dev).reads_kept, WINDOW);
     dev.check_state().unwrap();
